@@ -1,0 +1,432 @@
+"""Load, layer, override, validate and save experiment configs.
+
+A config is built in layers, lowest first:
+
+1. the schema defaults (``Config()``), so a file may set just ``optim.generator.lr`` even though
+   ``OptimizerConfig`` has required fields;
+2. the ``_base_`` files of the config file, recursively, in order;
+3. the config file itself;
+4. command-line overrides ``a.b.c=value``.
+
+Mappings merge key by key; lists and scalars replace. ``_delete_: true`` inside a mapping replaces
+the lower layers' mapping instead of merging into it (mmengine convention). Every problem a user can
+fix becomes one :class:`~segadv.errors.UserError` naming the file or key at fault.
+
+YAML is read with a ``SafeLoader`` that also reads ``1e-3`` as a float (PyYAML follows YAML 1.1,
+which needs a dot: ``1e-3`` would be the *string* "1e-3" and fail strict validation) and rejects
+duplicate keys (the second silently winning is a typo that does nothing).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from segadv.config.schema import Config
+from segadv.errors import UserError
+from segadv.fsutil import atomic_write_text
+
+# loading.py lives in <root>/segadv/config/, the configs in <root>/configs/; same place as
+# Path(segadv.__file__).resolve().parent.parent / "configs", without needing segadv/__init__.py.
+CONFIGS_DIR: Path = Path(__file__).resolve().parent.parent.parent / "configs"
+DEFAULT_CONFIG_PATH: Path = CONFIGS_DIR / "default.yaml"
+
+BASE_KEY = "_base_"
+DELETE_KEY = "_delete_"
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+_OVERRIDE_FORM = (
+    "expected KEY=VALUE with a dotted key, e.g. train.max_steps=100 or optim.generator.lr=1e-3"
+)
+_REPR_LIMIT = 60
+
+
+# --------------------------------------------------------------------------------------- YAML
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """SafeLoader + YAML 1.2 exponent floats + duplicate-key errors (see module docstring)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        self._reject_duplicate_keys(node)
+        return super().construct_mapping(node, deep=deep)
+
+    def _reject_duplicate_keys(self, node: yaml.MappingNode) -> None:
+        """Raise on a repeated scalar key; ``<<`` merge keys may legitimately repeat keys."""
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
+                continue
+            key = self.construct_object(key_node)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r}",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+
+
+# Exponent forms YAML 1.1 leaves as strings: 1e-3, 1E5, -2.5e3, .5e-2 (the dotted, signed-exponent
+# forms such as 1.0e-3 are already floats). construct_yaml_float handles underscores and signs.
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def _parse_yaml(text: str) -> Any:
+    """Parse one YAML document with the config loader."""
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - _ConfigLoader is a SafeLoader
+
+
+def _yaml_error_text(err: yaml.YAMLError) -> str:
+    """``line L, column C: problem`` (1-based) when PyYAML knows the position, else its message."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    if mark is None or problem is None:
+        return str(err).replace("\n", " ")
+    context = getattr(err, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}"
+    return f"{where}: {problem}" + (f" ({context})" if context else "")
+
+
+# --------------------------------------------------------------------------------------- files
+
+
+def _display(path: Path) -> str:
+    """Path as the user most likely knows it: relative to the cwd when inside it."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # different drive on Windows
+        return str(path)
+    return str(path) if rel.startswith("..") else rel
+
+
+def _read_yaml_file(path: Path, included_from: Optional[Path]) -> dict:
+    """Read one config file into a dict; every failure is a UserError naming the file."""
+    where = _display(path)
+    via = f" (a {BASE_KEY} of {_display(included_from)})" if included_from else ""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as err:
+        raise UserError(f"config file not found: {where}{via}") from err
+    except UnicodeDecodeError as err:
+        raise UserError(f"config file {where}{via} is not UTF-8 text: {err}") from err
+    except OSError as err:
+        raise UserError(f"cannot read config file {where}{via}: {err.strerror or err}") from err
+    try:
+        data = _parse_yaml(text)
+    except yaml.YAMLError as err:
+        raise UserError(f"YAML error in {where}, {_yaml_error_text(err)}") from err
+    if data is None:  # empty or comments only
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(
+            f"config file {where}: the top level must be a mapping of keys, got {_type_name(data)}"
+        )
+    _check_delete_flags(data, where, "")
+    return data
+
+
+def _check_delete_flags(node: Any, where: str, prefix: str) -> None:
+    """Insist ``_delete_`` is a bool and drop ``_delete_: false`` (the default, merging).
+
+    Dropping it up front means every marker left in the data means "replace", which keeps the
+    merge rule simple.
+    """
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            _check_delete_flags(item, where, f"{prefix}[{i}]")
+        return
+    if not isinstance(node, dict):
+        return
+    if DELETE_KEY in node:
+        flag = node[DELETE_KEY]
+        if not isinstance(flag, bool):
+            key = f"{prefix}.{DELETE_KEY}" if prefix else DELETE_KEY
+            got = _describe_value(flag)
+            raise UserError(f"config file {where}: {key} must be true or false, got {got}")
+        if not flag:
+            del node[DELETE_KEY]
+    for key, value in node.items():
+        _check_delete_flags(value, where, f"{prefix}.{key}" if prefix else str(key))
+
+
+def _base_paths(value: Any, including: Path) -> list[Path]:
+    """The ``_base_`` entry as absolute paths, relative ones taken from the including file's dir."""
+    if value is None:
+        return []
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise UserError(
+            f"config file {_display(including)}: {BASE_KEY} must be a file name or a list of file "
+            f"names, got {_describe_value(value)}"
+        )
+    return [(including.parent / Path(n).expanduser()).resolve() for n in names]
+
+
+def _resolve_file(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    """One file with its ``_base_`` files merged underneath it, recursively.
+
+    ``chain`` holds the files currently being resolved (resolved paths), to report cycles; a file
+    reached twice along different branches (a diamond) is fine.
+    """
+    if path in chain:
+        cycle = " -> ".join(_display(p) for p in (*chain[chain.index(path):], path))
+        raise UserError(f"cyclic {BASE_KEY} inheritance: {cycle}")
+    data = _read_yaml_file(path, chain[-1] if chain else None)
+    merged: dict = {}
+    for base in _base_paths(data.pop(BASE_KEY, None), path):
+        merged = _deep_merge(merged, _resolve_file(base, (*chain, path)))
+    return _deep_merge(merged, data)
+
+
+# --------------------------------------------------------------------------------------- merging
+
+
+def _deep_merge(base: Mapping, over: Mapping) -> dict:
+    """``over`` on top of ``base``, as a new dict (inputs untouched).
+
+    Mappings merge key by key; anything else replaces. A mapping carrying ``_delete_: true``
+    replaces instead, and keeps its marker so that it also replaces what lower layers (bases merged
+    later, the schema defaults) hold; :func:`_strip_markers` removes the markers at the end.
+    """
+    if over.get(DELETE_KEY) is True:
+        return copy.deepcopy(dict(over))
+    result = copy.deepcopy(dict(base))
+    for key, value in over.items():
+        old = result.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            result[key] = _deep_merge(old, value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+def _strip_markers(node: Any) -> Any:
+    """Copy of ``node`` without any ``_delete_`` keys, once merging is over."""
+    if isinstance(node, dict):
+        return {k: _strip_markers(v) for k, v in node.items() if k != DELETE_KEY}
+    if isinstance(node, list):
+        return [_strip_markers(v) for v in node]
+    return node
+
+
+def _schema_defaults() -> dict:
+    """The lowest layer: every default of the schema, as plain data.
+
+    Without it a file setting only ``optim.generator.lr`` would fail, because pydantic validates
+    that partial mapping as a whole ``OptimizerConfig`` (whose ``name``/``lr`` are required)
+    instead of merging it into the field's default.
+    """
+    return Config().model_dump(mode="python")
+
+
+# --------------------------------------------------------------------------------------- overrides
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    """``"a.b.c=value"`` -> (["a", "b", "c"], value parsed as YAML, ``1e-3`` being a float)."""
+    key, sep, raw = text.partition("=")
+    if not sep:
+        raise UserError(f"invalid override {text!r}: {_OVERRIDE_FORM}")
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise UserError(f"invalid override {text!r}: empty key; {_OVERRIDE_FORM}")
+    try:
+        value = _parse_yaml(raw)
+    except yaml.YAMLError as err:
+        raise UserError(
+            f"invalid override {text!r}: cannot parse value {raw!r} as YAML "
+            f"({_yaml_error_text(err)})"
+        ) from err
+    return parts, value
+
+
+def _apply_override(data: dict, text: str) -> None:
+    """Set one ``a.b.c=value`` in ``data`` in place, creating missing intermediate mappings.
+
+    Missing keys are created rather than refused so that validation reports an unknown key with a
+    suggestion, exactly as it would for the same typo in a file.
+    """
+    parts, value = _parse_override(text)
+    node = data
+    for depth, part in enumerate(parts[:-1]):
+        if part not in node:
+            node[part] = {}
+        child = node[part]
+        if not isinstance(child, dict):
+            here = ".".join(parts[: depth + 1])
+            raise UserError(
+                f"invalid override {text!r}: {here} is {_describe_value(child)}, not a mapping, "
+                f"so it has no key {parts[depth + 1]!r}"
+            )
+        node = child
+    node[parts[-1]] = value
+
+
+# --------------------------------------------------------------------------------------- validation
+
+# pydantic error type -> what the user should have written.
+_EXPECTED = {
+    "int_type": "int",
+    "float_type": "float",
+    "string_type": "str",
+    "bool_type": "bool (true/false)",
+    "list_type": "list",
+    "dict_type": "mapping",
+    "model_type": "mapping",
+}
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _describe_value(value: Any) -> str:
+    """``str '4x'``: the offending value's type and a short repr."""
+    if value is None:
+        return "null"
+    text = repr(value)
+    if len(text) > _REPR_LIMIT:
+        text = text[: _REPR_LIMIT - 3] + "..."
+    return f"{_type_name(value)} {text}"
+
+
+def _format_loc(loc: Sequence[Union[str, int]]) -> str:
+    """``("data", "mean", 1)`` -> ``data.mean[1]``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "<top level>"
+
+
+def _model_class(annotation: Any) -> Optional[type[BaseModel]]:
+    """The pydantic model inside an annotation (``Model`` or ``Optional[Model]``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _model_class(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _model_at(loc: Sequence[Union[str, int]]) -> Optional[type[BaseModel]]:
+    """The schema section at ``loc`` (``()`` is ``Config``), or None when it is not a section."""
+    model: Optional[type[BaseModel]] = Config
+    for part in loc:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return None
+        model = _model_class(model.model_fields[part].annotation)
+    return model
+
+
+def _unknown_key_hint(loc: Sequence[Union[str, int]]) -> str:
+    """``; did you mean 'train.max_steps'?`` or, without a close match, the valid keys."""
+    model = _model_at(loc[:-1])
+    if model is None:
+        return ""
+    names = list(model.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1)
+    if close:
+        return f"; did you mean {_format_loc((*loc[:-1], close[0]))!r}?"
+    return f"; valid keys here: {', '.join(names)}"
+
+
+def _describe_error(error: Mapping[str, Any]) -> str:
+    """One pydantic error as ``key.path: problem``."""
+    loc = error["loc"]
+    kind = error["type"]
+    value = error.get("input")
+    where = _format_loc(loc)
+    if kind == "extra_forbidden":
+        return f"{where}: unknown key{_unknown_key_hint(loc)}"
+    if kind == "missing":
+        return f"{where}: missing required key"
+    if kind in _EXPECTED:
+        hint = ""
+        if kind == "string_type" and isinstance(value, (bool, int, float)):
+            hint = " (quote it to pass it as a string)"
+        return f"{where}: expected {_EXPECTED[kind]}, got {_describe_value(value)}{hint}"
+    if kind == "literal_error":
+        return f"{where}: expected {error['ctx']['expected']}, got {_describe_value(value)}"
+    message = str(error["msg"]).replace("Input should be", "must be")
+    return f"{where}: {message}, got {_describe_value(value)}"
+
+
+def _validate(data: Mapping[str, Any], source: str) -> Config:
+    """``Config.model_validate`` with every problem gathered into one readable UserError."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        lines = "\n".join(f"  {_describe_error(e)}" for e in err.errors())
+        raise UserError(f"invalid config ({source}):\n{lines}") from err
+
+
+# --------------------------------------------------------------------------------------- public API
+
+
+def load_config(path: Optional[PathLike], overrides: Sequence[str] = ()) -> Config:
+    """Build the validated config from a YAML file (None: the embedded default) and overrides.
+
+    Layers, lowest first: schema defaults, the file's ``_base_`` chain, the file, ``overrides``
+    (``"a.b.c=value"`` strings, values parsed as YAML). Raises UserError for anything a user can
+    fix.
+    """
+    if isinstance(overrides, str):
+        raise TypeError("overrides must be a sequence of 'key=value' strings, not one string")
+    file = Path(DEFAULT_CONFIG_PATH if path is None else path).expanduser().resolve()
+    data = _deep_merge(_schema_defaults(), _resolve_file(file))
+    for text in overrides:
+        _apply_override(data, text)
+    source = _display(file) + (" + overrides" if overrides else "")
+    return _validate(_strip_markers(data), source)
+
+
+def config_from_dict(
+    data: Mapping[str, Any], overrides: Sequence[str] = (), source: str = "config dict"
+) -> Config:
+    """Validate a plain mapping (e.g. the config a checkpoint carries) into a Config.
+
+    Layered over the schema defaults like a file, so a partial mapping is fine; ``overrides``
+    apply on top. ``source`` names where the mapping came from in error messages.
+    """
+    if not isinstance(data, Mapping):
+        raise UserError(f"invalid config ({source}): expected a mapping, got {_type_name(data)}")
+    merged = _deep_merge(_schema_defaults(), data)
+    for text in overrides:
+        _apply_override(merged, text)
+    source = source + (" + overrides" if overrides else "")
+    return _validate(_strip_markers(merged), source)
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain JSON/YAML-serialisable data; ``config_from_dict`` turns it back into an equal one."""
+    return cfg.model_dump(mode="json")
+
+
+def dump_config(cfg: Config, path: PathLike) -> None:
+    """Write ``cfg`` as YAML (schema order), atomically, so a crash never leaves half a file."""
+    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
+    atomic_write_text(path, text)

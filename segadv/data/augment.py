@@ -1,0 +1,253 @@
+"""Augmentation pipelines built from config: a list of albumentations steps by class name.
+
+Config writes ``[{name: HorizontalFlip, p: 0.5}, {name: RandomScale, scale_limit: 0.2}]``; this
+module turns that into an ``albumentations.Compose`` and appends ``Normalize`` and
+``ToTensorV2``. It is strict on purpose: albumentations 2.x only *warns* about unknown keyword
+arguments, so a typo would silently do nothing; here it is a ``UserError`` naming the config key.
+
+Masks are only ever resampled with nearest-neighbour interpolation: any other
+``mask_interpolation`` would invent class ids on boundaries. Resize-based steps default to the
+pixel-centre-aligned ``INTER_NEAREST_EXACT`` (see ``_with_exact_nearest``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import logging
+import random
+import typing
+from typing import Any, Mapping, Optional, Sequence
+
+import albumentations as A
+import numpy as np
+from albumentations.core.transforms_interface import BasicTransform
+from albumentations.pytorch import ToTensorV2
+
+from segadv.errors import UserError
+
+log = logging.getLogger(__name__)
+
+# cv2.INTER_NEAREST and cv2.INTER_NEAREST_EXACT: the only mask interpolations that keep ids.
+_INTER_NEAREST, _INTER_NEAREST_EXACT = 0, 6
+_NEAREST_INTERPOLATIONS = {
+    _INTER_NEAREST: "INTER_NEAREST",
+    _INTER_NEAREST_EXACT: "INTER_NEAREST_EXACT",
+}
+
+# Not usable as a config step: abstract bases, 3D-only, or appended by us already.
+_EXCLUDED = {
+    "BasicTransform",
+    "DualTransform",
+    "ImageOnlyTransform",
+    "Transform3D",
+    "ToTensor3D",
+    "Normalize",
+    "ToTensorV2",
+}
+_APPENDED = {"Normalize", "ToTensorV2"}
+
+# Steps whose numeric ``fill_mask`` marks removed *content* as background on purpose, rather
+# than padding; these keep their own default instead of ``ignore_index``.
+_FILL_MASK_IS_CONTENT = {"MaskDropout"}
+
+
+@functools.lru_cache(maxsize=1)
+def transform_names() -> tuple[str, ...]:
+    """Names of albumentations transform classes that a config step may use."""
+    names = []
+    for name in dir(A):
+        obj = getattr(A, name)
+        if not (inspect.isclass(obj) and issubclass(obj, BasicTransform)):
+            continue
+        if name in _EXCLUDED or name.startswith("_") or name.endswith("3D"):
+            continue
+        names.append(name)
+    return tuple(sorted(names))
+
+
+def _suggest(word: str, choices: Sequence[str]) -> str:
+    """``"; did you mean 'X'?"`` for the closest choice, or ``""`` when nothing is close."""
+    close = difflib.get_close_matches(word, choices, n=1)
+    if not close:
+        # Case slips ("horizontalflip") are common in hand-written YAML.
+        lowered = {c.lower(): c for c in choices}
+        close = difflib.get_close_matches(word.lower(), list(lowered), n=1)
+        close = [lowered[c] for c in close]
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def one_line(err: BaseException) -> str:
+    """A compact single-line message, using pydantic's per-field errors when there are any.
+
+    albumentations re-raises its pydantic ``ValidationError`` as a plain ``ValueError`` whose
+    text spans several lines with documentation links, so look for the original in the chain.
+    """
+    seen: set[int] = set()
+    cause: Optional[BaseException] = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        errors = getattr(cause, "errors", None)
+        if callable(errors):
+            try:
+                parts = [_pydantic_part(e) for e in errors()]
+            except Exception:  # something else with an ``errors`` attribute
+                parts = []
+            if parts:
+                return "; ".join(parts)
+        cause = cause.__cause__ or cause.__context__
+    lines = [ln for ln in str(err).splitlines() if "errors.pydantic.dev" not in ln]
+    return " ".join(" ".join(lines).split()) or type(err).__name__
+
+
+def _pydantic_part(error: Mapping[str, Any]) -> str:
+    loc = ".".join(str(x) for x in error.get("loc", ()))
+    return f"{loc}: {error['msg']}" if loc else str(error["msg"])
+
+
+def _resolve(step: Any, where: str, i: int) -> tuple[str, type, dict[str, Any]]:
+    """Check one step's shape and name; return ``(name, class, kwargs)``."""
+    key = f"{where}[{i}]"
+    if not isinstance(step, Mapping):
+        raise UserError(
+            f"{key}: expected a mapping like {{name: HorizontalFlip, p: 0.5}}, "
+            f"got {type(step).__name__} {step!r}"
+        )
+    if "name" not in step:
+        raise UserError(f"{key}: missing 'name' (an albumentations transform, e.g. HorizontalFlip)")
+    name = step["name"]
+    if not isinstance(name, str):
+        raise UserError(f"{key}.name: expected a transform class name, got {name!r}")
+    if name in _APPENDED:
+        raise UserError(
+            f"{key}.name: {name} is appended automatically; set data.mean/data.std instead"
+        )
+    if name not in transform_names():
+        raise UserError(
+            f"{key}.name: unknown albumentations transform '{name}'"
+            f"{_suggest(name, transform_names())}"
+        )
+    kwargs = {k: v for k, v in step.items() if k != "name"}
+    return name, getattr(A, name), kwargs
+
+
+def _check_kwargs(cls: type, name: str, kwargs: dict[str, Any], key: str) -> None:
+    """Reject unknown keyword arguments and non-nearest mask interpolation."""
+    params = inspect.signature(cls.__init__).parameters
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    valid = [p for p in params if p != "self"]
+    if not accepts_any:
+        for arg in kwargs:
+            if arg not in params or arg == "self":
+                raise UserError(
+                    f"{key} ({name}): unknown argument '{arg}'{_suggest(arg, valid)} "
+                    f"(valid: {', '.join(valid)})"
+                )
+    chosen = kwargs.get("mask_interpolation", _INTER_NEAREST)
+    is_int = isinstance(chosen, int) and not isinstance(chosen, bool)
+    if not is_int or chosen not in _NEAREST_INTERPOLATIONS:
+        allowed = " or ".join(f"{v}={k}" for k, v in _NEAREST_INTERPOLATIONS.items())
+        raise UserError(
+            f"{key} ({name}): mask_interpolation must be nearest ({allowed}) so masks keep "
+            f"valid class ids, got {chosen!r}"
+        )
+
+
+def _with_mask_fill(
+    cls: type, name: str, kwargs: dict[str, Any], ignore_index: Optional[int]
+) -> dict[str, Any]:
+    """Pad masks with ``ignore_index`` (not background) unless the step says otherwise.
+
+    Padding invented by a crop/rotate is not background; labelling it ``ignore_index`` keeps the
+    loss and metrics from learning or scoring pixels that never existed.
+    """
+    if ignore_index is None or "fill_mask" in kwargs or name in _FILL_MASK_IS_CONTENT:
+        return kwargs
+    param = inspect.signature(cls.__init__).parameters.get("fill_mask")
+    if param is None or not isinstance(param.default, (int, float)):
+        return kwargs  # absent, or None meaning "leave the mask alone" (e.g. CoarseDropout)
+    if not 0 <= ignore_index <= 255:
+        log.warning(
+            "%s pads masks with 0 (background): ignore_index %d does not fit a uint8 mask",
+            name,
+            ignore_index,
+        )
+        return kwargs
+    return {**kwargs, "fill_mask": ignore_index}
+
+
+def _accepts_nearest_exact(cls: type) -> bool:
+    """Whether the step's schema allows ``mask_interpolation=INTER_NEAREST_EXACT``.
+
+    Resize-based steps do; warp-based ones (Affine, Rotate, ...) only allow 0..4.
+    """
+    schema = getattr(cls, "InitSchema", None)
+    field = getattr(schema, "model_fields", {}).get("mask_interpolation")
+    return field is not None and _INTER_NEAREST_EXACT in typing.get_args(field.annotation)
+
+
+def _with_exact_nearest(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Default resize-based steps to ``INTER_NEAREST_EXACT`` for masks.
+
+    albumentations' default mask interpolation, ``cv2.INTER_NEAREST``, samples with a half-pixel
+    offset relative to the ``INTER_LINEAR`` used for the image, so an upscaled mask is shifted
+    against its image by up to half a source pixel. ``INTER_NEAREST_EXACT`` is still nearest
+    (no invented ids) but pixel-centre aligned. An explicit user choice is kept.
+    """
+    if "mask_interpolation" in kwargs or not _accepts_nearest_exact(cls):
+        return kwargs
+    return {**kwargs, "mask_interpolation": _INTER_NEAREST_EXACT}
+
+
+def build_step(
+    step: Any, where: str, i: int, ignore_index: Optional[int] = None
+) -> BasicTransform:
+    """Build the ``i``-th step of ``where``, turning every user mistake into a ``UserError``."""
+    name, cls, kwargs = _resolve(step, where, i)
+    key = f"{where}[{i}]"
+    _check_kwargs(cls, name, kwargs, key)
+    kwargs = _with_mask_fill(cls, name, kwargs, ignore_index)
+    kwargs = _with_exact_nearest(cls, kwargs)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:  # pydantic's ValidationError is a ValueError
+        raise UserError(f"{key} ({name}): {one_line(err)}") from err
+
+
+def build_transform(
+    steps: list[dict],
+    mean: list[float],
+    std: list[float],
+    where: str,
+    *,
+    ignore_index: Optional[int] = None,
+) -> A.Compose:
+    """The configured steps, then ``Normalize(mean, std)`` and ``ToTensorV2``, as one ``Compose``.
+
+    ``where`` is the config key path of ``steps`` (e.g. ``"data.train_transforms"``) so errors
+    name the exact entry at fault. With ``ignore_index``, geometric steps that pad the mask pad
+    it with ``ignore_index`` unless the step sets ``fill_mask`` itself. Resize-based steps
+    resample masks with ``INTER_NEAREST_EXACT`` unless the step sets ``mask_interpolation``.
+    """
+    if not isinstance(steps, (list, tuple)):
+        raise UserError(f"{where}: expected a list of steps, got {type(steps).__name__}")
+    built = [build_step(step, where, i, ignore_index) for i, step in enumerate(steps)]
+    try:
+        normalize = A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0)
+    except (TypeError, ValueError) as err:
+        raise UserError(f"{where}: Normalize(mean={mean}, std={std}): {one_line(err)}") from err
+    return A.Compose([*built, normalize, ToTensorV2()])
+
+
+def seed_transform(transform: Any, seed: int) -> None:
+    """Make a pipeline's randomness reproducible from ``seed``.
+
+    albumentations 2.x keeps its own RNG per ``Compose`` (global numpy/random seeds do nothing),
+    and ``Compose(seed=s)`` / ``set_random_seed(s)`` give *every* step the same seed, so e.g.
+    HorizontalFlip and VerticalFlip with equal ``p`` would always fire together. Sharing one
+    generator pair across all steps keeps them reproducible but independent.
+    """
+    if hasattr(transform, "set_random_state"):
+        seed = int(seed) % 2**32
+        transform.set_random_state(np.random.default_rng(seed), random.Random(seed))

@@ -1,0 +1,1 @@
+"""Training and evaluation machinery: per-network optimisation, the adversarial step, metrics."""

@@ -1,0 +1,71 @@
+"""One network's optimisation state: optimizer, LR schedule, autocast and its own GradScaler.
+
+Each network gets its own (as mmengine's AmpOptimWrapper does per optimizer): an fp16 overflow in
+D skips only D's step and only halves D's scale.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from segadv.config.schema import NetworkAmpConfig
+
+
+# When GradScaler skips an optimizer step on overflow the schedule still advances, as it should;
+# torch warns about that order on the first step only. It is expected here, not a bug.
+warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+
+
+class AmpOptimizer:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        device: torch.device,
+        amp: NetworkAmpConfig,
+    ) -> None:
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.device = device
+        self.autocast_dtype = getattr(torch, amp.dtype)
+        self.autocast_enabled = amp.enabled
+        # Loss scaling only matters for float16; bfloat16 has float32's exponent range.
+        self.scaler = torch.amp.GradScaler(
+            device.type, init_scale=amp.init_scale, enabled=amp.enabled and amp.dtype == "float16"
+        )
+
+    def autocast(self) -> AbstractContextManager:
+        """Autocast for this network's own device type and dtype."""
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_enabled)
+
+    def backward_and_step(self, loss: torch.Tensor) -> None:
+        """Scaled backward, optimizer step (skipped on inf/nan gradients), scale update, LR step."""
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 when scaling is off). Syncs with the device: log time only."""
+        return float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])

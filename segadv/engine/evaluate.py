@@ -1,0 +1,79 @@
+"""Segmentation metrics from a confusion matrix (as in torchvision's references/segmentation)."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class ConfusionMatrix:
+    """Rows: ground truth, columns: prediction. Ignored pixels (any id outside [0, C)) are skipped."""
+
+    def __init__(self, num_classes: int, device: torch.device | str = "cpu") -> None:
+        self.num_classes = num_classes
+        self.mat = torch.zeros((num_classes, num_classes), dtype=torch.int64, device=device)
+
+    def update(self, target: torch.Tensor, pred: torch.Tensor) -> None:
+        n = self.num_classes
+        keep = (target >= 0) & (target < n)
+        index = n * target[keep].to(torch.int64) + pred[keep].to(torch.int64)
+        self.mat += torch.bincount(index, minlength=n * n).reshape(n, n).to(self.mat.device)
+
+    def all_reduce(self) -> None:
+        """Sum over ranks, so distributed eval equals single-process eval on the same data."""
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(self.mat)
+
+    def compute(self) -> dict[str, object]:
+        mat = self.mat.double().cpu()
+        true_pos = mat.diag()
+        union = mat.sum(0) + mat.sum(1) - true_pos
+        iou = true_pos / union  # nan for a class absent from both prediction and ground truth
+        total = mat.sum()
+        return {
+            "mIoU": float(iou.nanmean()) if total > 0 else 0.0,
+            "pixel_acc": float(true_pos.sum() / total) if total > 0 else 0.0,
+            "iou": [float(v) for v in iou],
+        }
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, object]
+    # First few val samples for image panels: normalised images, labels, predictions (CPU).
+    samples: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+
+@torch.no_grad()
+def evaluate(
+    generator: nn.Module,
+    loader: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    num_classes: int,
+    autocast: Callable[[], AbstractContextManager] = nullcontext,
+    num_samples: int = 0,
+) -> EvalResult:
+    was_training = generator.training
+    generator.eval()
+    confmat = ConfusionMatrix(num_classes, device)
+    samples = None
+    try:
+        for images, labels in loader:
+            images = images.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+            with autocast():
+                logits = generator(images)
+            pred = logits.argmax(dim=1)
+            confmat.update(labels, pred)
+            if samples is None and num_samples > 0:
+                k = min(num_samples, images.shape[0])
+                samples = (images[:k].float().cpu(), labels[:k].cpu(), pred[:k].cpu())
+    finally:
+        generator.train(was_training)
+    confmat.all_reduce()
+    return EvalResult(confmat.compute(), samples)

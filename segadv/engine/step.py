@@ -1,0 +1,131 @@
+"""The adversarial training step (AdvSemiSeg's fully supervised part).
+
+G's update:  CE(G(x), y) + lambda_adv * BCE(D(softmax(G(x))), real), with D frozen.
+D's update:  BCE(D(onehot(y)), real) + BCE(D(softmax(G(x)).detach()), fake).
+
+G and D may live on different devices: G's probabilities and the labels move to D's device in the
+forward, and the adversarial gradient returns to G's device through autograd. Nothing here calls
+``.item()``: losses come back as detached tensors and are read at log time.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from segadv.engine.amp_optimizer import AmpOptimizer
+from segadv.engine.losses import masked_bce_with_logits, one_hot_labels
+from segadv.parallel.device_map import DeviceMap
+from segadv.parallel.placement import unwrap
+
+REAL, FAKE = 1.0, 0.0
+
+
+@dataclass
+class StepLosses:
+    """Detached losses of one step, each on the device that computed it."""
+
+    loss_seg: torch.Tensor
+    loss_adv: torch.Tensor
+    loss_d: torch.Tensor
+
+    def as_dict(self) -> dict[str, torch.Tensor]:
+        return {"loss_seg": self.loss_seg, "loss_adv": self.loss_adv, "loss_d": self.loss_d}
+
+
+@contextmanager
+def frozen(module: nn.Module) -> Iterator[None]:
+    """Stop gradients reaching ``module``'s parameters (they still flow through to its input)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
+class AdversarialStep:
+    def __init__(
+        self,
+        generator: nn.Module,
+        discriminator: nn.Module,
+        opt_g: AmpOptimizer,
+        opt_d: AmpOptimizer,
+        device_map: DeviceMap,
+        *,
+        num_classes: int,
+        ignore_index: int,
+        lambda_adv: float,
+        adv_warmup_steps: int = 0,
+    ) -> None:
+        self.generator = generator
+        self.discriminator = discriminator
+        self.opt_g = opt_g
+        self.opt_d = opt_d
+        self.device_map = device_map
+        self.num_classes = num_classes
+        self.ignore_index = ignore_index
+        self.lambda_adv = lambda_adv
+        self.adv_warmup_steps = adv_warmup_steps
+
+    def adversarial_active(self, step: int) -> bool:
+        return self.lambda_adv > 0 and step >= self.adv_warmup_steps
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> StepLosses:
+        """One G update then one D update. ``step`` counts completed steps before this one."""
+        g_dev, d_dev = self.device_map.generator, self.device_map.discriminator
+        images = images.to(g_dev, non_blocking=True)
+        labels_g = labels.to(g_dev, non_blocking=True)
+        labels_d = labels_g if d_dev == g_dev else labels.to(d_dev, non_blocking=True)
+        valid_d = labels_d != self.ignore_index
+        self.generator.train()
+        self.discriminator.train()
+
+        probs_d, loss_seg, loss_adv = self.update_generator(images, labels_g, valid_d, step)
+        loss_d, fake_logits = self.update_discriminator(probs_d, labels_d, valid_d)
+        if loss_adv is None:
+            # Same value G's update would have seen: D was frozen there and G's output is the same.
+            loss_adv = masked_bce_with_logits(fake_logits, REAL, valid_d)
+        return StepLosses(loss_seg, loss_adv, loss_d)
+
+    def update_generator(
+        self, images: torch.Tensor, labels: torch.Tensor, valid_d: torch.Tensor, step: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Returns G's detached probabilities on D's device, the CE loss and the adversarial loss
+        (None while the adversarial term is off)."""
+        with self.opt_g.autocast():
+            logits = self.generator(images)
+        logits = logits.float()
+        loss_seg = F.cross_entropy(logits, labels, ignore_index=self.ignore_index)
+        probs_d = logits.softmax(dim=1).to(self.device_map.discriminator, non_blocking=True)
+        loss = loss_seg
+        loss_adv = None
+        if self.adversarial_active(step):
+            # Through the bare module: a frozen D must not take part in D's wrapper's gradient sync.
+            with frozen(self.discriminator), self.opt_d.autocast():
+                d_out = unwrap(self.discriminator)(probs_d)
+            loss_adv = masked_bce_with_logits(d_out, REAL, valid_d)
+            loss = loss_seg + self.lambda_adv * loss_adv.to(loss_seg.device, non_blocking=True)
+        self.opt_g.backward_and_step(loss)
+        return probs_d.detach(), loss_seg.detach(), None if loss_adv is None else loss_adv.detach()
+
+    def update_discriminator(
+        self, probs_d: torch.Tensor, labels_d: torch.Tensor, valid_d: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns D's loss and its (detached) logits on the fake maps."""
+        real_maps = one_hot_labels(labels_d, self.num_classes, valid_d)
+        with self.opt_d.autocast():
+            fake_logits = self.discriminator(probs_d)
+            real_logits = self.discriminator(real_maps)
+        loss_d = masked_bce_with_logits(fake_logits, FAKE, valid_d) + masked_bce_with_logits(
+            real_logits, REAL, valid_d
+        )
+        self.opt_d.backward_and_step(loss_d)
+        return loss_d.detach(), fake_logits.detach()

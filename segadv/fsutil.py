@@ -1,0 +1,61 @@
+"""Crash-safe file writes shared by config dumps and checkpoints.
+
+A run killed mid-write (OOM, Ctrl-C, power loss) must never leave a truncated ``config.yaml`` or
+checkpoint where a good one used to be: readers either see the old file or the complete new one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _temp_path(path: Path) -> Path:
+    """Hidden sibling of ``path``: same directory, so ``os.replace`` is an atomic rename."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Persist the rename itself; without it a crash can forget the new directory entry.
+
+    Best effort: some platforms and file systems (Windows, some network mounts) refuse to open or
+    fsync a directory, and the data is already safe in the file by then.
+    """
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically; the parent directory must already exist.
+
+    Writes a temp file in the same directory, fsyncs it, renames it over ``path`` and fsyncs the
+    directory. On any exception the temp file is removed and the old ``path`` is left untouched.
+    """
+    target = Path(path)
+    tmp = _temp_path(target)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+
+
+def atomic_write_text(path: PathLike, text: str, encoding: str = "utf-8") -> None:
+    """Text flavour of :func:`atomic_write_bytes` (UTF-8 by default, newlines written as given)."""
+    atomic_write_bytes(path, text.encode(encoding))

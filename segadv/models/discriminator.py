@@ -1,0 +1,44 @@
+"""The discriminator D: AdvSemiSeg's fully convolutional discriminator (Hung et al., 2018).
+
+It scores a class-probability map per pixel: real (one-hot ground truth) vs fake (softmax of G).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from segadv.config.schema import DiscriminatorConfig
+
+
+class FCDiscriminator(nn.Module):
+    """Five 4x4 stride-2 convolutions, C -> ndf -> 2ndf -> 4ndf -> 8ndf -> 1, LeakyReLU(0.2),
+    no normalisation; the logit map is upsampled back to the input (label) size."""
+
+    def __init__(self, num_classes: int, ndf: int = 64) -> None:
+        super().__init__()
+        widths = [num_classes, ndf, ndf * 2, ndf * 4, ndf * 8]
+        self.features = nn.ModuleList(
+            nn.Conv2d(c_in, c_out, kernel_size=4, stride=2, padding=1)
+            for c_in, c_out in zip(widths[:-1], widths[1:])
+        )
+        self.classifier = nn.Conv2d(widths[-1], 1, kernel_size=4, stride=2, padding=1)
+
+    def forward(self, probs: torch.Tensor) -> torch.Tensor:
+        x = probs
+        for conv in self.features:
+            x = F.leaky_relu(conv(x), negative_slope=0.2)
+        logits = self.classifier(x)
+        return F.interpolate(logits, size=probs.shape[-2:], mode="bilinear", align_corners=False)
+
+
+DISCRIMINATORS: dict[str, type[nn.Module]] = {"fc": FCDiscriminator}
+
+
+def build_discriminator(cfg: DiscriminatorConfig, num_classes: int) -> nn.Module:
+    try:
+        cls = DISCRIMINATORS[cfg.kind]
+    except KeyError:
+        raise KeyError(f"unknown discriminator {cfg.kind!r}; valid: {sorted(DISCRIMINATORS)}") from None
+    return cls(num_classes=num_classes, ndf=cfg.ndf)

@@ -1,0 +1,1 @@
+"""What a run reports: metric files, console progress, image panels."""

@@ -1,0 +1,53 @@
+"""Placement: the one place where networks meet devices.
+
+Models stay pure ``nn.Module``s; this module moves them to the devices of the map and makes the
+generator's device the current CUDA device so nothing is created on an implicit ``cuda:0``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from segadv.parallel.device_map import DeviceMap
+
+log = logging.getLogger(__name__)
+
+
+def activate(device_map: DeviceMap) -> None:
+    """Make a mapped CUDA device current, so CUDA work without an explicit device stays mapped."""
+    cuda = [d for d in device_map.devices if d.type == "cuda"]
+    if cuda:
+        torch.cuda.set_device(cuda[0])
+
+
+def place_networks(generator: nn.Module, discriminator: nn.Module, device_map: DeviceMap) -> None:
+    activate(device_map)
+    generator.to(device_map.generator)
+    discriminator.to(device_map.discriminator)
+    log.info(
+        "placement: G on %s (%s params), D on %s (%s params)",
+        device_map.generator, f"{count_parameters(generator):,}",
+        device_map.discriminator, f"{count_parameters(discriminator):,}",
+    )
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The bare network behind DataParallel / DistributedDataParallel / torch.compile wrappers."""
+    while True:
+        if isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            module = module.module
+        elif hasattr(module, "_orig_mod"):
+            module = module._orig_mod
+        else:
+            return module
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def devices_of(module: nn.Module) -> set[torch.device]:
+    return {t.device for t in [*module.parameters(), *module.buffers()]}

@@ -1,0 +1,40 @@
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for item in items:
+        if "cuda" in item.keywords and cuda_count < 1:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+        if "cuda2" in item.keywords and cuda_count < 2:
+            item.add_marker(pytest.mark.skip(reason="needs two CUDA devices"))
+
+
+# A few-second configuration: small images, a small encoder, a narrow D, few samples.
+TINY_OVERRIDES = [
+    "model.generator.encoder=mobilenet_v2",
+    "model.discriminator.ndf=8",
+    "data.synthetic.image_size=64",
+    "data.synthetic.train_size=16",
+    "data.synthetic.val_size=8",
+    "data.batch_size=2",
+    "data.val_batch_size=4",
+    "data.num_workers=0",
+    "train.max_steps=4",
+    "train.log_every=2",
+    "train.eval_every=2",
+    "checkpoint.every=2",
+    "log.progress_bar=false",
+    "log.num_images=2",
+]
+
+
+@pytest.fixture
+def tiny_cfg(tmp_path):
+    from segadv.config import load_config
+
+    cfg = load_config(None, TINY_OVERRIDES)
+    cfg.run_dir = str(tmp_path / "run")
+    cfg.device_map = "g:cpu,d:cpu"
+    return cfg

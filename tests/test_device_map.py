@@ -1,0 +1,54 @@
+import pytest
+import torch
+
+from segadv.errors import UserError
+from segadv.parallel import parse_device_map
+
+
+def cuda(i):
+    return torch.device("cuda", i)
+
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    "spec, count, g, d",
+    [
+        ("g:1,d:0", 2, cuda(1), cuda(0)),
+        ("g:cuda:1,d:cuda:0", 2, cuda(1), cuda(0)),
+        ("generator:cuda:1, discriminator:0", 2, cuda(1), cuda(0)),
+        ("g:cuda:0,d:cpu", 1, cuda(0), CPU),
+        ("g:cuda,d:cpu", 1, cuda(0), CPU),
+        ("g:cpu,d:cpu", 0, CPU, CPU),
+        ("g:cpu", 0, CPU, CPU),  # a role left out shares the other's device
+        ("d:1", 2, cuda(1), cuda(1)),
+    ],
+)
+def test_parse(spec, count, g, d):
+    device_map = parse_device_map(spec, cuda_device_count=count)
+    assert (device_map.generator, device_map.discriminator) == (g, d)
+
+
+def test_default_follows_cuda_visibility():
+    assert parse_device_map(None, cuda_device_count=0).generator == CPU
+    both = parse_device_map("", cuda_device_count=2)
+    assert both.generator == both.discriminator == cuda(0)
+
+
+@pytest.mark.parametrize(
+    "spec, count, message",
+    [
+        ("g:1,d:0", 1, "cuda:1 requested for g, but only 1 CUDA device is visible"),
+        ("g:1,d:0", 0, "cuda:1 requested for g, but no CUDA device is visible"),
+        ("g:0,d:3", 2, "cuda:3 requested for d, but only 2 CUDA devices are visible"),
+        ("x:0,d:0", 2, "unknown role 'x'"),
+        ("g:0,generator:1", 2, "role 'generator' is given twice"),
+        ("g:gpu1", 2, "unknown device 'gpu1' for g"),
+        ("g1,d0", 2, "is not ROLE:DEVICE"),
+        ("g:0,,d:1", 2, "is not ROLE:DEVICE"),
+    ],
+)
+def test_errors_name_the_problem(spec, count, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_device_map(spec, cuda_device_count=count)
