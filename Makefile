@@ -8,7 +8,7 @@ STAMP := $(VENV)/.segadv-installed
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,export]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,10 +1,12 @@
-"""Assemble a run's parts from a config: networks, placement, per-network optimisation, the step.
+"""Assemble a run's parts from a config: networks, placement, wrapping, per-network optimisation,
+the step.
 
 Kept apart from the loop so tests and ``tools/bench.py`` build exactly what training builds.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -15,41 +17,68 @@ from segadv.config.schema import NetworkAmpConfig, OptimizerConfig
 from segadv.engine.amp_optimizer import AmpOptimizer
 from segadv.engine.optim import build_optimizer, build_poly_scheduler
 from segadv.engine.step import AdversarialStep
+from segadv.errors import UserError
 from segadv.models import build_discriminator, build_generator
 from segadv.parallel import DeviceMap, place_networks
+from segadv.parallel.distributed import DistEnv
+from segadv.parallel.report import gather_rows, network_row, placement_table
+from segadv.parallel.wrap import check_batch_for_replicas, resolve_mode, wrap_network
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class Training:
-    generator: nn.Module
+    generator: nn.Module  # possibly wrapped (DataParallel / DDP); unwrap() for the bare network
     discriminator: nn.Module
     opt_g: AmpOptimizer
     opt_d: AmpOptimizer
     step: AdversarialStep
     device_map: DeviceMap
+    env: DistEnv
 
 
 def build_amp_optimizer(
-    model: nn.Module, optim: OptimizerConfig, amp: NetworkAmpConfig, device: torch.device, max_steps: int
+    model: nn.Module, optim: OptimizerConfig, amp: NetworkAmpConfig, device: torch.device, max_steps: int,
+    lr_multiplier: float = 1.0,
 ) -> AmpOptimizer:
-    optimizer = build_optimizer(model, optim)
+    optimizer = build_optimizer(model, optim.model_copy(update={"lr": optim.lr * lr_multiplier}))
     scheduler = build_poly_scheduler(optimizer, max_steps, optim.poly_power)
     return AmpOptimizer(optimizer, scheduler, device, amp)
 
 
-def build_training(cfg: Config, device_map: DeviceMap) -> Training:
+def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) -> Training:
     num_classes = cfg.data.num_classes
     generator = build_generator(cfg.model.generator, num_classes)
     discriminator = build_discriminator(cfg.model.discriminator, num_classes)
     place_networks(generator, discriminator, device_map)
+
+    g_mode = resolve_mode(cfg.parallel.generator, "generator", device_map.generator_devices, env)
+    d_mode = resolve_mode(cfg.parallel.discriminator, "discriminator", device_map.discriminator_devices, env)
+    for role, devices in (("generator", device_map.generator_devices), ("discriminator", device_map.discriminator_devices)):
+        check_batch_for_replicas(cfg.data.batch_size, len(devices), role)
+    if cfg.parallel.sync_bn:
+        if g_mode != "ddp":
+            raise UserError("parallel.sync_bn needs the generator under DDP (a multi-process launch)")
+        if device_map.generator.type != "cuda":
+            raise UserError("parallel.sync_bn needs the generator on CUDA (SyncBatchNorm has no CPU kernel)")
+        generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
+    # broadcast_buffers: G's BatchNorm statistics follow rank 0, so every rank evaluates (and
+    # could save) the same model; D has no buffers, and not broadcasting keeps its two forwards
+    # per step free of in-place buffer writes between them.
+    wrapped_g = wrap_network(generator, g_mode, device_map.generator_devices, cfg.amp.generator, broadcast_buffers=True)
+    wrapped_d = wrap_network(discriminator, d_mode, device_map.discriminator_devices, cfg.amp.discriminator,
+                             broadcast_buffers=False)
+
     max_steps = cfg.train.max_steps
-    opt_g = build_amp_optimizer(generator, cfg.optim.generator, cfg.amp.generator, device_map.generator, max_steps)
-    opt_d = build_amp_optimizer(
-        discriminator, cfg.optim.discriminator, cfg.amp.discriminator, device_map.discriminator, max_steps
-    )
+    lr_multiplier = float(env.world_size) if cfg.train.lr_scaling == "linear" else 1.0
+    opt_g = build_amp_optimizer(generator, cfg.optim.generator, cfg.amp.generator, device_map.generator,
+                                max_steps, lr_multiplier)
+    opt_d = build_amp_optimizer(discriminator, cfg.optim.discriminator, cfg.amp.discriminator,
+                                device_map.discriminator, max_steps, lr_multiplier)
     step = AdversarialStep(
-        generator,
-        discriminator,
+        wrapped_g,
+        wrapped_d,
         opt_g,
         opt_d,
         device_map,
@@ -58,4 +87,16 @@ def build_training(cfg: Config, device_map: DeviceMap) -> Training:
         lambda_adv=cfg.loss.lambda_adv,
         adv_warmup_steps=cfg.loss.adv_warmup_steps,
     )
-    return Training(generator, discriminator, opt_g, opt_d, step, device_map)
+    return Training(wrapped_g, wrapped_d, opt_g, opt_d, step, device_map, env)
+
+
+def log_placement(parts: Training) -> None:
+    """The placement table, every rank's rows, logged once by rank 0."""
+    rows = [
+        network_row(parts.env.rank, "generator", parts.generator, parts.device_map.generator_devices, parts.opt_g),
+        network_row(parts.env.rank, "discriminator", parts.discriminator, parts.device_map.discriminator_devices,
+                    parts.opt_d),
+    ]
+    rows = gather_rows(rows)
+    if parts.env.is_main:
+        log.info("placement:\n%s", placement_table(rows))

@@ -14,8 +14,7 @@ import sys
 
 from torch import nn
 
-from segadv.checkpoint import read_checkpoint
-from segadv.checkpoint.state import is_segadv_checkpoint
+from segadv.checkpoint import load_weights, read_checkpoint
 from segadv.config import Config, config_from_dict, load_config
 from segadv.data import build_dataloaders, class_names
 from segadv.engine.evaluate import evaluate
@@ -35,13 +34,9 @@ def resolve_config(ckpt: dict, config_path: str | None, overrides: list[str]) ->
     return config_from_dict(ckpt["config"], overrides=overrides, source="checkpoint config")
 
 
-def load_generator(ckpt: dict, cfg: Config) -> nn.Module:
+def load_generator(ckpt: dict, cfg: Config, source: str) -> nn.Module:
     generator = build_generator(cfg.model.generator, cfg.data.num_classes)
-    state = ckpt["generator"] if is_segadv_checkpoint(ckpt) else ckpt
-    try:
-        generator.load_state_dict(state)
-    except RuntimeError as err:
-        raise UserError(f"checkpoint does not fit the configured generator: {err}") from None
+    load_weights(ckpt, generator, role="generator", name=source)
     return generator
 
 
@@ -51,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="config file (default: the one saved in the checkpoint)")
     parser.add_argument("--device", help="cpu, cuda:N or N (default: cuda:0 if available, else cpu)")
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    parser.add_argument("--trust-checkpoint", action="store_true", help="allow pickled code (off: weights only)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     return parser
 
@@ -61,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     device_map = parse_device_map(None if args.device is None else f"g:{args.device}")
     activate(device_map)
-    ckpt = read_checkpoint(args.checkpoint)
+    ckpt = read_checkpoint(args.checkpoint, trusted=args.trust_checkpoint)
     cfg = resolve_config(ckpt, args.config, args.overrides)
-    generator = load_generator(ckpt, cfg).to(device_map.generator)
+    generator = load_generator(ckpt, cfg, args.checkpoint).to(device_map.generator)
     _, val_loader = build_dataloaders(cfg.data, seed=cfg.train.seed, pin_memory=False)
     metrics = evaluate(generator, val_loader, device_map.generator, cfg.data.num_classes).metrics
     if args.json:

@@ -5,13 +5,21 @@ from __future__ import annotations
 import logging
 import os
 import random
+from typing import Iterable
 
 import numpy as np
 import torch
 
 
-def setup_logging(level: int = logging.INFO) -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+def setup_logging(level: int = logging.INFO, main_process: bool = True) -> None:
+    """Only the main process (rank 0) tells the story; other ranks log warnings and errors."""
+    rank = os.environ.get("RANK")
+    prefix = f"[rank {rank}] " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
+    logging.basicConfig(
+        level=level if main_process else max(level, logging.WARNING),
+        format=f"%(asctime)s %(levelname)s {prefix}%(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:
@@ -23,3 +31,34 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
+
+
+def capture_rng_state(devices: Iterable[torch.device] = ()) -> dict:
+    """Every RNG a training step may draw from, as plain data a weights-only load accepts."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+        "cuda": {},
+    }
+    for device in devices:
+        if device.type == "cuda":
+            state["cuda"][str(device)] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    random.setstate(_as_tuples(state["python"]))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    for device, cuda_state in state.get("cuda", {}).items():
+        if torch.cuda.is_available() and torch.device(device).index < torch.cuda.device_count():
+            torch.cuda.set_rng_state(cuda_state, torch.device(device))
+
+
+def _as_tuples(value):
+    # random.getstate() is nested tuples; a round trip through some serialisers yields lists.
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value

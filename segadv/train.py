@@ -1,6 +1,6 @@
 """segadv-train: train G against D on the configured data.
 
-    segadv-train [--config FILE] [--device-map MAP] [--run-dir DIR] [key=value ...]
+    segadv-train [--config FILE] [--device-map MAP] [--run-dir DIR] [--resume auto|PATH] [key=value ...]
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from itertools import count
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from segadv.build import Training, build_training
-from segadv.checkpoint import Checkpointer, training_state
+from segadv.build import Training, build_training, log_placement
+from segadv.checkpoint import Checkpointer, load_weights, read_checkpoint, restore_training_state, training_state
 from segadv.config import Config, config_to_dict, dump_config, load_config
 from segadv.data import build_dataloaders, palette
 from segadv.engine.evaluate import evaluate
@@ -23,9 +23,13 @@ from segadv.errors import UserError, cli_entry
 from segadv.monitor.images import segmentation_panel
 from segadv.monitor.meters import LossAverager, StepTimer
 from segadv.monitor.progress import Progress
-from segadv.monitor.writer import MetricWriter
+from segadv.monitor.writer import MetricWriter, NullWriter
 from segadv.parallel import activate, parse_device_map
-from segadv.runtime import seed_everything, setup_logging
+from segadv.parallel.placement import for_inference
+from segadv.parallel import distributed
+from segadv.parallel.distributed import DistEnv
+from segadv.runtime import capture_rng_state, restore_rng_state, seed_everything, setup_logging
+from segadv.signals import StopRequests
 
 log = logging.getLogger("segadv.train")
 
@@ -35,52 +39,95 @@ class TrainResult:
     run_dir: Path
     step: int
     val_metrics: dict[str, object]
+    stopped_by: str | None = None  # the signal that ended the run early, if any
 
 
-def train(cfg: Config, config_name: str = "default") -> TrainResult:
-    device_map = parse_device_map(cfg.device_map)
+def train(
+    cfg: Config,
+    config_name: str = "default",
+    *,
+    resume: str | None = None,
+    trusted: bool = False,
+    stop_at: int | None = None,
+) -> TrainResult:
+    """Train to ``train.max_steps``. ``resume``: "auto" or a checkpoint path. ``stop_at``: stop
+    (and checkpoint) after that step as a preempted run would, for tests and schedulers."""
+    env = distributed.env_from()
+    device_map = parse_device_map(cfg.device_map, local_rank=env.local_rank)
     activate(device_map)
-    seed_everything(cfg.train.seed, cfg.train.deterministic)
+    distributed.init_process_group(env, device_map)
+    # Per-rank seeds (dropout differs per rank); DDP broadcasts rank 0's initial weights, and the
+    # data order comes from the shared train.seed, so the ranks still agree where they must.
+    seed_everything(cfg.train.seed + env.rank, cfg.train.deterministic)
     run_dir = prepare_run_dir(cfg, config_name)
-    dump_config(cfg, run_dir / "config.yaml")
     log.info("run dir: %s; device map: %s", run_dir, device_map)
 
     train_loader, val_loader = build_dataloaders(
-        cfg.data, seed=cfg.train.seed, pin_memory=device_map.generator.type == "cuda"
+        cfg.data, seed=cfg.train.seed, pin_memory=device_map.generator.type == "cuda", run_dir=run_dir,
+        rank=env.rank, world_size=env.world_size,
     )
-    parts = build_training(cfg, device_map)
-    writer = MetricWriter(run_dir, tensorboard=cfg.log.tensorboard)
-    checkpointer = Checkpointer(run_dir, cfg.checkpoint.every)
+    parts = build_training(cfg, device_map, env)
+    initialise_weights(cfg, parts, trusted)
+    log_placement(parts)
+    checkpointer = Checkpointer(run_dir, cfg.checkpoint.every, cfg.checkpoint.keep_last)
+    if env.is_main:
+        checkpointer.remove_stale_temp_files()
+    step = 0 if resume is None else resume_training(resume, checkpointer, parts, trusted)
+    distributed.barrier()  # everyone has read the checkpoint before rank 0 writes anything
+    if env.is_main:
+        dump_config(cfg, run_dir / "config.yaml")
+        writer = MetricWriter(run_dir, tensorboard=cfg.log.tensorboard, resume_step=step if resume else None)
+    else:
+        writer = NullWriter(run_dir)
     config_dict = config_to_dict(cfg)
 
-    max_steps = cfg.train.max_steps
-    progress = Progress(max_steps, start=0, bar=cfg.log.progress_bar)
-    losses, timer = LossAverager(), StepTimer()
-    batches = iterate_epochs(train_loader)
-    val_metrics: dict[str, object] = {}
-    step = 0
-    try:
-        while step < max_steps:
-            t_data = time.perf_counter()
-            images, labels = next(batches)
-            timer.add_data_wait(time.perf_counter() - t_data)
-            losses.update(parts.step(images, labels, step).as_dict())
-            step += 1
-            final = step == max_steps
+    def save(at_step: int) -> None:
+        rng = distributed.gather_objects(capture_rng_state(device_map.devices))  # one per rank
+        if env.is_main:
+            checkpointer.save(at_step, training_state(
+                at_step, parts.generator, parts.discriminator, parts.opt_g, parts.opt_d, config_dict, rng=rng,
+            ))
+        distributed.barrier()  # nobody races ahead of (or exits before) the write
 
-            if step % cfg.train.log_every == 0 or final:
-                log_training(writer, progress, parts, step, losses.pop_means(), timer.pop())
-            if step % cfg.train.eval_every == 0 or final:
-                val_metrics = run_evaluation(cfg, parts, val_loader, writer, progress, step)
-            if checkpointer.due(step, final):
-                checkpointer.save(step, training_state(
-                    step, parts.generator, parts.discriminator, parts.opt_g, parts.opt_d, config_dict
-                ))
-            if step % cfg.train.eval_every == 0 or checkpointer.due(step, final):
-                timer.reset()  # keep evaluation and saving out of the step time
-    finally:
-        progress.close()
-        writer.close()
+    max_steps = cfg.train.max_steps
+    progress = Progress(max_steps, start=step, bar=cfg.log.progress_bar if env.is_main else False)
+    losses, timer = LossAverager(), StepTimer()
+    batches = iterate_epochs(train_loader, start_step=step)
+    val_metrics: dict[str, object] = {}
+    stopped_by: str | None = None
+    with StopRequests() as stop:
+        try:
+            while step < max_steps:
+                t_data = time.perf_counter()
+                images, labels = next(batches)
+                timer.add_data_wait(time.perf_counter() - t_data)
+                losses.update(parts.step(images, labels, step).as_dict())
+                step += 1
+                final = step == max_steps
+                log_now = step % cfg.train.log_every == 0 or final
+                if step == stop_at:
+                    stopped_by = "stop_at"
+                elif stop_agreed(stop, env, log_now):
+                    stopped_by = stop.requested or "a signal on another rank"
+                interrupted = stopped_by is not None and not final
+
+                if log_now or interrupted:
+                    log_training(writer, progress, parts, step, losses.pop_means(), timer.pop())
+                if step % cfg.train.eval_every == 0 or final:
+                    val_metrics = run_evaluation(cfg, parts, val_loader, writer, progress, step)
+                if checkpointer.due(step, final) or interrupted:
+                    save(step)
+                if interrupted:
+                    break
+                if step % cfg.train.eval_every == 0 or checkpointer.due(step, final):
+                    timer.reset()  # keep evaluation and saving out of the step time
+        finally:
+            progress.close()
+            writer.close()
+    if stopped_by and step < max_steps:
+        log.info("stopped (%s) at step %d/%d; checkpoint: %s", stopped_by, step, max_steps, checkpointer.last_path)
+        log.info("resume with: segadv-train --run-dir %s --resume auto", run_dir)
+        return TrainResult(run_dir, step, val_metrics, stopped_by)
     log.info(
         "done: %d steps, final val mIoU %.4f, pixel accuracy %.4f",
         step, val_metrics.get("mIoU", float("nan")), val_metrics.get("pixel_acc", float("nan")),
@@ -91,12 +138,62 @@ def train(cfg: Config, config_name: str = "default") -> TrainResult:
     return TrainResult(run_dir, step, val_metrics)
 
 
-def iterate_epochs(loader: Iterable) -> Iterator:
-    """Batches forever, epoch after epoch (telling a distributed sampler the epoch)."""
-    for epoch in count():
-        sampler = getattr(loader, "sampler", None)
+def stop_agreed(stop: StopRequests, env: DistEnv, log_now: bool) -> bool:
+    """Whether to stop now. A signal may reach one rank only, so under DDP the ranks agree at log
+    time (a sync there anyway) rather than every step."""
+    if not env.distributed:
+        return stop.requested is not None
+    return log_now and distributed.any_rank(stop.requested is not None)
+
+
+def initialise_weights(cfg: Config, parts: Training, trusted: bool) -> None:
+    """``init.generator`` / ``init.discriminator``: start from given weights (strict unless excluded)."""
+    for role, module in (("generator", parts.generator), ("discriminator", parts.discriminator)):
+        source = getattr(cfg.init, role)
+        if source is not None:
+            load_weights(source.path, module, role=role, exclude=source.exclude, trusted=trusted)
+
+
+def resume_training(resume: str, checkpointer: Checkpointer, parts: Training, trusted: bool) -> int:
+    """Restore networks, optimizers, schedulers, scalers and RNGs; returns the step to continue from."""
+    if resume == "auto":
+        found = checkpointer.newest_loadable(trusted)
+        if found is None:
+            log.info("--resume auto: no checkpoint in %s, starting fresh", checkpointer.directory)
+            return 0
+        path, ckpt = found
+    else:
+        path, ckpt = Path(resume), read_checkpoint(resume, trusted=trusted)
+    step = restore_training_state(ckpt, parts.generator, parts.discriminator, parts.opt_g, parts.opt_d)
+    rng = ckpt.get("rng")
+    if isinstance(rng, list):  # one state per rank
+        if len(rng) == parts.env.world_size:
+            restore_rng_state(rng[parts.env.rank])
+        else:
+            log.warning("checkpoint has RNG states of %d ranks, this run has %d: RNGs not restored",
+                        len(rng), parts.env.world_size)
+    elif rng:
+        restore_rng_state(rng)
+    log.info("resumed from %s at step %d", path, step)
+    return step
+
+
+def iterate_epochs(loader: Iterable, start_step: int = 0) -> Iterator:
+    """Batches forever, epoch after epoch, starting ``start_step`` batches in (resume).
+
+    The sampler is told the epoch, and on resume how many of its samples to skip, so the
+    resumed run sees exactly the batches the uninterrupted run would have seen.
+    """
+    sampler = getattr(loader, "sampler", None)
+    per_epoch = len(loader)
+    first_epoch, offset = divmod(start_step, per_epoch)
+    for epoch in count(first_epoch):
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
+        if epoch == first_epoch and offset:
+            if not hasattr(sampler, "skip_next"):
+                raise RuntimeError("resuming mid-epoch needs a sampler with skip_next()")
+            sampler.skip_next(offset * loader.batch_size)
         yield from loader
 
 
@@ -104,6 +201,7 @@ def log_training(
     writer: MetricWriter, progress: Progress, parts: Training, step: int,
     losses: dict[str, float], perf: dict[str, float],
 ) -> None:
+    losses = distributed.mean_over_ranks(losses, parts.device_map.generator)
     scalars = {f"train/{name}": value for name, value in losses.items()}
     scalars.update({
         "train/lr_g": parts.opt_g.lr,
@@ -120,7 +218,7 @@ def run_evaluation(
     cfg: Config, parts: Training, val_loader: Iterable, writer: MetricWriter, progress: Progress, step: int
 ) -> dict[str, object]:
     result = evaluate(
-        parts.generator, val_loader, parts.device_map.generator, cfg.data.num_classes,
+        for_inference(parts.generator), val_loader, parts.device_map.generator, cfg.data.num_classes,
         autocast=parts.opt_g.autocast, num_samples=cfg.log.num_images,
     )
     metrics = result.metrics
@@ -160,23 +258,51 @@ def build_parser() -> argparse.ArgumentParser:
         prog="segadv-train",
         description="Train a DeepLab generator against a fully convolutional discriminator.",
     )
-    parser.add_argument("--config", help="YAML config (default: configs/default.yaml, the embedded demo)")
+    parser.add_argument("--config", help="YAML config (default: configs/default.yaml, the embedded demo; "
+                                         "when resuming, RUN_DIR/config.yaml)")
     parser.add_argument("--device-map", help="where each network runs, e.g. g:1,d:0 or g:cuda:0,d:cpu")
     parser.add_argument("--run-dir", help="output directory (default: runs/<config>-<time>)")
+    parser.add_argument("--resume", metavar="auto|PATH",
+                        help="continue from the newest complete checkpoint in the run dir (auto) or from PATH")
+    parser.add_argument("--trust-checkpoint", action="store_true",
+                        help="allow checkpoints that need arbitrary pickled code (off: weights only)")
+    parser.add_argument("--nproc-per-node", type=int, metavar="N",
+                        help="launch N processes on this node through torchrun (DDP)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     return parser
 
 
+def resolve_config_path(args: argparse.Namespace) -> str | None:
+    """When resuming a run dir without --config, the run's own saved config is the one to use."""
+    if args.config is None and args.resume is not None and args.run_dir is not None:
+        saved = Path(args.run_dir) / "config.yaml"
+        if saved.is_file():
+            return str(saved)
+    return args.config
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    setup_logging()
-    cfg = load_config(args.config, args.overrides)
+    if args.nproc_per_node is not None:
+        # Re-launch this command through torchrun (torch.distributed.run), one process per rank.
+        from segadv.parallel.launch import launch_with_torchrun
+
+        return launch_with_torchrun(args.nproc_per_node, argv)
+    env = distributed.env_from()
+    setup_logging(main_process=env.is_main)
+    config_path = resolve_config_path(args)
+    cfg = load_config(config_path, args.overrides)
     if args.device_map is not None:
         cfg.device_map = args.device_map
     if args.run_dir is not None:
         cfg.run_dir = args.run_dir
-    train(cfg, config_name=Path(args.config).stem if args.config else "default")
+    name = Path(args.config).stem if args.config else "default"
+    try:
+        train(cfg, config_name=name, resume=args.resume, trusted=args.trust_checkpoint)
+    finally:
+        distributed.destroy_process_group()
     return 0
 
 

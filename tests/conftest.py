@@ -27,6 +27,7 @@ TINY_OVERRIDES = [
     "checkpoint.every=2",
     "log.progress_bar=false",
     "log.num_images=2",
+    "loss.adv_warmup_steps=0",
 ]
 
 

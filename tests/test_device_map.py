@@ -23,6 +23,9 @@ CPU = torch.device("cpu")
         ("g:cpu,d:cpu", 0, CPU, CPU),
         ("g:cpu", 0, CPU, CPU),  # a role left out shares the other's device
         ("d:1", 2, cuda(1), cuda(1)),
+        ("cpu", 0, CPU, CPU),  # a bare device: both networks
+        ("cuda:1", 2, cuda(1), cuda(1)),
+        ("1", 2, cuda(1), cuda(1)),
     ],
 )
 def test_parse(spec, count, g, d):
@@ -46,9 +49,36 @@ def test_default_follows_cuda_visibility():
         ("g:0,generator:1", 2, "role 'generator' is given twice"),
         ("g:gpu1", 2, "unknown device 'gpu1' for g"),
         ("g1,d0", 2, "is not ROLE:DEVICE"),
+        ("gpu", 2, "unknown device 'gpu' for g and d"),
+        ("cuda:2", 2, "cuda:2 requested for g and d, but only 2 CUDA devices are visible"),
         ("g:0,,d:1", 2, "is not ROLE:DEVICE"),
     ],
 )
 def test_errors_name_the_problem(spec, count, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_device_map(spec, cuda_device_count=count)
+
+
+def test_replica_sets_and_local_rank_offsets():
+    dm = parse_device_map("g:1+2,d:0", cuda_device_count=3)
+    assert dm.generator_devices == (cuda(1), cuda(2)) and dm.generator == cuda(1)
+    assert dm.discriminator_devices == (cuda(0),)
+    # Local rank r shifts every index by r * (highest index + 1).
+    rank1 = parse_device_map("g:0,d:1", cuda_device_count=4, local_rank=1)
+    assert (rank1.generator, rank1.discriminator) == (cuda(2), cuda(3))
+    assert parse_device_map("g:0,d:cpu", cuda_device_count=2, local_rank=1).generator == cuda(1)
+    assert parse_device_map("cpu", cuda_device_count=0, local_rank=3).generator == CPU
+    assert parse_device_map(None, cuda_device_count=2, local_rank=1).generator == cuda(1)
+
+
+@pytest.mark.parametrize(
+    "spec, count, rank, message",
+    [
+        ("g:1+cpu,d:0", 2, 0, "must list CUDA devices only"),
+        ("g:1+1,d:0", 2, 0, "names a device twice"),
+        ("g:0,d:1", 3, 1, "cuda:3 requested for d (cuda:1 shifted by local rank 1), but only 3 CUDA devices are visible"),
+    ],
+)
+def test_replica_and_rank_errors(spec, count, rank, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_device_map(spec, cuda_device_count=count, local_rank=rank)

@@ -59,7 +59,8 @@ def make_bare_step(parts, num_classes: int, ignore_index: int, lambda_adv: float
         for p in D.parameters():
             p.requires_grad_(True)
         real = one_hot_labels(labels_d, num_classes, valid)
-        loss_d = masked_bce_with_logits(D(probs.detach()), 0.0, valid) + masked_bce_with_logits(D(real), 1.0, valid)
+        fake_logits, real_logits = D(torch.cat([probs.detach(), real])).chunk(2)
+        loss_d = masked_bce_with_logits(fake_logits, 0.0, valid) + masked_bce_with_logits(real_logits, 1.0, valid)
         loss_d.backward()
         opt_d.step()
         opt_d.zero_grad(set_to_none=True)

@@ -26,8 +26,12 @@ def save_checkpoint(state: dict[str, Any], *paths: Path) -> None:
         atomic_write_bytes(path, data)
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint onto the CPU: tensors never land on the device they were saved from."""
+def read_checkpoint(path: str | Path, *, trusted: bool = False) -> dict[str, Any]:
+    """Load a checkpoint onto the CPU: tensors never land on the device they were saved from.
+
+    Only plain data is unpickled (``weights_only=True``) unless the caller says the file is
+    trusted, which runs whatever code the file holds.
+    """
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint not found: {path}")
@@ -35,11 +39,12 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise UserError(f"checkpoint {path} is truncated or corrupt: not a PyTorch file")
     try:
         # map_location="cpu": a file saved on cuda:0 must not touch cuda:0 here (seed 004).
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(path, map_location="cpu", weights_only=not trusted)
     except pickle.UnpicklingError as err:
         raise UserError(
             f"checkpoint {path} was refused: it needs arbitrary pickled code to load, not only "
-            f"weights ({_unsupported_global(err)}). segadv loads with weights_only=True."
+            f"weights ({_unsupported_global(err)}). segadv loads with weights_only=True; pass "
+            "--trust-checkpoint only for a file from a source you trust."
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
         raise UserError(f"checkpoint {path} is truncated or corrupt: {type(err).__name__}: {err}") from None
@@ -61,15 +66,3 @@ def _unsupported_global(err: pickle.UnpicklingError) -> str:
         if "Unsupported global" in line or "Unsupported operand" in line:
             return line.strip().removeprefix("WeightsUnpickler error: ")
     return str(err).strip().splitlines()[0] if str(err).strip() else "unpickling failed"
-
-
-def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """A bare state dict from a weights file, unwrapping the usual ``state_dict``/``model`` keys."""
-    obj = read_checkpoint(path)
-    for key in ("state_dict", "model"):
-        if isinstance(obj.get(key), dict):
-            obj = obj[key]
-            break
-    if not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise UserError(f"{path} is not a weights file: it holds keys {sorted(obj)[:8]}")
-    return obj

@@ -1,15 +1,16 @@
-"""What a segadv checkpoint holds, and the periodic saving policy of a run."""
+"""What a segadv checkpoint holds, the periodic saving policy of a run, and finding one to resume."""
 
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from segadv import __version__
-from segadv.checkpoint.io import save_checkpoint
+from segadv.checkpoint.io import read_checkpoint, save_checkpoint
 from segadv.engine.amp_optimizer import AmpOptimizer
 from segadv.errors import UserError
 from segadv.parallel.placement import unwrap
@@ -18,6 +19,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = "segadv"
 FORMAT_VERSION = 1
+STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
 def training_state(
@@ -27,6 +29,7 @@ def training_state(
     opt_g: AmpOptimizer,
     opt_d: AmpOptimizer,
     config: dict[str, Any],
+    rng: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything needed to resume; network weights are unwrapped (never a ``module.`` prefix)."""
     return {
@@ -38,6 +41,7 @@ def training_state(
         "discriminator": unwrap(discriminator).state_dict(),
         "optim_generator": opt_g.state_dict(),
         "optim_discriminator": opt_d.state_dict(),
+        "rng": rng or {},
         "config": config,
     }
 
@@ -54,21 +58,29 @@ def restore_training_state(
     opt_d: AmpOptimizer,
 ) -> int:
     """Load every piece strictly; returns the step the checkpoint was taken at."""
+    from segadv.checkpoint.loader import load_weights  # the same strict loader as everywhere
+
     if not is_segadv_checkpoint(ckpt):
-        raise UserError("not a segadv training checkpoint (no 'format': 'segadv' entry)")
-    unwrap(generator).load_state_dict(ckpt["generator"])
-    unwrap(discriminator).load_state_dict(ckpt["discriminator"])
+        raise UserError("not a segadv training checkpoint (no 'format': 'segadv' entry): it can "
+                        "initialise weights (init.generator.path) but not resume a run")
+    load_weights(ckpt, generator, role="generator", name="checkpoint")
+    load_weights(ckpt, discriminator, role="discriminator", name="checkpoint")
     opt_g.load_state_dict(ckpt["optim_generator"])
     opt_d.load_state_dict(ckpt["optim_discriminator"])
     return int(ckpt["step"])
 
 
 class Checkpointer:
-    """Writes ``checkpoints/step_<N>.pt`` every ``every`` steps and keeps ``last.pt`` current."""
+    """Writes ``checkpoints/step_<N>.pt`` every ``every`` steps and keeps ``last.pt`` current.
 
-    def __init__(self, run_dir: Path, every: int) -> None:
+    Every file is written atomically, so a crash at any moment leaves the previous complete
+    checkpoint in place; retention deletes only after the new file is complete.
+    """
+
+    def __init__(self, run_dir: Path, every: int, keep_last: int | None = None) -> None:
         self.directory = run_dir / "checkpoints"
         self.every = every
+        self.keep_last = keep_last
 
     @property
     def last_path(self) -> Path:
@@ -84,4 +96,45 @@ class Checkpointer:
             paths.insert(0, self.directory / f"step_{step}.pt")
         save_checkpoint(state, *paths)
         log.info("checkpoint saved at step %d: %s", step, ", ".join(p.name for p in paths))
+        self._apply_retention(keep=paths[0])
         return paths[0]
+
+    def step_files(self) -> list[tuple[int, Path]]:
+        """``(step, path)`` of every step_<N>.pt, newest first."""
+        if not self.directory.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := STEP_FILE.match(p.name))]
+        return sorted(found, reverse=True)
+
+    def remove_stale_temp_files(self) -> None:
+        """Temp files of a write that a crash cut short (the checkpoint they were to replace is
+        intact): safe to delete when a run starts."""
+        if self.directory.is_dir():
+            for path in self.directory.glob(".*.tmp-*"):
+                path.unlink(missing_ok=True)
+                log.info("removed %s, left by an interrupted checkpoint write", path.name)
+
+    def _apply_retention(self, keep: Path) -> None:
+        if self.keep_last is None:
+            return
+        for _, path in self.step_files()[self.keep_last:]:
+            if path != keep:
+                path.unlink(missing_ok=True)
+                log.info("retention (checkpoint.keep_last=%d): removed %s", self.keep_last, path.name)
+
+    def newest_loadable(self, trusted: bool = False) -> tuple[Path, dict[str, Any]] | None:
+        """The newest checkpoint that loads: last.pt, then step files from newest to oldest.
+        A truncated or corrupt file is skipped with a warning."""
+        candidates = [self.last_path] if self.last_path.is_file() else []
+        candidates += [p for _, p in self.step_files()]
+        loaded = []
+        for path in candidates:
+            try:
+                loaded.append((path, read_checkpoint(path, trusted=trusted)))
+            except UserError as err:
+                log.warning("skipping %s: %s", path, err)
+                continue
+            if path != self.last_path:
+                break  # step files are newest first: the first that loads wins
+        # last.pt may be older than a step file if a save was cut between the two writes.
+        return max(loaded, key=lambda item: int(item[1].get("step", -1)), default=None)

@@ -268,7 +268,7 @@ def _apply_override(data: dict, text: str) -> None:
     parts, value = _parse_override(text)
     node = data
     for depth, part in enumerate(parts[:-1]):
-        if part not in node:
+        if node.get(part) is None:  # missing, or an optional section that is null by default
             node[part] = {}
         child = node[part]
         if not isinstance(child, dict):

@@ -43,13 +43,65 @@ class SyntheticDataConfig(Section):
     seed: int = 0
 
 
+# Dataset kinds and their layouts: README "Datasets". Relative paths inside the data section are
+# taken from ``data.root``; ``data.root`` itself from the working directory.
+DataKind = Literal["synthetic", "folder", "voc", "cityscapes", "gta5"]
+
+
+class FolderSplitConfig(Section):
+    images: str = "images"  # image directory
+    masks: str = "masks"  # mask directory; a mask is matched to its image by file stem
+    # A file of ids (file stems), one per line; None: every image in ``images``.
+    list_file: Optional[str] = None
+
+
+class FolderDataConfig(Section):
+    train: FolderSplitConfig = FolderSplitConfig(images="train/images", masks="train/masks")
+    val: FolderSplitConfig = FolderSplitConfig(images="val/images", masks="val/masks")
+    image_suffixes: list[str] = [".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"]
+    mask_suffix: str = ".png"
+    class_names: Optional[list[str]] = None  # None: class_0, class_1, ...
+
+
+class VocDataConfig(Section):
+    # The SBD-augmented training set: SegmentationClassAug/ masks and train_aug.txt.
+    augmented: bool = False
+    # ImageSets/Segmentation/<name>.txt; None: train (train_aug when augmented).
+    train_split: Optional[str] = None
+    val_split: str = "val"
+
+
+class CityscapesDataConfig(Section):
+    train_split: str = "train"  # leftImg8bit/<split>/ and gtFine/<split>/
+    val_split: str = "val"
+
+
+class Gta5DataConfig(Section):
+    train_list: Optional[str] = None  # a file of ids; None: every image not held out for val
+    val_list: Optional[str] = None  # a file of ids; None: every val_every-th image (sorted)
+    val_every: int = Field(20, ge=2)
+
+
 class DataConfig(Section):
-    kind: Literal["synthetic"] = "synthetic"
+    kind: DataKind = "synthetic"
+    root: Optional[str] = None  # the dataset directory (every kind but synthetic)
     num_classes: int = Field(5, ge=2)
     ignore_index: int = 255
+    # raise: a bad sample (unreadable, missing mask, size mismatch, bad label values) stops the
+    # run with a message naming it; skip: it is dropped, counted and listed in RUN/skipped.json.
+    on_error: Literal["raise", "skip"] = "raise"
+    # Labeled / unlabeled split of the training set: a seeded fraction, or a file of ids. The
+    # rest is an unlabeled pool whose masks are never read. Saved as RUN/data_split.json.
+    labeled_fraction: float = Field(1.0, gt=0, le=1)
+    labeled_list: Optional[str] = None
+    labeled_seed: int = 0
     batch_size: int = Field(8, gt=0)
     val_batch_size: int = Field(8, gt=0)
     num_workers: int = Field(1, ge=0)
+    pin_memory: bool = True  # only ever used when a CUDA device is
+    persistent_workers: bool = True  # with num_workers > 0
+    prefetch_factor: Optional[int] = Field(None, ge=1)  # with num_workers > 0; None: torch's 2
+    drop_last: bool = True  # training batches only; val never drops
     mean: list[float] = [0.485, 0.456, 0.406]
     std: list[float] = [0.229, 0.224, 0.225]
     # albumentations steps applied jointly to image and mask, e.g. {name: HorizontalFlip, p: 0.5}.
@@ -57,6 +109,10 @@ class DataConfig(Section):
     train_transforms: list[dict[str, Any]] = [{"name": "HorizontalFlip", "p": 0.5}]
     val_transforms: list[dict[str, Any]] = []
     synthetic: SyntheticDataConfig = SyntheticDataConfig()
+    folder: FolderDataConfig = FolderDataConfig()
+    voc: VocDataConfig = VocDataConfig()
+    cityscapes: CityscapesDataConfig = CityscapesDataConfig()
+    gta5: Gta5DataConfig = Gta5DataConfig()
 
 
 class OptimizerConfig(Section):
@@ -91,16 +147,46 @@ class AmpConfig(Section):
     discriminator: NetworkAmpConfig = NetworkAmpConfig()
 
 
+class ParallelConfig(Section):
+    """Each network is wrapped on its own (never one wrapper around both).
+
+    auto: ddp under a multi-process launch, dp when the device map lists a replica set
+    (``g:1+2``), else none.
+    """
+
+    generator: Literal["auto", "none", "dp", "ddp"] = "auto"
+    discriminator: Literal["auto", "none", "dp", "ddp"] = "auto"
+    sync_bn: bool = False  # convert G's BatchNorm to SyncBatchNorm under DDP
+
+
 class TrainConfig(Section):
     max_steps: int = Field(20000, gt=0)
     eval_every: int = Field(1000, gt=0)
     log_every: int = Field(10, gt=0)
     seed: int = 0
     deterministic: bool = False
+    # linear: multiply both learning rates by the world size (DDP: the global batch grows with it).
+    lr_scaling: Literal["none", "linear"] = "none"
 
 
 class CheckpointConfig(Section):
     every: int = Field(1000, gt=0)
+    # Keep only the newest K step_<N>.pt files (None: keep all); last.pt is always kept.
+    keep_last: Optional[int] = Field(None, ge=1)
+
+
+class InitSource(Section):
+    path: str
+    # Glob patterns of model keys NOT taken from the file (they keep their fresh init), e.g.
+    # ["segmentation_head.*"] to start from weights trained with another number of classes.
+    exclude: list[str] = []
+
+
+class InitConfig(Section):
+    """Weights to start from (any format the checkpoint loader accepts); strict unless excluded."""
+
+    generator: Optional[InitSource] = None
+    discriminator: Optional[InitSource] = None
 
 
 class LogConfig(Section):
@@ -118,6 +204,8 @@ class Config(Section):
     optim: OptimConfig = OptimConfig()
     loss: LossConfig = LossConfig()
     amp: AmpConfig = AmpConfig()
+    parallel: ParallelConfig = ParallelConfig()
     train: TrainConfig = TrainConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    init: InitConfig = InitConfig()
     log: LogConfig = LogConfig()

@@ -1,15 +1,28 @@
-"""Data: the synthetic shapes dataset, config-driven augmentations and loaders."""
+"""Data: dataset kinds (synthetic, folder, voc, cityscapes, gta5), config-driven augmentations
+and loaders. README "Datasets" documents each layout."""
 
 from segadv.data.augment import build_transform
-from segadv.data.loaders import build_dataloaders, build_datasets, class_names
+from segadv.data.files import SampleError
+from segadv.data.loaders import (
+    DataBundle,
+    build_data,
+    build_dataloaders,
+    build_datasets,
+    check_config,
+    class_names,
+)
 from segadv.data.synthetic import SHAPE_CLASSES, SyntheticShapes, palette
 
 __all__ = [
     "SHAPE_CLASSES",
+    "DataBundle",
+    "SampleError",
     "SyntheticShapes",
     "build_transform",
+    "build_data",
     "build_datasets",
     "build_dataloaders",
+    "check_config",
     "class_names",
     "palette",
 ]

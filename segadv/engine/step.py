@@ -121,9 +121,10 @@ class AdversarialStep:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns D's loss and its (detached) logits on the fake maps."""
         real_maps = one_hot_labels(labels_d, self.num_classes, valid_d)
+        # One forward over fake and real together: DDP expects one forward per backward, and D
+        # has no batch statistics, so this equals two separate forwards.
         with self.opt_d.autocast():
-            fake_logits = self.discriminator(probs_d)
-            real_logits = self.discriminator(real_maps)
+            fake_logits, real_logits = self.discriminator(torch.cat([probs_d, real_maps])).chunk(2)
         loss_d = masked_bce_with_logits(fake_logits, FAKE, valid_d) + masked_bce_with_logits(
             real_logits, REAL, valid_d
         )

@@ -71,17 +71,9 @@ def _local_weights_path(value: str | None) -> Path | None:
 
 def _load_encoder_weights(encoder: nn.Module, path: Path) -> None:
     # Local import: the checkpoint package depends on models, not the other way round.
-    from segadv.checkpoint.io import read_weights
+    from segadv.checkpoint.loader import load_weights
 
-    state = read_weights(path)
-    expected = set(encoder.state_dict())
-    problems = {"missing": sorted(expected - state.keys()), "unexpected": sorted(state.keys() - expected)}
-    problems = {kind: keys for kind, keys in problems.items() if keys}
-    if problems:
-        details = "; ".join(f"{len(k)} {kind} (e.g. {', '.join(k[:3])})" for kind, k in problems.items())
-        raise UserError(f"model.generator.encoder_weights: {path} does not match the encoder: {details}")
     try:
-        encoder.load_state_dict(state)
-    except RuntimeError as err:  # shape mismatches
-        raise UserError(f"model.generator.encoder_weights: {path}: {err}") from None
-    log.info("loaded encoder weights from %s (%d tensors)", path, len(state))
+        load_weights(path, encoder, role="encoder")
+    except UserError as err:
+        raise UserError(f"model.generator.encoder_weights: {err}") from None

@@ -8,18 +8,39 @@ from pathlib import Path
 
 import torch
 
+from segadv.fsutil import atomic_write_text
+
 
 class MetricWriter:
-    def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
+    """``resume_step``: a resumed run continues the same files; whatever the interrupted run
+    logged after that step is dropped so no step appears twice."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, resume_step: int | None = None) -> None:
         self.jsonl_path = run_dir / "metrics.jsonl"
         self.tensorboard_dir = run_dir / "tensorboard"
-        # Append: a resumed run continues the same file.
+        if resume_step is not None:
+            self._drop_records_after(resume_step)
         self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(self.tensorboard_dir))
+            # purge_step: TensorBoard hides the old run's events from this step on.
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=purge)
+
+    def _drop_records_after(self, step: int) -> None:
+        if not self.jsonl_path.is_file():
+            return
+        kept = []
+        for line in self.jsonl_path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a crash
+            if record.get("step", 0) <= step:
+                kept.append(line)
+        atomic_write_text(self.jsonl_path, "".join(line + "\n" for line in kept))
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         record = {"step": step, "time": round(time.time(), 3), **values}
@@ -42,3 +63,23 @@ class MetricWriter:
         self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+class NullWriter:
+    """What ranks other than 0 write to: nothing (only rank 0 logs, writes TensorBoard and files)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.jsonl_path = run_dir / "metrics.jsonl"
+        self.tensorboard_dir = run_dir / "tensorboard"
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        pass
+
+    def image(self, step: int, tag: str, image_chw_uint8: torch.Tensor) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,9 +1,15 @@
-"""The device map: which device each network lives on, e.g. ``g:1,d:0``.
+"""The device map: which device(s) each network lives on, e.g. ``g:1,d:0`` or ``g:1+2,d:0``.
 
-Grammar: comma-separated ``ROLE:DEVICE`` entries. ROLE is ``g``/``generator`` or
-``d``/``discriminator``; DEVICE is ``cpu``, ``cuda``, ``cuda:N`` or a bare CUDA index ``N``.
-A role left out shares the other role's device. An empty map means both on ``cuda:0`` when CUDA
-is available, else ``cpu``.
+Grammar: comma-separated ``ROLE:DEVICES`` entries. ROLE is ``g``/``generator`` or
+``d``/``discriminator``. DEVICES is one device (``cpu``, ``cuda``, ``cuda:N`` or a bare CUDA index
+``N``) or a DataParallel replica set of CUDA devices joined by ``+`` (``1+2`` = ``cuda:1+cuda:2``):
+the network is replicated on each and its outputs are gathered on the first. A role left out
+shares the other role's devices; a bare DEVICES (``cpu``, ``cuda:1``) puts both networks there.
+An empty map means both on ``cuda:0`` when CUDA is available, else ``cpu``.
+
+Under a multi-process launch (torchrun) CUDA indices are relative to the process: local rank r
+adds ``r * B`` to every index, where B = (highest index in the map) + 1. With ``g:0,d:1`` and two
+processes per node, local rank 0 uses cuda:0/cuda:1 and local rank 1 cuda:2/cuda:3.
 """
 
 from __future__ import annotations
@@ -19,29 +25,46 @@ ROLES = {"g": "generator", "generator": "generator", "d": "discriminator", "disc
 
 @dataclass(frozen=True)
 class DeviceMap:
-    generator: torch.device
-    discriminator: torch.device
+    generator_devices: tuple[torch.device, ...]
+    discriminator_devices: tuple[torch.device, ...]
+
+    @property
+    def generator(self) -> torch.device:
+        """Where G's parameters live and its outputs are gathered."""
+        return self.generator_devices[0]
+
+    @property
+    def discriminator(self) -> torch.device:
+        return self.discriminator_devices[0]
 
     @property
     def devices(self) -> tuple[torch.device, ...]:
-        """The distinct devices named, generator's first."""
-        return tuple(dict.fromkeys([self.generator, self.discriminator]))
+        """Every distinct device named, generator's first."""
+        return tuple(dict.fromkeys([*self.generator_devices, *self.discriminator_devices]))
 
     def __str__(self) -> str:
-        return f"g:{self.generator},d:{self.discriminator}"
+        def fmt(devices: tuple[torch.device, ...]) -> str:
+            return "+".join(str(d) for d in devices)
+
+        return f"g:{fmt(self.generator_devices)},d:{fmt(self.discriminator_devices)}"
 
 
-def default_device() -> torch.device:
-    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def parse_device_map(spec: str | None, *, cuda_device_count: int | None = None) -> DeviceMap:
+def parse_device_map(
+    spec: str | None, *, cuda_device_count: int | None = None, local_rank: int = 0
+) -> DeviceMap:
     """Parse and validate a device map against the devices this process can see."""
     visible = torch.cuda.device_count() if cuda_device_count is None else cuda_device_count
     if spec is None or not spec.strip():
-        device = torch.device("cuda", 0) if visible > 0 else torch.device("cpu")
-        return DeviceMap(device, device)
-    chosen: dict[str, torch.device] = {}
+        device = torch.device("cuda", local_rank) if visible > 0 else torch.device("cpu")
+        if device.type == "cuda" and local_rank >= visible:
+            raise UserError(f"local rank {local_rank} needs cuda:{local_rank}, but only {visible} CUDA devices are visible")
+        return DeviceMap((device,), (device,))
+    head = spec.split(",")[0].partition(":")[0].strip().lower()
+    if "," not in spec and head not in ROLES:  # a bare device (set): both networks there
+        devices = _parse_devices(spec.strip(), "g and d", spec)
+        chosen = {"generator": devices, "discriminator": devices}
+        return _offset_and_check(spec, chosen, local_rank, visible, label="g and d")
+    chosen: dict[str, tuple[torch.device, ...]] = {}
     for entry in spec.split(","):
         entry = entry.strip()
         role_name, sep, device_text = entry.partition(":")
@@ -54,13 +77,24 @@ def parse_device_map(spec: str | None, *, cuda_device_count: int | None = None) 
             )
         if role in chosen:
             raise UserError(f"device map {spec!r}: role {role_name!r} is given twice")
-        chosen[role] = _parse_device(device_text.strip(), role_name, spec, visible)
-    generator = chosen.get("generator", chosen.get("discriminator"))
-    discriminator = chosen.get("discriminator", generator)
-    return DeviceMap(generator, discriminator)
+        chosen[role] = _parse_devices(device_text.strip(), role_name, spec)
+    chosen.setdefault("generator", chosen.get("discriminator"))
+    chosen.setdefault("discriminator", chosen["generator"])
+    return _offset_and_check(spec, chosen, local_rank, visible)
 
 
-def _parse_device(text: str, role: str, spec: str, visible: int) -> torch.device:
+def _parse_devices(text: str, role: str, spec: str) -> tuple[torch.device, ...]:
+    parts = [p.strip() for p in text.split("+")]
+    devices = tuple(_parse_device(p, role, spec) for p in parts)
+    if len(devices) > 1:
+        if any(d.type != "cuda" for d in devices):
+            raise UserError(f"device map {spec!r}: a replica set ({text}) must list CUDA devices only")
+        if len(set(devices)) != len(devices):
+            raise UserError(f"device map {spec!r}: replica set {text!r} names a device twice")
+    return devices
+
+
+def _parse_device(text: str, role: str, spec: str) -> torch.device:
     lowered = text.lower()
     if lowered == "cpu":
         return torch.device("cpu")
@@ -71,11 +105,27 @@ def _parse_device(text: str, role: str, spec: str, visible: int) -> torch.device
     else:
         index_text = lowered
     if not index_text.isdigit():
-        raise UserError(f"device map {spec!r}: unknown device {text!r} for {role}; use cpu, cuda:N or N")
-    index = int(index_text)
-    if index >= visible:
-        seen = f"only {visible} CUDA device{'s are' if visible != 1 else ' is'} visible" if visible else (
-            "no CUDA device is visible"
+        raise UserError(f"device map {spec!r}: unknown device {text!r} for {role}; use cpu, cuda:N, N or N+M")
+    return torch.device("cuda", int(index_text))
+
+
+def _offset_and_check(
+    spec: str, chosen: dict[str, tuple[torch.device, ...]], local_rank: int, visible: int, label: str | None = None
+) -> DeviceMap:
+    cuda_indices = [d.index for devices in chosen.values() for d in devices if d.type == "cuda"]
+    block = max(cuda_indices, default=-1) + 1
+    names = {"generator": "g", "discriminator": "d"}
+    placed = {}
+    for role, devices in chosen.items():
+        moved = tuple(
+            torch.device("cuda", d.index + local_rank * block) if d.type == "cuda" else d for d in devices
         )
-        raise UserError(f"device map {spec!r}: cuda:{index} requested for {role}, but {seen}")
-    return torch.device("cuda", index)
+        for original, device in zip(devices, moved):
+            if device.type == "cuda" and device.index >= visible:
+                seen = f"only {visible} CUDA device{'s are' if visible != 1 else ' is'} visible" if visible else (
+                    "no CUDA device is visible"
+                )
+                where = f" (cuda:{original.index} shifted by local rank {local_rank})" if local_rank else ""
+                raise UserError(f"device map {spec!r}: {device} requested for {label or names[role]}{where}, but {seen}")
+        placed[role] = moved
+    return DeviceMap(placed["generator"], placed["discriminator"])

@@ -35,9 +35,12 @@ def place_networks(generator: nn.Module, discriminator: nn.Module, device_map: D
 
 
 def unwrap(module: nn.Module) -> nn.Module:
-    """The bare network behind DataParallel / DistributedDataParallel / torch.compile wrappers."""
+    """The bare network behind DataParallel / DistributedDataParallel / torch.compile wrappers
+    (and segadv's own AutocastForward)."""
+    from segadv.parallel.wrap import AutocastForward
+
     while True:
-        if isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        if isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel, AutocastForward)):
             module = module.module
         elif hasattr(module, "_orig_mod"):
             module = module._orig_mod
@@ -51,3 +54,12 @@ def count_parameters(module: nn.Module) -> int:
 
 def devices_of(module: nn.Module) -> set[torch.device]:
     return {t.device for t in [*module.parameters(), *module.buffers()]}
+
+
+def for_inference(module: nn.Module) -> nn.Module:
+    """The module to evaluate: DDP's forward is a collective (buffer broadcast), so ranks with
+    uneven val shards would hang in it; evaluate its bare module. DataParallel stays (no
+    collectives, and it still spreads the batch)."""
+    if isinstance(module, nn.parallel.DistributedDataParallel):
+        return unwrap(module)
+    return module

@@ -1,0 +1,243 @@
+"""One strict loader for every source of network weights.
+
+Sources: segadv checkpoints; raw state dicts saved from a plain model, ``nn.DataParallel``,
+``DistributedDataParallel`` or ``torch.compile`` (or nestings of them); and dicts keeping the
+weights under a key or prefix (``state_dict``, ``model``, ``generator``/``G``,
+``discriminator``/``D``: mmengine, Lightning, torchvision references). The target may be wrapped.
+
+Key normalisation is not a blind strip: the loader finds the one key prefix that maps the file
+onto the model's keys, proves it by matching every key, and logs what it did. Then it loads with
+``strict=True``. Partial loading happens only through explicit ``exclude`` glob patterns.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from segadv.checkpoint.io import read_checkpoint
+from segadv.errors import UserError
+from segadv.parallel.placement import unwrap
+
+log = logging.getLogger(__name__)
+
+# Segments that wrappers add in front of a network's own keys.
+WRAPPER_SEGMENTS = ("module", "_orig_mod")
+# Keys (and key-prefix segments) under which files keep a network's weights, per role.
+ROLE_KEYS = {
+    "generator": ("generator", "G", "netG", "gen", "segmentor", "model"),
+    "discriminator": ("discriminator", "D", "netD", "disc", "model_D"),
+}
+CONTAINER_KEYS = ("state_dict", "model", "module", "weights", "params")
+SHOW = 4  # keys shown per group in error messages
+
+
+class CheckpointMismatchError(UserError):
+    """The file's weights do not fit the model (missing, unexpected or mis-shaped keys)."""
+
+
+@dataclass
+class LoadReport:
+    source: str
+    location: str  # where in the file the weights were found, e.g. "['generator']"
+    prefix: str  # the key prefix stripped from the file's keys ("" if none)
+    loaded: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # excluded by pattern
+    other_networks: list[str] = field(default_factory=list)  # file keys of other networks, unused
+
+
+def load_weights(
+    source: str | Path | Mapping[str, Any],
+    model: nn.Module,
+    *,
+    role: str = "generator",
+    exclude: Sequence[str] = (),
+    trusted: bool = False,
+    name: str | None = None,
+) -> LoadReport:
+    """Load ``role``'s weights from ``source`` into ``model`` (wrapped or not), strictly.
+    ``name`` labels an in-memory ``source`` in messages (e.g. the file it was read from)."""
+    if name is None:
+        name = str(source) if isinstance(source, (str, Path)) else "state dict"
+    obj = read_checkpoint(source, trusted=trusted) if isinstance(source, (str, Path)) else dict(source)
+    target = unwrap(model)
+    expected = target.state_dict()
+    location, flat = find_state_dict(obj, role)
+    skipped = sorted(k for k in expected if any(fnmatch.fnmatchcase(k, p) for p in exclude))
+    required = {k: v for k, v in expected.items() if k not in skipped}
+    if not required:
+        raise UserError(f"exclude patterns {list(exclude)} exclude every {role} key: nothing to load")
+    prefix, other = match_prefix(flat, required, role, known=expected)
+    if prefix is None:
+        raise CheckpointMismatchError(mismatch_message(name, location, flat, required, role))
+    mapped = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+    if any(tuple(mapped[k].shape) != tuple(v.shape) for k, v in required.items()):
+        raise CheckpointMismatchError(mismatch_message(name, location, flat, required, role, prefix))
+    state = {k: (expected[k] if k in skipped else mapped[k]) for k in expected}
+    target.load_state_dict(state)  # strict: every key present, none extra
+    report = LoadReport(name, location, prefix, sorted(set(expected) - set(skipped)), skipped, other)
+    _log_report(report, role)
+    return report
+
+
+def find_state_dict(obj: Mapping[str, Any], role: str) -> tuple[str, dict[str, torch.Tensor]]:
+    """The flat ``{key: tensor}`` mapping in ``obj`` that holds ``role``'s weights."""
+    if _is_state_dict(obj):
+        return "top level", dict(obj)
+    for key in (*ROLE_KEYS.get(role, ()), *CONTAINER_KEYS):
+        value = obj.get(key)
+        if isinstance(value, Mapping) and value:
+            if _is_state_dict(value):
+                return f"[{key!r}]", dict(value)
+            try:
+                inner_location, inner = find_state_dict(value, role)
+            except UserError:
+                continue
+            return f"[{key!r}]{inner_location.replace('top level', '')}", inner
+    raise CheckpointMismatchError(
+        f"no {role} weights found: the file holds keys {sorted(map(str, obj))[:8]} "
+        f"(looked for a state dict at the top level or under {list(ROLE_KEYS.get(role, ()) + CONTAINER_KEYS)})"
+    )
+
+
+def match_prefix(
+    flat: Mapping[str, torch.Tensor],
+    expected: Mapping[str, torch.Tensor],
+    role: str,
+    known: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[str | None, list[str]]:
+    """The key prefix that maps ``flat`` exactly onto ``expected``, and the file keys left over.
+
+    A prefix is proven when every expected key is found under it and every file key under it is
+    a model key (``known``: all of the model's keys, excluded ones included). File keys outside
+    the prefix are allowed only when the prefix names a network (``generator.``): a file holding
+    several networks.
+    """
+    known = expected if known is None else known
+    anchor = next(iter(expected))
+    candidates = {k[: -len(anchor)] for k in flat if k == anchor or k.endswith("." + anchor)}
+    proven = []
+    for prefix in sorted(candidates, key=len):
+        if all(prefix + k in flat for k in expected):
+            inside_unknown = [k for k in flat if k.startswith(prefix) and k[len(prefix):] not in known]
+            outside = [k for k in flat if not k.startswith(prefix)]
+            if not inside_unknown and (not outside or _network_segments(prefix)):
+                proven.append((prefix, outside))
+    if not proven:
+        return None, []
+    if len(proven) > 1:
+        # Several copies (e.g. generator. and ema.generator.): prefer the one naming the role.
+        for prefix, extra in proven:
+            if set(_network_segments(prefix)) & set(ROLE_KEYS.get(role, ())):
+                return prefix, extra
+        log.warning("several key prefixes fit the model: %s; using %r", [p for p, _ in proven], proven[0][0])
+    return proven[0]
+
+
+def _network_segments(prefix: str) -> list[str]:
+    return [s for s in prefix.split(".") if s and s not in WRAPPER_SEGMENTS]
+
+
+def _is_state_dict(obj: Mapping[str, Any]) -> bool:
+    return bool(obj) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+
+
+def _log_report(report: LoadReport, role: str) -> None:
+    how = f"prefix {report.prefix!r} stripped" if report.prefix else "keys used as they are"
+    log.info(
+        "%s: loaded %d tensors from %s %s (%s)", role, len(report.loaded), report.source, report.location, how
+    )
+    if report.skipped:
+        log.info("%s: kept %d model tensors (excluded): %s", role, len(report.skipped), _first(report.skipped))
+    if report.other_networks:
+        log.info("%s: ignored %d tensors of other networks in the file: %s",
+                 role, len(report.other_networks), _first(report.other_networks))
+
+
+# ------------------------------------------------------------------------------ error messages
+
+
+def mismatch_message(
+    source: str,
+    location: str,
+    flat: Mapping[str, torch.Tensor],
+    expected: Mapping[str, torch.Tensor],
+    role: str,
+    prefix: str | None = None,
+) -> str:
+    """Missing, unexpected and mis-shaped keys, grouped by module, under the best-fitting prefix."""
+    if prefix is None:
+        prefix = _best_prefix(flat, expected)
+    mapped = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+    missing = [k for k in expected if k not in mapped]
+    unexpected = [k for k in mapped if k not in expected]
+    shapes = [
+        f"{k}: file {tuple(mapped[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in expected if k in mapped and tuple(mapped[k].shape) != tuple(expected[k].shape)
+    ]
+    lines = [f"{source} {location} does not fit the {role} (strict loading"
+             + (f", key prefix {prefix!r} stripped" if prefix else "") + "):"]
+    for title, keys in (("missing in file", missing), ("unexpected in file", unexpected)):
+        if keys:
+            lines.append(f"  {len(keys)} {title}: {_grouped(keys)}")
+    if shapes:
+        lines.append(f"  {len(shapes)} with a different shape: " + "; ".join(shapes[:SHOW])
+                     + (f"; ... ({len(shapes) - SHOW} more)" if len(shapes) > SHOW else ""))
+    lines.append(f"  the file looks like {describe_weights(mapped or flat)}")
+    lines.append("  (to load part of a file on purpose, list the keys to keep in init.<network>.exclude)")
+    return "\n".join(lines)
+
+
+def _best_prefix(flat: Mapping[str, Any], expected: Mapping[str, Any]) -> str:
+    """The prefix under which most model keys are found (for a readable report)."""
+    scores: Counter[str] = Counter()
+    for model_key in expected:
+        for k in flat:
+            if k == model_key or k.endswith("." + model_key):
+                scores[k[: len(k) - len(model_key)]] += 1
+    return scores.most_common(1)[0][0] if scores else ""
+
+
+def _grouped(keys: Sequence[str]) -> str:
+    groups: dict[str, list[str]] = defaultdict(list)
+    for k in keys:
+        groups[".".join(k.split(".")[:2])].append(k)
+    parts = [f"{g}.* ({len(ks)}: {', '.join(ks[:SHOW])}{', ...' if len(ks) > SHOW else ''})"
+             for g, ks in list(groups.items())[:6]]
+    more = f" and {len(groups) - 6} more groups" if len(groups) > 6 else ""
+    return "; ".join(parts) + more
+
+
+def _first(keys: Sequence[str]) -> str:
+    return ", ".join(keys[:SHOW]) + (f", ... ({len(keys) - SHOW} more)" if len(keys) > SHOW else "")
+
+
+def describe_weights(flat: Mapping[str, torch.Tensor]) -> str:
+    """A guess at which network a state dict belongs to, from its key names and shapes."""
+    keys = list(flat)
+    bare = [_strip_wrappers(k) for k in keys]
+    params = sum(int(v.numel()) for v in flat.values() if isinstance(v, torch.Tensor))
+    if any(k.startswith(("encoder.", "decoder.", "segmentation_head.")) for k in bare):
+        head = next((k for k in bare if k.startswith("segmentation_head.") and k.endswith("weight")), None)
+        classes = f", {flat[keys[bare.index(head)]].shape[0]} classes" if head else ""
+        stem = next((k for k in bare if k.startswith("encoder.")), "")
+        return f"a segmentation generator ({params:,} parameters{classes}; encoder keys like {stem!r})"
+    if any(k.startswith(("features.", "classifier.")) for k in bare) and len(keys) <= 12:
+        first = next((k for k in bare if k.endswith("weight")), None)
+        channels = f", {flat[keys[bare.index(first)]].shape[1]} input classes" if first else ""
+        return f"a discriminator ({params:,} parameters{channels})"
+    return f"an unknown network ({len(keys)} tensors, {params:,} parameters, keys like {keys[:2]})"
+
+
+def _strip_wrappers(key: str) -> str:
+    parts = key.split(".")
+    while parts and parts[0] in WRAPPER_SEGMENTS + ("generator", "G", "netG", "discriminator", "D", "netD", "model"):
+        parts = parts[1:]
+    return ".".join(parts)

@@ -1,0 +1,202 @@
+"""segadv-data check: scan the configured dataset and report what is wrong before training.
+
+    segadv-data check [--config FILE] [--workers N] [key=value ...]
+
+Reads every image and every labeled mask in full (the same checks training applies: missing or
+unreadable files, image / mask size mismatches, mask values that are not class ids or the ignore
+value, list files naming missing ids, empty splits) and prints counts per split, the image size
+range, the class pixel histogram and every problem found. Exit 0 when clean, 2 when not (or on a
+config error). Masks of the unlabeled pool are not read, as in training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import numpy as np
+
+from segadv.config import load_config
+from segadv.config.schema import DataConfig
+from segadv.data.augment import build_transform
+from segadv.data.dataset import load_pair
+from segadv.data.files import Problem, Sample, SampleError, display, read_image
+from segadv.data.loaders import check_config, class_names, collect, empty_split_message
+from segadv.data.splits import split_labeled
+from segadv.data.synthetic import SyntheticShapes
+from segadv.errors import UserError, cli_entry
+from segadv.runtime import setup_logging
+
+log = logging.getLogger("segadv.data.check")
+
+
+@dataclass
+class SplitReport:
+    name: str
+    labeled: int = 0
+    unlabeled: Optional[int] = None  # None: not applicable (val)
+    hist: np.ndarray = field(default_factory=lambda: np.zeros(256, dtype=np.int64))
+    heights: list[int] = field(default_factory=list)
+    widths: list[int] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    def add_image(self, shape: tuple[int, ...]) -> None:
+        self.heights.append(int(shape[0]))
+        self.widths.append(int(shape[1]))
+
+
+@dataclass
+class Report:
+    title: str
+    names: list[str]
+    ignore_index: int
+    splits: list[SplitReport]
+
+    @property
+    def problems(self) -> list[Problem]:
+        return [p for s in self.splits for p in s.problems]
+
+
+def _scan(samples: list[Sample], split: str, labeled: bool, spec, report: SplitReport, workers: int) -> None:
+    def one(sample: Sample):
+        try:
+            if labeled:
+                image, mask = load_pair(sample, spec)
+                return image.shape, np.bincount(mask.ravel(), minlength=256), None
+            return read_image(sample.image).shape, None, None
+        except SampleError as err:
+            files = sample.files() if labeled else (str(sample.image),)
+            return None, None, Problem(split, sample.id, files, str(err))
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for shape, hist, problem in pool.map(one, samples):
+            if problem is not None:
+                report.problems.append(problem)
+                continue
+            report.add_image(shape)
+            if hist is not None:
+                report.hist += hist
+
+
+def check_files(cfg: DataConfig, workers: int) -> Report:
+    found = collect(cfg)
+    train = SplitReport("train", labeled=len(found.labeled), unlabeled=len(found.unlabeled))
+    val = SplitReport("val", labeled=len(found.val.samples))
+    for p in found.problems:
+        (val if p.split == "val" else train).problems.append(p)
+    _scan(found.labeled, "train", True, found.spec, train, workers)
+    _scan(found.unlabeled, "unlabeled", False, found.spec, train, workers)
+    _scan(found.val.samples, "val", True, found.spec, val, workers)
+    for report, listing, labeled in ((train, found.train, found.labeled), (val, found.val, found.val.samples)):
+        if not labeled:
+            report.problems.append(Problem(report.name, "", (), empty_split_message(report.name, listing.source, 0)))
+    title = f"{cfg.kind} at {display(found.root)}"
+    return Report(title, class_names(cfg), cfg.ignore_index, [train, val])
+
+
+def check_synthetic(cfg: DataConfig) -> Report:
+    syn = cfg.synthetic
+    train_ds = SyntheticShapes("train", syn.train_size, syn.image_size, cfg.num_classes, syn.seed)
+    val_ds = SyntheticShapes("val", syn.val_size, syn.image_size, cfg.num_classes, syn.seed)
+    labeled, unlabeled, problems, _ = split_labeled([str(i) for i in range(len(train_ds))], cfg, None)
+    train = SplitReport("train", labeled=len(labeled), unlabeled=len(unlabeled), problems=problems)
+    val = SplitReport("val", labeled=len(val_ds))
+    for report, ds, indices in ((train, train_ds, labeled), (val, val_ds, range(len(val_ds)))):
+        for i in indices:
+            image, mask = ds.raw(i)
+            report.add_image(image.shape)
+            report.hist += np.bincount(mask.ravel(), minlength=256)
+    for _ in unlabeled:  # generated images are all image_size square; no need to draw them
+        train.add_image((syn.image_size, syn.image_size))
+    title = f"synthetic shapes ({syn.image_size}px, seed {syn.seed})"
+    return Report(title, class_names(cfg), cfg.ignore_index, [train, val])
+
+
+def _range(values: list[int]) -> str:
+    if not values:
+        return "-"
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}..{hi}"
+
+
+def format_report(report: Report) -> Iterable[str]:
+    n = len(report.names)
+    yield f"dataset: {report.title}; {n} classes, ignore index {report.ignore_index}"
+    yield ""
+    yield f"{'split':<8}{'labeled':>10}{'unlabeled':>11}{'problems':>10}"
+    for s in report.splits:
+        unl = "-" if s.unlabeled is None else str(s.unlabeled)
+        yield f"{s.name:<8}{s.labeled:>10}{unl:>11}{len(s.problems):>10}"
+    yield ""
+    yield "image sizes (read in full):"
+    for s in report.splits:
+        n = len(s.widths)
+        yield f"  {s.name:<6} {n} image{'' if n == 1 else 's'}, width {_range(s.widths)}, height {_range(s.heights)}"
+    yield ""
+    yield "class pixels (labeled samples):"
+    header = f"  {'id':>4}  {'class':<16}" + "".join(f"{s.name:>22}" for s in report.splits)
+    yield header
+    totals = [max(int(s.hist.sum()), 1) for s in report.splits]
+    rows = [(i, report.names[i]) for i in range(n)]
+    ignore = report.ignore_index
+    if 0 <= ignore < 256:
+        rows.append((ignore, "(ignore)"))
+    for class_id, name in rows:
+        cells = "".join(
+            f"{int(s.hist[class_id]):>14} {100.0 * s.hist[class_id] / t:6.2f}%"
+            for s, t in zip(report.splits, totals)
+        )
+        yield f"  {class_id:>4}  {name:<16}{cells}"
+    for s in report.splits:
+        absent = [report.names[i] for i in range(n) if s.hist[i] == 0 and s.hist.sum() > 0]
+        if absent:
+            yield f"  no {s.name} pixels of: {', '.join(absent)}"
+    yield ""
+    problems = report.problems
+    if not problems:
+        yield "problems: none"
+        return
+    yield f"problems ({len(problems)}):"
+    for p in problems:
+        yield f"  {p.split}: {p.message}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="segadv-data", description="Dataset tools.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    check = sub.add_parser(
+        "check", help="scan the configured dataset and report every problem (exit 0 clean, 2 not)",
+        description="Scan the configured dataset: counts per split, image sizes, class pixel "
+                    "histogram and every problem found. Exit 0 when clean, 2 when not.",
+    )
+    check.add_argument("--config", help="YAML config (default: configs/default.yaml)")
+    check.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
+                       help="reader threads (default: %(default)s)")
+    check.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    return parser
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(logging.WARNING)
+    cfg = load_config(args.config, args.overrides).data
+    check_config(cfg)
+    build_transform(cfg.train_transforms, cfg.mean, cfg.std, "data.train_transforms", ignore_index=cfg.ignore_index)
+    build_transform(cfg.val_transforms, cfg.mean, cfg.std, "data.val_transforms", ignore_index=cfg.ignore_index)
+    report = check_synthetic(cfg) if cfg.kind == "synthetic" else check_files(cfg, max(1, args.workers))
+    for line in format_report(report):
+        print(line)
+    sys.stdout.flush()
+    if report.problems:
+        raise UserError(f"{len(report.problems)} problems found in the dataset (listed above)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

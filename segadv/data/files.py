@@ -1,0 +1,240 @@
+"""Reading datasets from disk: samples, list files, images, masks, and what can go wrong with them.
+
+Every problem with one sample (a missing or unreadable file, a mask whose size differs from its
+image, mask values that are not class ids) is a :class:`SampleError` whose message names the
+file(s) and the problem. ``data.on_error`` decides what happens to it (``loaders.py``).
+
+Masks are read as 8-bit class ids: palette (mode ``P``) PNGs give their palette *indices* (the
+class ids, as in PASCAL VOC and GTA5), single-channel PNGs their values. A colour (RGB) mask is an
+error: its colours are not class ids.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from segadv.errors import UserError
+
+__all__ = [
+    "LabelSpec",
+    "Listing",
+    "Problem",
+    "Sample",
+    "SampleError",
+    "check_sizes",
+    "display",
+    "probe_image",
+    "probe_mask",
+    "read_id_list",
+    "read_image",
+    "read_mask",
+]
+
+# Mask modes whose pixel values are class ids (``P``: palette indices).
+_ID_MODES = {"P", "L", "1", "I", "I;16", "I;16L", "I;16B", "I;16N"}
+_MAX_LISTED_VALUES = 8
+
+
+class SampleError(UserError):
+    """One sample cannot be used; the message names the file(s) and the problem."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One image and, for labeled samples, its mask."""
+
+    id: str
+    image: Path
+    mask: Optional[Path]
+
+    def files(self) -> tuple[str, ...]:
+        return tuple(str(p) for p in (self.image, self.mask) if p is not None)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A sample (or list entry) that cannot be used, and why."""
+
+    split: str
+    id: str
+    files: tuple[str, ...]
+    message: str
+
+    def as_dict(self) -> dict:
+        return {"split": self.split, "id": self.id, "files": list(self.files), "problem": self.message}
+
+
+@dataclass
+class Listing:
+    """The samples of one split as found on disk, and the problems found while listing them.
+
+    ``source`` says where the split came from ("ImageSets/Segmentation/val.txt") for messages.
+    """
+
+    split: str
+    samples: list[Sample]
+    source: str
+    problems: list[Problem] = field(default_factory=list)
+
+
+def display(path: os.PathLike | str) -> str:
+    """A path as the user most likely knows it: relative to the cwd when inside it."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # different drive on Windows
+        return str(path)
+    return str(path) if rel.startswith("..") else rel
+
+
+# --------------------------------------------------------------------------------------- labels
+
+
+@dataclass(frozen=True)
+class LabelSpec:
+    """How a kind's mask files encode classes.
+
+    A raw mask value ``v`` is valid when ``v < valid_below`` or ``v == raw_ignore``; ``lut`` (256
+    entries, uint8) then maps raw values to train ids, ``ignore_index`` marking ignored pixels.
+    ``lut`` None means raw values are train ids already.
+    """
+
+    class_names: tuple[str, ...]
+    ignore_index: int
+    valid_below: int
+    raw_ignore: Optional[int]
+    lut: Optional[np.ndarray]
+    describe: str  # what valid raw values are, for messages: "class ids 0..20 or 255 (ignore)"
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def to_train_ids(self, raw: np.ndarray, path: Path) -> np.ndarray:
+        """Check raw mask values and map them to train ids; SampleError naming ``path`` if bad."""
+        if self.valid_below < 256 and int(raw.max()) >= self.valid_below:
+            bad = raw >= self.valid_below
+            if self.raw_ignore is not None:
+                bad &= raw != self.raw_ignore
+            count = int(np.count_nonzero(bad))
+            if count:
+                values = np.unique(raw[bad]).tolist()
+                shown = ", ".join(str(v) for v in values[:_MAX_LISTED_VALUES])
+                more = f", ... ({len(values)} distinct)" if len(values) > _MAX_LISTED_VALUES else ""
+                raise SampleError(
+                    f"{display(path)}: mask values [{shown}{more}] in {count} pixels are not "
+                    f"{self.describe}"
+                )
+        return raw if self.lut is None else self.lut[raw]
+
+
+# --------------------------------------------------------------------------------------- list files
+
+
+def read_id_list(path: Path, what: str) -> list[str]:
+    """Ids from a list file: one per line; blank lines and ``#`` comments skipped.
+
+    A line may also be a path or a pair of paths (``/JPEGImages/x.jpg /SegmentationClassAug/x.png``,
+    as in some ``train_aug.txt`` releases): the id is the first path's file stem. Duplicates are
+    dropped, first occurrence kept. ``what`` names the config key for messages.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{what}: list file {display(path)} does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{what}: cannot read list file {display(path)}: {err}") from None
+    ids: dict[str, None] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        first = line.split()[0]
+        if "/" in first or "\\" in first or re.search(r"\.(jpe?g|png|bmp|tiff?|webp)$", first, re.I):
+            first = Path(first.replace("\\", "/")).stem
+        ids.setdefault(first, None)
+    return list(ids)
+
+
+# --------------------------------------------------------------------------------------- images
+
+
+def _open(path: Path, what: str) -> Image.Image:
+    """``Image.open`` with every failure as a SampleError naming ``path``."""
+    try:
+        return Image.open(path)
+    except FileNotFoundError:
+        raise SampleError(f"{display(path)}: {what} file is missing") from None
+    except UnidentifiedImageError:
+        raise SampleError(f"{display(path)}: cannot read {what}: not an image file PIL can identify") from None
+    except (OSError, ValueError) as err:
+        raise SampleError(f"{display(path)}: cannot read {what}: {err}") from None
+
+
+def _decode(img: Image.Image, path: Path, what: str) -> None:
+    try:
+        img.load()
+    except (OSError, ValueError, SyntaxError) as err:  # truncated / corrupt data
+        raise SampleError(f"{display(path)}: cannot read {what}: {err}") from None
+
+
+def _check_mask_mode(img: Image.Image, path: Path) -> None:
+    if img.mode not in _ID_MODES:
+        bands = len(img.getbands())
+        raise SampleError(
+            f"{display(path)}: mask is a {img.mode} image ({bands} channels); expected a "
+            "single-channel or palette PNG of class ids"
+        )
+
+
+def probe_image(path: Path) -> tuple[int, int]:
+    """``(height, width)`` from the file header, without decoding; SampleError if unreadable."""
+    with _open(path, "image") as img:
+        return img.height, img.width
+
+
+def probe_mask(path: Path) -> tuple[int, int]:
+    """``(height, width)`` of a mask from its header; SampleError if unreadable or a colour mask."""
+    with _open(path, "mask") as img:
+        _check_mask_mode(img, path)
+        return img.height, img.width
+
+
+def read_image(path: Path) -> np.ndarray:
+    """HxWx3 uint8 RGB; SampleError naming ``path`` if missing, unreadable or corrupt."""
+    with _open(path, "image") as img:
+        _decode(img, path, "image")
+        if img.mode != "RGB":
+            img = img.convert("RGB")
+        return np.array(img)
+
+
+def read_mask(path: Path) -> np.ndarray:
+    """HxW uint8 raw mask values (palette indices for mode P); SampleError if unusable."""
+    with _open(path, "mask") as img:
+        _check_mask_mode(img, path)
+        _decode(img, path, "mask")
+        arr = np.array(img)
+    if arr.dtype == np.uint8:
+        return arr
+    if arr.dtype == bool:
+        return arr.astype(np.uint8)
+    hi = int(arr.max()) if arr.size else 0
+    if hi > 255 or int(arr.min()) < 0:
+        values = np.unique(arr[(arr > 255) | (arr < 0)]).tolist()[:_MAX_LISTED_VALUES]
+        raise SampleError(f"{display(path)}: mask values {values} do not fit 8-bit class ids")
+    return arr.astype(np.uint8)
+
+
+def check_sizes(image_hw: Sequence[int], mask_hw: Sequence[int], sample: Sample) -> None:
+    if tuple(image_hw) != tuple(mask_hw):
+        raise SampleError(
+            f"{display(sample.image)} is {image_hw[1]}x{image_hw[0]} (WxH) but its mask "
+            f"{display(sample.mask)} is {mask_hw[1]}x{mask_hw[0]}"
+        )

@@ -1,0 +1,100 @@
+"""Wrapping each network on its own in DataParallel or DistributedDataParallel.
+
+mmengine's separate-DDP idea for GANs: G and D each get their own wrapper, so D's update never
+syncs G's gradients and vice versa, and G's adversarial forward can go through D's bare module.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from segadv.config.schema import NetworkAmpConfig
+from segadv.errors import UserError
+from segadv.parallel.distributed import DistEnv
+
+log = logging.getLogger(__name__)
+_DDP_PARAMS = inspect.signature(DistributedDataParallel.__init__).parameters
+
+
+class AutocastForward(nn.Module):
+    """Runs a network's forward under autocast inside the forward itself.
+
+    Autocast state is thread-local and DataParallel runs each replica in its own thread, so an
+    autocast block around the call does not reach the replicas (seed 001); this one travels
+    with every replica. Its ``module.`` prefix is removed by ``unwrap`` like any wrapper's.
+    """
+
+    def __init__(self, module: nn.Module, device_type: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.module = module
+        self.device_type = device_type
+        self.dtype = dtype
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.module(*args, **kwargs)
+
+
+def resolve_mode(requested: str, role: str, devices: tuple[torch.device, ...], env: DistEnv) -> str:
+    """The wrapper a network gets, validated against the device map and the launch."""
+    mode = requested
+    if mode == "auto":
+        mode = "ddp" if env.distributed else ("dp" if len(devices) > 1 else "none")
+    key = f"parallel.{role}"
+    if env.distributed and mode != "ddp":
+        raise UserError(f"{key}={mode}: this is a {env.world_size}-process launch, so every process would "
+                        f"train its own copy of the {role}; use ddp (or auto)")
+    if mode == "ddp" and not env.distributed:
+        raise UserError(f"{key}=ddp needs a multi-process launch: torchrun --nproc-per-node N -m segadv.train ... "
+                        "or segadv-train --nproc-per-node N ...")
+    if mode == "ddp" and len(devices) > 1:
+        raise UserError(f"{key}=ddp takes one device per process, but the device map gives the {role} "
+                        f"{len(devices)}; launch more processes instead of a replica set")
+    if mode == "none" and len(devices) > 1:
+        raise UserError(f"the device map gives the {role} a replica set of {len(devices)} devices: "
+                        f"set {key}=dp (or auto)")
+    if mode == "dp" and devices[0].type != "cuda" and torch.cuda.is_available():
+        raise UserError(f"{key}=dp replicates over CUDA devices, but the {role} is on {devices[0]}")
+    return mode
+
+
+def wrap_network(
+    module: nn.Module,
+    mode: str,
+    devices: tuple[torch.device, ...],
+    amp: NetworkAmpConfig,
+    *,
+    broadcast_buffers: bool,
+) -> nn.Module:
+    if mode == "none":
+        return module
+    if mode == "dp":
+        inner = AutocastForward(module, devices[0].type, getattr(torch, amp.dtype)) if amp.enabled else module
+        if devices[0].type != "cuda":
+            log.warning("DataParallel on %s runs the network as it is (it replicates over CUDA devices only)", devices[0])
+            return nn.DataParallel(inner)  # with no CUDA at all it falls through to the module
+        ids = [d.index for d in devices]
+        return nn.DataParallel(inner, device_ids=ids, output_device=ids[0])
+    device_ids = [devices[0].index] if devices[0].type == "cuda" else None
+    # Newer torch renames broadcast_buffers to forward_sync_buffers (same meaning in forward).
+    sync_key = "forward_sync_buffers" if "forward_sync_buffers" in _DDP_PARAMS else "broadcast_buffers"
+    # find_unused_parameters=False: every parameter of each network takes part in its own loss.
+    return DistributedDataParallel(module, device_ids=device_ids, find_unused_parameters=False,
+                                   **{sync_key: broadcast_buffers})
+
+
+def check_batch_for_replicas(batch_size: int, replicas: int, role: str) -> None:
+    if replicas <= 1:
+        return
+    if batch_size < replicas:
+        raise UserError(f"data.batch_size={batch_size} is smaller than the {replicas} replicas of the {role}: "
+                        "some devices would get no samples")
+    if batch_size % replicas:
+        log.warning("data.batch_size=%d does not divide over the %d replicas of the %s: uneven chunks",
+                    batch_size, replicas, role)

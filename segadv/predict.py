@@ -1,0 +1,493 @@
+"""segadv-predict: segment images with a checkpoint or an exported model; write palette PNG masks.
+
+    segadv-predict (--checkpoint FILE [--config FILE] [key=value ...] | --model FILE.onnx|FILE.pt)
+                   --input PATH --output DIR [--batch-size N] [--device DEV] [--overlay]
+                   [--mode slide|resize] [--max-size PX] [--overlap F]
+
+``--input``: an image file, a folder (its image files, not recursive) or a quoted glob
+(``'photos/**/*.jpg'``). Each image gives ``DIR/<stem>.png``: a palette PNG whose pixel values are
+class ids and whose palette is the class colours; ``--overlay`` adds ``DIR/overlay/<stem>.png``
+(the image blended with the mask colours).
+
+Sizes: an image whose sides are both at most ``--max-size`` (default 1024) runs whole, padded to
+the network's size multiple. A larger one is split into overlapping ``max-size`` windows whose
+logits are averaged (``--mode slide``, the default: objects keep the scale the network was trained
+at) or shrunk to fit ``max-size`` and the prediction scaled back (``--mode resize``: faster,
+coarser). A model exported with fixed input dimensions uses those as the window.
+
+With an ONNX ``--model`` this runs on onnxruntime and numpy only: torch, the networks and the
+training code are never imported (the model's classes, palette and normalisation come from the
+metadata segadv-export embedded in the file, or else from its sidecar ``FILE.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import io
+import logging
+import sys
+import time
+import zipfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from segadv.errors import UserError, cli_entry
+from segadv.export.deps import import_extra
+from segadv.export.sidecar import EMBED_FILE, EMBED_KEY, parse_metadata, prepare_input, read_sidecar
+from segadv.fsutil import atomic_write_bytes
+
+log = logging.getLogger("segadv.predict")
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+MODES = ("slide", "resize")
+DEFAULT_MAX_SIZE = 1024
+OVERLAY_DIR = "overlay"
+
+
+# ----------------------------------------------------------------------------------- backends
+
+
+class Backend:
+    """Runs ``N x 3 x H x W`` model inputs; returns float32 logits ``N x C x H x W`` or class ids
+    ``N x H x W``. ``meta`` is the export metadata (classes, palette, normalisation, input form)."""
+
+    meta: dict[str, Any]
+    description: str
+    fixed_batch: Optional[int] = None
+    fixed_size: Optional[tuple[int, int]] = None
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+def _cuda_index(device: str) -> Optional[int]:
+    """None for cpu, the CUDA index otherwise (``cuda`` = 0); UserError on anything else."""
+    text = device.strip().lower()
+    if text == "cpu":
+        return None
+    if text == "cuda":
+        return 0
+    number = text.removeprefix("cuda:")
+    if number.isdigit():
+        return int(number)
+    raise UserError(f"--device {device!r}: expected cpu, cuda, cuda:N or N")
+
+
+class OnnxBackend(Backend):
+    def __init__(self, path: Path, device: Optional[str]) -> None:
+        ort = import_extra("onnxruntime", "running an ONNX model")
+
+        available = ort.get_available_providers()
+        index = _cuda_index(device) if device is not None else (0 if "CUDAExecutionProvider" in available else None)
+        if index is None:
+            providers: list[Any] = ["CPUExecutionProvider"]
+        elif "CUDAExecutionProvider" not in available:
+            raise UserError(
+                f"--device {device}: this onnxruntime has no CUDA provider (available: {', '.join(available)}); "
+                "install onnxruntime-gpu or use --device cpu"
+            )
+        else:
+            providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=providers)
+        except Exception as err:  # noqa: BLE001 - onnxruntime raises its own exception types
+            raise UserError(f"--model {path}: onnxruntime cannot load it: {str(err).strip().splitlines()[0]}") from None
+        embedded = self.session.get_modelmeta().custom_metadata_map.get(EMBED_KEY)
+        self.meta = _metadata(path, embedded)
+        inp = self.session.get_inputs()[0]
+        self.input_name = inp.name
+        dims = list(inp.shape)
+        self.fixed_batch = dims[0] if isinstance(dims[0], int) else None
+        if len(dims) == 4 and isinstance(dims[2], int) and isinstance(dims[3], int):
+            self.fixed_size = (dims[2], dims[3])
+        used = self.session.get_providers()[0]
+        self.description = f"onnxruntime {ort.__version__} ({used})"
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        out = self.session.run(None, {self.input_name: x})[0]
+        return out.astype(np.float32, copy=False) if out.dtype == np.float16 else out
+
+
+class _TorchBackend(Backend):
+    def _setup_device(self, device: Optional[str]) -> None:
+        from segadv.parallel import activate, parse_device_map
+
+        device_map = parse_device_map(None if device is None else f"g:{device}")
+        activate(device_map)
+        self.device = device_map.generator
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            out = self.module(torch.from_numpy(x).to(self.device))
+        if out.is_floating_point():
+            out = out.float()
+        return out.cpu().numpy()
+
+
+class TorchScriptBackend(_TorchBackend):
+    def __init__(self, path: Path, device: Optional[str]) -> None:
+        from segadv.export.torchscript_export import load_torchscript
+
+        self._setup_device(device)
+        extra = {EMBED_FILE: ""}
+        try:
+            self.module = load_torchscript(path, self.device, extra_files=extra)
+        except RuntimeError as err:
+            raise UserError(f"--model {path}: not a TorchScript file ({str(err).strip().splitlines()[0]})") from None
+        self.meta = _metadata(path, extra[EMBED_FILE] or None)
+        self.description = f"TorchScript on {self.device}"
+
+
+class CheckpointBackend(_TorchBackend):
+    """PyTorch eager: the generator from a checkpoint, through the strict loader."""
+
+    def __init__(self, checkpoint: str, config: Optional[str], overrides: Sequence[str], device: Optional[str],
+                 trusted: bool) -> None:
+        from segadv.data import class_names, palette
+        from segadv.export.loading import load_generator
+        from segadv.export.wrapper import InferenceModel, export_metadata, size_divisor
+
+        self._setup_device(device)
+        loaded = load_generator(checkpoint, config, overrides, trusted=trusted)
+        cfg = loaded.cfg
+        divisor = size_divisor(loaded.model)
+        self.module = InferenceModel(loaded.model, cfg.data.mean, cfg.data.std).to(self.device).eval()
+        self.meta = export_metadata(
+            model_format="checkpoint", model_file=Path(checkpoint).name, loaded=loaded,
+            classes=class_names(cfg.data), palette=palette(cfg.data.num_classes).tolist(), preprocess=None,
+            argmax=False, half=False, dynamic=True, input_size=(divisor, divisor), divisor=divisor,
+        )
+        self.description = f"PyTorch eager on {self.device}"
+
+
+def _metadata(path: Path, embedded: Optional[str]) -> dict[str, Any]:
+    """The copy embedded in the model file (it always belongs to that file), else the sidecar."""
+    if embedded:
+        return parse_metadata(embedded, f"metadata embedded in {path}")
+    meta = read_sidecar(path)
+    if meta is not None:
+        return meta
+    raise UserError(
+        f"--model {path}: no segadv metadata (no {path.name}.json sidecar and none embedded); "
+        "export the model with segadv-export"
+    )
+
+
+def open_model(path_text: str, device: Optional[str]) -> Backend:
+    path = Path(path_text)
+    if not path.is_file():
+        raise UserError(f"--model {path}: file not found")
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+        if any("/code/" in n or n.endswith("constants.pkl") for n in names):
+            return TorchScriptBackend(path, device)
+        raise UserError(
+            f"--model {path} is a PyTorch checkpoint, not an exported model: use --checkpoint {path}"
+        )
+    return OnnxBackend(path, device)
+
+
+# ----------------------------------------------------------------------------------- inputs
+
+
+def find_images(spec: str) -> list[Path]:
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        if not found:
+            raise UserError(f"--input {spec}: no image files in that folder ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        return found
+    if glob.has_magic(spec):
+        found = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        if not found:
+            raise UserError(f"--input {spec}: no files match the pattern")
+        return found
+    raise UserError(f"--input {spec}: no such file or folder")
+
+
+def check_outputs(images: Sequence[Path], out_dir: Path, overlay: bool) -> None:
+    by_stem: dict[str, list[Path]] = defaultdict(list)
+    for p in images:
+        by_stem[p.stem].append(p)
+    clashes = {stem: paths for stem, paths in by_stem.items() if len(paths) > 1}
+    if clashes:
+        stem, paths = next(iter(clashes.items()))
+        raise UserError(
+            f"{len(clashes)} output name(s) would be written twice, e.g. {stem}.png from "
+            f"{', '.join(map(str, paths[:3]))}; give inputs with distinct stems"
+        )
+    inputs = {p.resolve() for p in images}
+    for p in images:
+        targets = [out_dir / f"{p.stem}.png"] + ([out_dir / OVERLAY_DIR / f"{p.stem}.png"] if overlay else [])
+        for target in targets:
+            if target.resolve() in inputs:
+                raise UserError(f"writing {target} would overwrite an input image: choose another --output")
+
+
+def read_image(path: Path) -> np.ndarray:
+    try:
+        with Image.open(path) as img:
+            img = ImageOps.exif_transpose(img)
+            return np.asarray(img.convert("RGB"))
+    except (OSError, ValueError, Image.DecompressionBombError) as err:
+        raise UserError(f"cannot read image {path}: {err}") from None
+
+
+# ----------------------------------------------------------------------------------- tiling
+
+
+@dataclass
+class Plan:
+    """How one image becomes model inputs and how the outputs go back together."""
+
+    height: int
+    width: int
+    canvas: np.ndarray  # 3 x Hc x Wc uint8: the (resized and) padded image the windows come from
+    windows: list[tuple[int, int]]  # top-left corners of the windows, each ``tile`` in size
+    tile: tuple[int, int]
+    scaled: Optional[tuple[int, int]] = None  # resize mode: the size the image was resized to
+    outputs: list[np.ndarray] = field(default_factory=list)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _pad(chw: np.ndarray, height: int, width: int) -> np.ndarray:
+    ph, pw = height - chw.shape[1], width - chw.shape[2]
+    if ph == 0 and pw == 0:
+        return chw
+    mode = "reflect" if min(chw.shape[1:]) >= 2 else "edge"
+    return np.pad(chw, ((0, 0), (0, ph), (0, pw)), mode=mode)
+
+
+def _starts(length: int, tile: int, stride: int) -> list[int]:
+    starts = list(range(0, max(length - tile, 0) + 1, stride))
+    if starts[-1] + tile < length:
+        starts.append(length - tile)
+    return starts
+
+
+def plan_image(image: np.ndarray, *, mode: str, max_size: int, overlap: float, divisor: int,
+               fixed: Optional[tuple[int, int]]) -> Plan:
+    h, w = image.shape[:2]
+    chw = np.ascontiguousarray(image.transpose(2, 0, 1))
+    limit = fixed or (max(divisor, max_size // divisor * divisor),) * 2
+    if h <= limit[0] and w <= limit[1]:
+        size = fixed or (_round_up(h, divisor), _round_up(w, divisor))
+        return Plan(h, w, _pad(chw, *size), [(0, 0)], size)
+    if mode == "resize":
+        scale = min(limit[0] / h, limit[1] / w)
+        rh, rw = min(limit[0], max(1, round(h * scale))), min(limit[1], max(1, round(w * scale)))
+        small = np.asarray(Image.fromarray(image).resize((rw, rh), Image.BILINEAR)).transpose(2, 0, 1)
+        size = fixed or (_round_up(rh, divisor), _round_up(rw, divisor))
+        return Plan(h, w, _pad(np.ascontiguousarray(small), *size), [(0, 0)], size, scaled=(rh, rw))
+    tile = limit
+    canvas = _pad(chw, max(h, tile[0]), max(w, tile[1]))
+    strides = [max(divisor, int(t * (1.0 - overlap)) // divisor * divisor) for t in tile]
+    ys = _starts(canvas.shape[1], tile[0], strides[0])
+    xs = _starts(canvas.shape[2], tile[1], strides[1])
+    return Plan(h, w, canvas, [(y, x) for y in ys for x in xs], tile)
+
+
+def _resize_plane(plane: np.ndarray, height: int, width: int, resample: int) -> np.ndarray:
+    return np.asarray(Image.fromarray(plane).resize((width, height), resample))
+
+
+def assemble(plan: Plan, class_ids: bool, num_classes: int) -> np.ndarray:
+    """The ``H x W`` class-id map of one image from its window outputs."""
+    th, tw = plan.tile
+    hc, wc = plan.canvas.shape[1:]
+    if len(plan.windows) == 1 and plan.scaled is None:
+        out = plan.outputs[0]
+        labels = out if class_ids else out.argmax(axis=0)
+        return labels[: plan.height, : plan.width]
+    if plan.scaled is not None:
+        rh, rw = plan.scaled
+        out = plan.outputs[0]
+        if class_ids:
+            small = out[:rh, :rw].astype(np.int32)
+            return _resize_plane(small, plan.height, plan.width, Image.NEAREST)
+        planes = [_resize_plane(np.ascontiguousarray(out[c, :rh, :rw], dtype=np.float32), plan.height, plan.width,
+                                Image.BILINEAR) for c in range(out.shape[0])]
+        return np.stack(planes).argmax(axis=0)
+    total = np.zeros((num_classes, hc, wc), dtype=np.float32)
+    count = np.zeros((hc, wc), dtype=np.float32)
+    for (y, x), out in zip(plan.windows, plan.outputs):
+        if class_ids:  # each window votes for its class at each pixel
+            for c in range(num_classes):
+                total[c, y:y + th, x:x + tw] += out == c
+        else:
+            total[:, y:y + th, x:x + tw] += out
+            count[y:y + th, x:x + tw] += 1
+    if not class_ids:
+        total /= np.maximum(count, 1)[None]
+    return total.argmax(axis=0)[: plan.height, : plan.width]
+
+
+# ----------------------------------------------------------------------------------- running
+
+
+def run_windows(backend: Backend, plans: Sequence[Plan], batch_size: int) -> None:
+    """Run every window of ``plans``, batching windows of the same size together."""
+    meta = backend.meta
+    kind, dtype = meta["input"]["kind"], meta["input"]["dtype"]
+    norm = meta["normalization"]
+    groups: dict[tuple[int, int], list[tuple[Plan, int]]] = defaultdict(list)
+    for plan in plans:
+        plan.outputs = [None] * len(plan.windows)  # type: ignore[list-item]
+        for i in range(len(plan.windows)):
+            groups[plan.tile].append((plan, i))
+    step = backend.fixed_batch or batch_size
+    for (th, tw), items in groups.items():
+        for start in range(0, len(items), step):
+            chunk = items[start:start + step]
+            pixels = np.stack([p.canvas[:, y:y + th, x:x + tw] for p, i in chunk for (y, x) in [p.windows[i]]])
+            if backend.fixed_batch and len(chunk) < backend.fixed_batch:
+                fill = np.repeat(pixels[-1:], backend.fixed_batch - len(chunk), axis=0)
+                pixels = np.concatenate([pixels, fill])
+            out = backend.run(prepare_input(pixels, kind, dtype, norm["mean"], norm["std"]))
+            for (plan, i), result in zip(chunk, out):
+                plan.outputs[i] = result
+
+
+def palette_png(labels: np.ndarray, palette: np.ndarray) -> bytes:
+    img = Image.fromarray(labels.astype(np.uint8), mode="P")
+    flat = np.zeros((256, 3), dtype=np.uint8)
+    flat[: len(palette)] = palette
+    img.putpalette(flat.reshape(-1).tolist())
+    buffer = io.BytesIO()
+    img.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def overlay_png(image: np.ndarray, labels: np.ndarray, palette: np.ndarray, alpha: float) -> bytes:
+    colours = palette[labels]
+    blended = (image.astype(np.float32) * (1.0 - alpha) + colours.astype(np.float32) * alpha)
+    buffer = io.BytesIO()
+    Image.fromarray(np.clip(blended + 0.5, 0, 255).astype(np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def chunks(items: Sequence[Path], size: int) -> Iterator[Sequence[Path]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+# ----------------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="segadv-predict",
+        description="Segment images with a checkpoint (PyTorch) or an exported model (ONNX / TorchScript).",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="segadv checkpoint or raw generator state dict (runs PyTorch eager)")
+    source.add_argument("--model", help="a segadv-export file: .onnx (onnxruntime, no torch) or TorchScript")
+    p.add_argument("--input", required=True, help="an image, a folder of images or a quoted glob")
+    p.add_argument("--output", required=True, help="folder for the masks (created if missing)")
+    p.add_argument("--config", help="config for a raw state dict (--checkpoint only)")
+    p.add_argument("--batch-size", type=int, default=4, help="images (or windows) per forward pass (default 4)")
+    p.add_argument("--device", help="cpu, cuda, cuda:N or N (default: cuda:0 when available, else cpu)")
+    p.add_argument("--overlay", action="store_true", help=f"also write {OVERLAY_DIR}/<stem>.png: image blended with the mask")
+    p.add_argument("--alpha", type=float, default=0.5, help="mask weight in overlays (default 0.5)")
+    p.add_argument("--mode", choices=MODES, default="slide",
+                   help="images larger than --max-size: slide overlapping windows (default) or resize to fit")
+    p.add_argument("--max-size", type=int, default=DEFAULT_MAX_SIZE,
+                   help=f"largest side run in one pass, and the window size (default {DEFAULT_MAX_SIZE})")
+    p.add_argument("--overlap", type=float, default=0.25, help="window overlap fraction in slide mode (default 0.25)")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="allow a checkpoint that needs arbitrary pickled code (only for a file you trust)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (--checkpoint only)")
+    return p
+
+
+def _setup_logging() -> None:
+    # segadv.runtime.setup_logging imports torch; the ONNX path must not.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+
+
+def validate(args: argparse.Namespace) -> None:
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.max_size < 1:
+        raise UserError(f"--max-size must be >= 1, got {args.max_size}")
+    if not 0.0 <= args.overlap < 1.0:
+        raise UserError(f"--overlap must be in [0, 1), got {args.overlap}")
+    if not 0.0 <= args.alpha <= 1.0:
+        raise UserError(f"--alpha must be in [0, 1], got {args.alpha}")
+    if args.model and (args.config or args.overrides or args.trust_checkpoint):
+        raise UserError("--config, --trust-checkpoint and key=value overrides apply to --checkpoint only")
+
+
+@cli_entry
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging()
+    validate(args)
+    images = find_images(args.input)
+    out_dir = Path(args.output)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--output {out_dir} exists and is not a folder")
+    check_outputs(images, out_dir, args.overlay)
+    if args.model:
+        backend = open_model(args.model, args.device)
+    else:
+        backend = CheckpointBackend(args.checkpoint, args.config, args.overrides, args.device, args.trust_checkpoint)
+    meta = backend.meta
+    num_classes = len(meta["classes"])
+    if num_classes > 256:
+        raise UserError(f"{num_classes} classes do not fit a palette PNG (at most 256)")
+    palette = np.asarray(meta["palette"], dtype=np.uint8).reshape(-1, 3)
+    class_ids = meta["output"]["kind"] == "class_ids"
+    divisor = int(meta["input"].get("size_divisor", 1))
+    log.info("%d image(s) from %s; model: %s; mode %s, max size %d", len(images), args.input,
+             backend.description, args.mode, args.max_size)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.overlay:
+        (out_dir / OVERLAY_DIR).mkdir(exist_ok=True)
+    counts = np.zeros(num_classes, dtype=np.int64)
+    windows = 0
+    t0 = time.perf_counter()
+    for batch in chunks(images, args.batch_size):
+        pictures = [read_image(p) for p in batch]
+        plans = [plan_image(img, mode=args.mode, max_size=args.max_size, overlap=args.overlap, divisor=divisor,
+                            fixed=backend.fixed_size) for img in pictures]
+        run_windows(backend, plans, args.batch_size)
+        for path, picture, plan in zip(batch, pictures, plans):
+            labels = assemble(plan, class_ids, num_classes).astype(np.uint8)
+            windows += len(plan.windows)
+            counts += np.bincount(labels.reshape(-1), minlength=num_classes)[:num_classes]
+            atomic_write_bytes(out_dir / f"{path.stem}.png", palette_png(labels, palette))
+            if args.overlay:
+                atomic_write_bytes(out_dir / OVERLAY_DIR / f"{path.stem}.png",
+                                   overlay_png(picture, labels, palette, args.alpha))
+    elapsed = time.perf_counter() - t0
+
+    print(f"model      {backend.description}")
+    print(f"wrote      {len(images)} mask(s) to {out_dir}" + (f" (+ overlays in {out_dir / OVERLAY_DIR})" if args.overlay else ""))
+    print(f"windows    {windows} forward window(s); mode {args.mode}, max size {args.max_size}; "
+          f"{elapsed:.2f} s ({elapsed / max(len(images), 1) * 1000:.0f} ms/image)")
+    total = max(int(counts.sum()), 1)
+    print("classes    " + ", ".join(f"{name} {c / total:.1%}" for name, c in zip(meta["classes"], counts)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Run under torchrun by tests/test_distributed.py (not collected by pytest).
+
+    torchrun --standalone --nproc-per-node 2 tests/ddp_worker.py MODE OUT_DIR
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import TINY_OVERRIDES  # noqa: E402
+
+from segadv.build import build_training  # noqa: E402
+from segadv.config import load_config  # noqa: E402
+from segadv.data import build_dataloaders  # noqa: E402
+from segadv.engine.evaluate import evaluate  # noqa: E402
+from segadv.parallel import distributed, parse_device_map, unwrap  # noqa: E402
+from segadv.train import iterate_epochs  # noqa: E402
+
+
+def freeze_batch_statistics(module: nn.Module) -> None:
+    """BatchNorm and Dropout in eval mode at every forward: per-rank batch statistics differ from
+    the full batch's by design, which is not what the equivalence test is about."""
+    def hook(mod, args):
+        for m in mod.modules():
+            if isinstance(m, (nn.BatchNorm2d, nn.Dropout)):
+                m.eval()
+    module.register_forward_pre_hook(hook)
+
+
+def main(mode: str, out: Path) -> None:
+    env = distributed.env_from()
+    cfg = load_config(None, [*TINY_OVERRIDES, "data.batch_size=2", "loss.lambda_adv=0.1"])
+    device_map = parse_device_map("cpu")
+    distributed.init_process_group(env, device_map)
+    torch.manual_seed(0)  # same init everywhere (DDP would broadcast rank 0's anyway)
+    parts = build_training(cfg, device_map, env)
+    if mode == "train":
+        train_loader, _ = build_dataloaders(cfg.data, seed=0, pin_memory=False, rank=env.rank, world_size=env.world_size)
+        batches = iterate_epochs(train_loader)
+        for step in range(20):
+            parts.step(*next(batches), step=step)
+        torch.save({"g": unwrap(parts.generator).state_dict(), "d": unwrap(parts.discriminator).state_dict()},
+                   out / f"rank{env.rank}.pt")
+    elif mode == "equivalence":
+        freeze_batch_statistics(unwrap(parts.generator))
+        data = torch.load(out / "batch.pt", weights_only=True)
+        half = data["images"].shape[0] // env.world_size
+        rows = slice(env.rank * half, (env.rank + 1) * half)
+        parts.step(data["images"][rows], data["labels"][rows], step=0)
+        if env.is_main:
+            torch.save({"g": unwrap(parts.generator).state_dict(), "d": unwrap(parts.discriminator).state_dict()},
+                       out / "ddp_step.pt")
+    elif mode == "eval":
+        _, val_loader = build_dataloaders(cfg.data, seed=0, pin_memory=False, rank=env.rank, world_size=env.world_size)
+        metrics = evaluate(unwrap(parts.generator), val_loader, device_map.generator, cfg.data.num_classes).metrics
+        if env.is_main:
+            (out / "eval.json").write_text(json.dumps(metrics))
+    distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))

@@ -1,0 +1,185 @@
+"""DDP on CPU with gloo, DataParallel wrapping, multi-node over loopback, elastic restart."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from segadv.build import build_training
+from segadv.checkpoint import read_checkpoint
+from segadv.data import build_dataloaders
+from segadv.engine.evaluate import evaluate
+from segadv.parallel import parse_device_map, unwrap
+from segadv.parallel.wrap import AutocastForward
+
+from conftest import TINY_OVERRIDES
+from ddp_worker import freeze_batch_statistics
+
+HERE = Path(__file__).parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cmd, timeout=300, **kwargs):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, **kwargs)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def worker(mode, out):
+    run([*TORCHRUN, "--standalone", "--nproc-per-node=2", str(HERE / "ddp_worker.py"), mode, str(out)])
+
+
+def test_ddp_keeps_both_networks_identical_across_ranks(tmp_path):
+    worker("train", tmp_path)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    for net in ("g", "d"):
+        assert r0[net].keys() == r1[net].keys()
+        params = [k for k in r0[net] if "running" not in k and "num_batches" not in k]
+        assert all(torch.equal(r0[net][k], r1[net][k]) for k in params), net
+
+
+def test_one_ddp_step_on_2x_b_equals_one_step_on_2b(tmp_path, tiny_cfg):
+    from segadv.config import load_config
+
+    cfg = load_config(None, [*TINY_OVERRIDES, "data.batch_size=2", "loss.lambda_adv=0.1"])
+    gen = torch.Generator().manual_seed(5)
+    size = cfg.data.synthetic.image_size
+    batch = {"images": torch.randn(4, 3, size, size, generator=gen),
+             "labels": torch.randint(0, cfg.data.num_classes, (4, size, size), generator=gen)}
+    torch.save(batch, tmp_path / "batch.pt")
+    worker("equivalence", tmp_path)
+
+    torch.manual_seed(0)
+    single = build_training(cfg, parse_device_map("cpu"))
+    freeze_batch_statistics(unwrap(single.generator))
+    single.step(batch["images"], batch["labels"], step=0)
+    ddp = torch.load(tmp_path / "ddp_step.pt", weights_only=True)
+    for net, module in (("g", single.generator), ("d", single.discriminator)):
+        ref = unwrap(module).state_dict()
+        worst = max((ddp[net][k].float() - ref[k].float()).abs().max().item() for k in ref)
+        assert worst < 1e-5, (net, worst)
+
+
+def test_distributed_eval_equals_single_process_eval(tmp_path):
+    from segadv.config import load_config
+
+    worker("eval", tmp_path)
+    cfg = load_config(None, [*TINY_OVERRIDES, "data.batch_size=2", "loss.lambda_adv=0.1"])
+    torch.manual_seed(0)
+    parts = build_training(cfg, parse_device_map("cpu"))
+    _, val_loader = build_dataloaders(cfg.data, seed=0, pin_memory=False)
+    single = evaluate(unwrap(parts.generator), val_loader, torch.device("cpu"), cfg.data.num_classes).metrics
+    distributed = json.loads((tmp_path / "eval.json").read_text())
+    assert distributed["mIoU"] == pytest.approx(single["mIoU"], abs=1e-12)
+    assert distributed["pixel_acc"] == pytest.approx(single["pixel_acc"], abs=1e-12)
+
+
+def train_cli(run_dir, *extra):
+    return [sys.executable, "-m", "segadv.train", "--run-dir", str(run_dir), "--device-map", "cpu",
+            *TINY_OVERRIDES, "checkpoint.every=3", "train.eval_every=3", *extra]
+
+
+def test_cli_ddp_run_writes_one_checkpoint_set_and_one_event_file(tmp_path):
+    run_dir = tmp_path / "ddp"
+    result = run(train_cli(run_dir, "train.max_steps=6", "--nproc-per-node", "2"))
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.pt", "step_3.pt", "step_6.pt"]
+    assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if "train/loss_seg" in line]
+    assert steps == sorted(set(steps))
+    assert "DistributedDataParallel" in result.stderr  # the placement table
+    ckpt = read_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert isinstance(ckpt["rng"], list) and len(ckpt["rng"]) == 2
+    assert not any(k.startswith("module.") for k in ckpt["generator"])
+
+
+def test_ddp_without_a_multi_process_launch_is_a_user_error(tmp_path):
+    result = subprocess.run(train_cli(tmp_path / "x", "parallel.generator=ddp"), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and "parallel.generator=ddp needs a multi-process launch" in result.stderr
+
+
+def test_dataparallel_wrapping_keys_and_autocast_inside_replicas(tiny_cfg):
+    tiny_cfg.parallel.generator = "dp"
+    tiny_cfg.parallel.discriminator = "dp"
+    tiny_cfg.amp.generator.enabled = True  # bfloat16 on CPU
+    torch.manual_seed(0)
+    parts = build_training(tiny_cfg, parse_device_map("cpu"))
+    assert isinstance(parts.generator, nn.DataParallel) and isinstance(parts.discriminator, nn.DataParallel)
+    assert isinstance(parts.generator.module, AutocastForward)
+    # Keys stay bare: the unwrapped module is what checkpoints hold.
+    assert not any(k.startswith("module.") for k in unwrap(parts.generator).state_dict())
+    # Autocast is thread-local: a replica thread with no autocast block of its own still runs
+    # G under its autocast, because it lives inside the forward.
+    out = {}
+    size = tiny_cfg.data.synthetic.image_size
+    thread = threading.Thread(target=lambda: out.setdefault("y", parts.generator(torch.randn(2, 3, size, size))))
+    thread.start()
+    thread.join()
+    assert out["y"].dtype == torch.bfloat16
+    labels = torch.randint(0, tiny_cfg.data.num_classes, (2, size, size))
+    losses = parts.step(torch.randn(2, 3, size, size), labels, step=0)
+    assert all(torch.isfinite(v) for v in losses.as_dict().values())
+
+
+def test_two_nodes_over_loopback(tmp_path):
+    port = free_port()
+    run_dir = tmp_path / "multinode"
+    procs = [
+        subprocess.Popen([*TORCHRUN, "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                          f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=segadv-test", "-m", "segadv.train",
+                          *train_cli(run_dir, "train.max_steps=4")[3:]],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-3000:]
+    ckpt = read_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert ckpt["step"] == 4 and len(ckpt["rng"]) == 2  # two ranks, one per "node"
+
+
+def children(pid):
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
+
+
+def test_elastic_restart_resumes_after_a_killed_worker(tmp_path):
+    run_dir = tmp_path / "elastic"
+    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node=2", "--max-restarts=1", "-m", "segadv.train",
+           *train_cli(run_dir, "train.max_steps=40", "checkpoint.every=2", "train.eval_every=100",
+                      "train.log_every=1", "--resume", "auto")[3:]]
+    log_path = tmp_path / "torchrun.log"  # a file, not a pipe: an unread pipe fills and blocks the workers
+    log_file = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 240
+    while not (run_dir / "checkpoints" / "step_4.pt").exists():
+        assert proc.poll() is None and time.time() < deadline, "no checkpoint before the kill"
+        time.sleep(0.2)
+    workers = children(proc.pid)
+    assert len(workers) == 2, workers
+    os.kill(workers[1], signal.SIGKILL)
+    proc.wait(timeout=300)
+    log_file.close()
+    err = log_path.read_text(errors="replace")
+    assert proc.returncode == 0, err[-3000:]
+    assert "resumed from" in err  # the restarted workers continued from the last checkpoint
+    assert read_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 40

@@ -1,0 +1,303 @@
+"""segadv-export: ONNX / TorchScript of the bare generator, verified against PyTorch eager."""
+
+import contextlib
+import io
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from segadv import __version__
+from segadv.config import config_to_dict, dump_config, load_config
+from segadv.data import class_names, palette
+from segadv.export import cli
+from segadv.export.sidecar import file_sha256, prepare_input, sidecar_path
+from segadv.export.torchscript_export import load_torchscript
+from segadv.models import build_discriminator, build_generator
+
+from conftest import TINY_OVERRIDES
+
+SIZES = [(1, 64, 64), (3, 96, 128)]  # two batch sizes and two spatial sizes, none of them exported
+
+
+def make_generator(cfg, seed=0):
+    """A tiny generator whose eval-mode outputs are not near zero: BatchNorm statistics are
+    calibrated on random images (as a few training steps would), so logit gaps are O(1) and
+    argmax checks mean something."""
+    torch.manual_seed(seed)
+    generator = build_generator(cfg.model.generator, cfg.data.num_classes)
+    for module in generator.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.reset_running_stats()
+            module.momentum = None  # cumulative average over the calibration batches
+    generator.train()
+    with torch.no_grad():
+        for i in range(2):
+            pixels = images(4, 64, 64, seed=100 + i)
+            generator(torch.from_numpy(prepare_input(pixels, "normalized", "float32", cfg.data.mean, cfg.data.std)))
+    return generator.eval()
+
+
+def save_segadv_checkpoint(path, cfg, generator):
+    torch.save({
+        "format": "segadv", "format_version": 1, "segadv_version": __version__, "step": 7,
+        "generator": generator.state_dict(),
+        "discriminator": build_discriminator(cfg.model.discriminator, cfg.data.num_classes).state_dict(),
+        "config": config_to_dict(cfg),
+    }, path)
+    return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: on a loaded shared CPU, spinning OpenMP threads make tiny convolutions
+    tens of times slower. The export's own onnxruntime check follows torch's setting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    cfg = load_config(None, TINY_OVERRIDES)
+    generator = make_generator(cfg)
+    path = save_segadv_checkpoint(tmp_path_factory.mktemp("ckpt") / "last.pt", cfg, generator)
+    return cfg, generator, path
+
+
+def images(batch, h, w, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, size=(batch, 3, h, w), dtype=np.uint8)
+
+
+def eager_logits(generator, cfg, pixels):
+    x = prepare_input(pixels, "normalized", "float32", cfg.data.mean, cfg.data.std)
+    with torch.inference_mode():
+        return generator(torch.from_numpy(x)).numpy()
+
+
+def assert_close(out, ref):
+    """float32 export vs eager: within 2e-4 of the output's range (fusions reorder float sums)."""
+    assert out.shape == ref.shape
+    assert np.abs(out - ref).max() <= 2e-4 * max(1.0, float(np.abs(ref).max()))
+
+
+def run_onnx(path, x):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
+def run_torchscript(path, x):
+    with torch.inference_mode():
+        return load_torchscript(path)(torch.from_numpy(x)).numpy()
+
+
+RUNNERS = {"onnx": (".onnx", run_onnx), "torchscript": (".pt", run_torchscript)}
+
+
+def export(tmp_path, ckpt, fmt, *extra, name="model"):
+    suffix = RUNNERS[fmt][0]
+    output = tmp_path / f"{name}{suffix}"
+    code = cli.main(["--checkpoint", str(ckpt), "--output", str(output), "--format", fmt, *extra])
+    return code, output
+
+
+@pytest.fixture(scope="module")
+def exported(model, tmp_path_factory):
+    """``exported(fmt, *flags) -> (exit code, path, report)``, each export made once per module."""
+    cache = {}
+
+    def get(fmt, *extra):
+        if (fmt, *extra) not in cache:
+            with contextlib.redirect_stdout(io.StringIO()) as report:
+                code, output = export(tmp_path_factory.mktemp("export"), model[2], fmt, *extra)
+            cache[(fmt, *extra)] = (code, output, report.getvalue())
+        return cache[(fmt, *extra)]
+
+    return get
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_export_matches_eager_at_two_sizes_with_dynamic_axes(model, exported, fmt):
+    cfg, generator, _ = model
+    code, output, report = exported(fmt)
+    assert code == 0, report
+    assert "result     PASS" in report and report.count("   ok") == 2
+    if fmt == "onnx":
+        proto = onnx.load(str(output))
+        onnx.checker.check_model(proto, full_check=True)
+        dims = [d.dim_param or d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim]
+        assert dims == ["batch", 3, "height", "width"]
+    run = RUNNERS[fmt][1]
+    for batch, h, w in SIZES:
+        pixels = images(batch, h, w, seed=h)
+        ref = eager_logits(generator, cfg, pixels)
+        out = run(output, prepare_input(pixels, "normalized", "float32", cfg.data.mean, cfg.data.std))
+        assert out.shape == (batch, cfg.data.num_classes, h, w)
+        assert_close(out, ref)
+        assert np.abs(ref).max() > 1.0  # the comparison is not between near-zero maps
+        assert (out.argmax(1) == ref.argmax(1)).mean() == 1.0
+
+
+def test_sidecar_describes_the_export(model, exported):
+    cfg, _, ckpt = model
+    code, output, report = exported("onnx")
+    assert code == 0, report
+    meta = json.loads(sidecar_path(output).read_text())
+    assert meta["classes"] == class_names(cfg.data)
+    assert meta["palette"] == palette(cfg.data.num_classes).tolist()
+    assert meta["normalization"]["mean"] == cfg.data.mean and meta["normalization"]["std"] == cfg.data.std
+    assert meta["normalization"]["in_graph"] is False
+    assert meta["input"]["layout"] == "NCHW" and meta["input"]["channels"] == "RGB"
+    assert meta["input"]["kind"] == "normalized" and meta["input"]["dtype"] == "float32"
+    assert meta["input"]["dynamic_axes"] == ["batch", "height", "width"] and meta["input"]["size_divisor"] == 16
+    assert meta["output"] == {"name": "logits", "kind": "logits", "layout": "NCHW", "dtype": "float32"}
+    assert meta["segadv_version"] == __version__
+    assert meta["source"]["sha256"] == file_sha256(ckpt) and meta["source"]["step"] == 7
+    assert meta["onnx"]["opset"] == 17 and meta["onnx"]["checker"] == "passed"
+    assert meta["verification"]["passed"] and len(meta["verification"]["checks"]) == 2
+    embedded = {p.key: p.value for p in onnx.load(str(output)).metadata_props}
+    assert json.loads(embedded["segadv"])["classes"] == meta["classes"]
+    assert sorted(p.name for p in output.parent.iterdir()) == ["model.onnx", "model.onnx.json"]  # no temp files
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_with_argmax_outputs_the_eager_argmax(model, exported, fmt):
+    cfg, generator, _ = model
+    code, output, report = exported(fmt, "--with-argmax")
+    assert code == 0, report
+    for batch, h, w in SIZES:
+        pixels = images(batch, h, w, seed=w)
+        ids = RUNNERS[fmt][1](output, prepare_input(pixels, "normalized", "float32", cfg.data.mean, cfg.data.std))
+        assert ids.shape == (batch, h, w) and ids.dtype == np.int64
+        np.testing.assert_array_equal(ids, eager_logits(generator, cfg, pixels).argmax(1))
+
+
+@pytest.mark.parametrize("kind", ["uint8", "unit"])
+def test_with_preprocess_on_raw_pixels_equals_eager_on_normalised_input(model, exported, kind):
+    cfg, generator, _ = model
+    code, output, report = exported("onnx", "--with-preprocess", kind)
+    assert code == 0, report
+    meta = json.loads(sidecar_path(output).read_text())
+    assert meta["input"]["kind"] == kind and meta["normalization"]["in_graph"] is True
+    for batch, h, w in SIZES:
+        pixels = images(batch, h, w, seed=batch)
+        raw = pixels if kind == "uint8" else pixels.astype(np.float32) / 255.0
+        out = run_onnx(output, raw)
+        ref = eager_logits(generator, cfg, pixels)
+        assert_close(out, ref)
+        assert (out.argmax(1) == ref.argmax(1)).mean() == 1.0
+
+
+def test_export_from_a_dataparallel_prefixed_state_dict_needs_and_uses_a_config(model, tmp_path, capsys):
+    cfg, generator, _ = model
+    raw = tmp_path / "dp.pth"
+    torch.save({f"module.{k}": v for k, v in generator.state_dict().items()}, raw)
+
+    code = cli.main(["--checkpoint", str(raw), "--output", str(tmp_path / "a.onnx")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "carries no config" in err and "--config FILE" in err
+    assert not (tmp_path / "a.onnx").exists()
+
+    config_file = tmp_path / "config.yaml"
+    dump_config(load_config(None, TINY_OVERRIDES[:1]), config_file)  # the encoder only ...
+    overrides = [o for o in TINY_OVERRIDES if o.startswith("data.synthetic.image_size")]  # ... + overrides
+    code = cli.main(["--checkpoint", str(raw), "--config", str(config_file), "--output", str(tmp_path / "dp.onnx"),
+                     *overrides])
+    assert code == 0, capsys.readouterr().out
+    pixels = images(2, 64, 96)
+    out = run_onnx(tmp_path / "dp.onnx", prepare_input(pixels, "normalized", "float32", cfg.data.mean, cfg.data.std))
+    assert_close(out, eager_logits(generator, cfg, pixels))
+    meta = json.loads(sidecar_path(tmp_path / "dp.onnx").read_text())
+    assert meta["source"]["kind"] == "state dict" and meta["input"]["example_shape"] == [1, 3, 64, 64]
+
+
+@pytest.mark.parametrize("wrong", ["discriminator", "other_encoder"])
+def test_a_checkpoint_of_the_wrong_kind_gives_the_loaders_error(model, tmp_path, wrong, capsys):
+    cfg, _, ckpt = model
+    if wrong == "discriminator":
+        path = tmp_path / "d.pth"
+        torch.save(build_discriminator(cfg.model.discriminator, cfg.data.num_classes).state_dict(), path)
+        config_file = tmp_path / "config.yaml"
+        dump_config(cfg, config_file)
+        argv = ["--checkpoint", str(path), "--config", str(config_file)]
+        expected = "looks like a discriminator"
+    else:  # a mobilenet_v2 checkpoint read as a resnet18 generator
+        argv = ["--checkpoint", str(ckpt), "model.generator.encoder=resnet18"]
+        expected = "missing in file"
+    code = cli.main([*argv, "--output", str(tmp_path / "m.onnx")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "does not fit the generator" in err and expected in err
+    assert "Traceback" not in err and not (tmp_path / "m.onnx").exists()
+
+
+def test_failing_verification_exits_1_with_the_numbers_and_writes_nothing(model, tmp_path, capsys):
+    _, _, ckpt = model
+    output = tmp_path / "half.onnx"
+    output.write_bytes(b"previous export")
+    code, _ = export(tmp_path, ckpt, "onnx", "--half", "--atol", "0", "--rtol", "0", name="half")
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "result     FAIL" in captured.out and "max abs" in captured.out and "FAIL" in captured.out
+    assert "float16" in captured.out  # the CPU float16 note says what was really computed
+    assert "nothing was written" in captured.err
+    assert output.read_bytes() == b"previous export"  # the old file is untouched
+    assert not sidecar_path(output).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["half.onnx"]  # no temp file left behind
+
+
+def test_torchscript_falls_back_to_tracing_and_verification_checks_it(model, tmp_path, monkeypatch, capsys):
+    cfg, generator, ckpt = model
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("this encoder does not script")
+
+    monkeypatch.setattr(torch.jit, "script", refuse)
+    code, output = export(tmp_path, ckpt, "torchscript")
+    assert code == 0, capsys.readouterr().out
+    meta = json.loads(sidecar_path(output).read_text())
+    assert meta["torchscript"]["method"] == "trace"
+    assert [c["shape"] for c in meta["verification"]["checks"]] == [[1, 3, 64, 64], [2, 3, 96, 80]]
+    pixels = images(3, 96, 128)
+    x = prepare_input(pixels, "normalized", "float32", cfg.data.mean, cfg.data.std)
+    assert_close(run_torchscript(output, x), eager_logits(generator, cfg, pixels))
+
+
+def test_a_missing_export_extra_is_a_user_error(model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx now raises ImportError
+    code, output = export(tmp_path, model[2], "onnx")
+    assert code == 2 and "pip install -e '.[export]'" in capsys.readouterr().err
+    assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--output", "m.bin"], "does not say which"),
+        (["--output", "m.onnx", "--input-size", "60", "64"], "multiples of 16"),
+        (["--output", "m.pt", "--opset", "13"], "ONNX exports only"),
+        (["--output", "m.onnx", "--opset", "99"], "this torch exports opsets"),
+    ],
+)
+def test_user_errors_exit_2(model, tmp_path, args, message, capsys):
+    _, _, ckpt = model
+    args = [str(tmp_path / a) if a.startswith("m.") else a for a in args]
+    assert cli.main(["--checkpoint", str(ckpt), *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_tools_export_is_the_same_entry_point():
+    namespace = runpy.run_path(str(Path(__file__).parent.parent / "tools" / "export.py"), run_name="not_main")
+    assert namespace["main"] is cli.main
+    assert os.access(Path(__file__).parent.parent / "tools" / "export.py", os.R_OK)

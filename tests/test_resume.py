@@ -1,0 +1,146 @@
+"""Resume: exact continuation, crash safety (SIGKILL, SIGTERM), retention, corrupt fallback."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from segadv.checkpoint import Checkpointer, read_checkpoint
+from segadv.config import load_config
+from segadv.train import train
+
+from conftest import TINY_OVERRIDES
+
+LOSSES = ("train/loss_seg", "train/loss_adv", "train/loss_d")
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def per_step_losses(run_dir):
+    return {r["step"]: tuple(r[k] for k in LOSSES) for r in records(run_dir) if "train/loss_seg" in r}
+
+
+def resume_cfg(tmp_path, name, *extra):
+    cfg = load_config(None, [*TINY_OVERRIDES, "train.max_steps=6", "train.log_every=1", "train.eval_every=100",
+                             "checkpoint.every=3", "train.deterministic=true", "log.tensorboard=false",
+                             "data.train_transforms=[{name: HorizontalFlip, p: 0.5}, "
+                             "{name: RandomBrightnessContrast, p: 0.5}]", *extra])
+    cfg.run_dir = str(tmp_path / name)
+    cfg.device_map = "cpu"
+    return cfg
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, workers):
+    """2N steps in one go vs N steps, stop, resume for N more: identical per-step losses (bitwise)."""
+    extra = [f"data.num_workers={workers}"]
+    full = train(resume_cfg(tmp_path, "full", *extra))
+    assert full.step == 6 and full.stopped_by is None
+
+    first = train(resume_cfg(tmp_path, "split", *extra), stop_at=4)  # mid-epoch: 8 batches/epoch
+    assert (first.step, first.stopped_by) == (4, "stop_at")
+    second = train(resume_cfg(tmp_path, "split", *extra), resume="auto")
+    assert second.step == 6
+
+    expected, got = per_step_losses(full.run_dir), per_step_losses(second.run_dir)
+    assert sorted(got) == [1, 2, 3, 4, 5, 6]  # appended, no step twice
+    assert got == expected  # bitwise: JSON floats round-trip exactly
+    assert [r["step"] for r in records(second.run_dir)].count(4) == 1
+
+
+def test_resume_auto_without_checkpoints_starts_fresh(tmp_path, caplog):
+    with caplog.at_level("INFO"):
+        result = train(resume_cfg(tmp_path, "fresh", "train.max_steps=2"), resume="auto")
+    assert result.step == 2 and "starting fresh" in caplog.text
+
+
+def test_retention_keeps_newest_and_last(tmp_path):
+    cfg = resume_cfg(tmp_path, "keep", "train.max_steps=5", "checkpoint.every=1", "checkpoint.keep_last=2")
+    train(cfg)
+    names = sorted(p.name for p in (tmp_path / "keep" / "checkpoints").iterdir())
+    assert names == ["last.pt", "step_4.pt", "step_5.pt"]
+
+
+def test_corrupt_newest_checkpoints_fall_back_to_previous(tmp_path, caplog):
+    cfg = resume_cfg(tmp_path, "corrupt", "train.max_steps=4", "checkpoint.every=2")
+    train(cfg)
+    ckpt_dir = tmp_path / "corrupt" / "checkpoints"
+    for name in ("last.pt", "step_4.pt"):
+        data = (ckpt_dir / name).read_bytes()
+        (ckpt_dir / name).write_bytes(data[: len(data) // 3])  # as a crash mid-write would (without atomicity)
+    with caplog.at_level("WARNING"):
+        path, ckpt = Checkpointer(tmp_path / "corrupt", every=2).newest_loadable()
+    assert path.name == "step_2.pt" and ckpt["step"] == 2
+    assert "last.pt is truncated or corrupt" in caplog.text and "step_4.pt" in caplog.text
+
+
+# ------------------------------------------------------------------------- real processes
+
+
+def cli(run_dir, *extra):
+    return [sys.executable, "-m", "segadv.train", "--run-dir", str(run_dir), "--device-map", "cpu",
+            *TINY_OVERRIDES, "log.tensorboard=false", *extra]
+
+
+def wait_for_step(run_dir, step, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, f"the run ended early with exit code {proc.returncode}"
+        path = run_dir / "metrics.jsonl"
+        if path.is_file() and any(r.get("step", 0) >= step for r in records(run_dir)):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"step {step} not reached")
+
+
+def test_sigterm_saves_and_exits_0_then_resume_finishes(tmp_path):
+    run_dir = tmp_path / "term"
+    log_path = tmp_path / "term.log"  # a file, not a pipe: an unread pipe fills and blocks the run
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(cli(run_dir, "train.max_steps=400", "train.log_every=1", "checkpoint.every=1000"),
+                                stdout=log_file, stderr=subprocess.STDOUT, text=True)
+        wait_for_step(run_dir, 2, proc)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    err = log_path.read_text()
+    assert proc.returncode == 0, err[-2000:]
+    assert "resume with: segadv-train --run-dir" in err
+    stopped = read_checkpoint(run_dir / "checkpoints" / "last.pt")["step"]
+    assert 2 <= stopped < 400
+
+    done = subprocess.run(cli(run_dir, f"train.max_steps={stopped + 2}", "--resume", "auto"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"resumed from {run_dir / 'checkpoints'}" in done.stderr
+    assert read_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == stopped + 2
+
+
+def test_sigkill_at_random_moments_never_loses_the_run(tmp_path):
+    run_dir = tmp_path / "kill"
+    rng = random.Random(0)
+    args = cli(run_dir, "train.max_steps=12", "checkpoint.every=2", "train.log_every=1", "train.eval_every=100",
+               "--resume", "auto")
+    for _ in range(3):
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(4.0, 8.0))  # somewhere in start-up, a step or a checkpoint write
+        proc.kill()
+        proc.wait()
+        found = Checkpointer(run_dir, every=2).newest_loadable()
+        if found is not None:  # killed after the first save: it must load
+            assert found[1]["step"] % 2 == 0 or found[0].name == "last.pt"
+        leftovers = [p.name for p in (run_dir / "checkpoints").glob(".*tmp*")] if (run_dir / "checkpoints").exists() else []
+        for name in leftovers:  # a temp file a kill left behind is never mistaken for a checkpoint
+            assert not name.endswith(".pt")
+    final = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr[-2000:]
+    assert read_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 12
+    steps = [r["step"] for r in records(run_dir) if "train/loss_seg" in r]
+    assert steps == sorted(set(steps)) and steps[-1] == 12  # no step logged twice

@@ -1,0 +1,16 @@
+#!/usr/bin/env python
+"""Export a checkpoint's generator to ONNX or TorchScript, verified: the same as ``segadv-export``.
+
+    python tools/export.py --checkpoint RUN/checkpoints/last.pt --output model.onnx [options]
+
+See ``segadv-export --help`` and the README's "Export and inference" section.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from segadv.export.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
