@@ -22,7 +22,7 @@ from segadv.checkpoint.state import is_segadv_checkpoint
 from segadv.config import config_from_dict, load_config
 from segadv.errors import UserError, cli_entry
 from segadv.fsutil import atomic_write_bytes
-from segadv.models import build_generator
+from segadv.models import build_generator_for_weights
 from segadv.runtime import setup_logging
 
 
@@ -85,7 +85,7 @@ def convert(path: str, output: str, as_safetensors: bool, config: str | None, ov
         cfg = config_from_dict(obj["config"], overrides=overrides, source=f"config in {path}")
     else:
         raise UserError(f"{path} carries no config: pass --config FILE to say which generator it holds")
-    generator = build_generator(cfg.model.generator, cfg.data.num_classes)
+    generator = build_generator_for_weights(cfg.model.generator, cfg.data.num_classes)
     load_weights(obj, generator, role="generator")
     state = {k: v.contiguous() for k, v in generator.state_dict().items()}
     if as_safetensors:

@@ -19,7 +19,7 @@ from segadv.config import Config, config_from_dict, load_config
 from segadv.data import build_dataloaders, class_names
 from segadv.engine.evaluate import evaluate
 from segadv.errors import UserError, cli_entry
-from segadv.models import build_generator
+from segadv.models import build_generator_for_weights
 from segadv.parallel import activate, parse_device_map
 from segadv.runtime import setup_logging
 
@@ -35,7 +35,7 @@ def resolve_config(ckpt: dict, config_path: str | None, overrides: list[str]) ->
 
 
 def load_generator(ckpt: dict, cfg: Config, source: str) -> nn.Module:
-    generator = build_generator(cfg.model.generator, cfg.data.num_classes)
+    generator = build_generator_for_weights(cfg.model.generator, cfg.data.num_classes)
     load_weights(ckpt, generator, role="generator", name=source)
     return generator
 

@@ -183,3 +183,31 @@ def test_elastic_restart_resumes_after_a_killed_worker(tmp_path):
     assert proc.returncode == 0, err[-3000:]
     assert "resumed from" in err  # the restarted workers continued from the last checkpoint
     assert read_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 40
+
+
+@pytest.mark.cuda2
+def test_dataparallel_replicas_run_each_under_their_networks_autocast(tiny_cfg):
+    tiny_cfg.parallel.generator = "dp"
+    tiny_cfg.amp.generator.enabled = True
+    tiny_cfg.amp.generator.dtype = "float16"
+    tiny_cfg.data.batch_size = 4
+    torch.manual_seed(0)
+    parts = build_training(tiny_cfg, parse_device_map("g:0+1,d:0"))
+    dtypes = {}
+    unwrap(parts.generator).register_forward_hook(lambda m, a, out: dtypes.setdefault(out.device, out.dtype) and None)
+    size = tiny_cfg.data.synthetic.image_size
+    labels = torch.randint(0, tiny_cfg.data.num_classes, (4, size, size))
+    losses = parts.step(torch.randn(4, 3, size, size), labels, step=0)
+    assert dtypes == {torch.device("cuda", 0): torch.float16, torch.device("cuda", 1): torch.float16}
+    assert all(torch.isfinite(v) for v in losses.as_dict().values())
+    assert {p.device for p in unwrap(parts.generator).parameters()} == {torch.device("cuda", 0)}
+
+
+@pytest.mark.cuda2
+def test_ddp_over_nccl_two_gpus(tmp_path):
+    run_dir = tmp_path / "nccl"
+    cmd = [sys.executable, "-m", "segadv.train", "--run-dir", str(run_dir), "--device-map", "g:0,d:0",
+           *TINY_OVERRIDES, "train.max_steps=4", "--nproc-per-node", "2"]
+    result = run(cmd)
+    assert "backend nccl" in result.stderr
+    assert read_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 4

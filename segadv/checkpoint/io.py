@@ -35,6 +35,8 @@ def read_checkpoint(path: str | Path, *, trusted: bool = False) -> dict[str, Any
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint not found: {path}")
+    if path.suffix == ".safetensors":
+        return _read_safetensors(path)
     if not _looks_like_torch_file(path):
         raise UserError(f"checkpoint {path} is truncated or corrupt: not a PyTorch file")
     try:
@@ -51,6 +53,17 @@ def read_checkpoint(path: str | Path, *, trusted: bool = False) -> dict[str, Any
     if not isinstance(obj, dict):
         raise UserError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict of tensors")
     return obj
+
+
+def _read_safetensors(path: Path) -> dict[str, Any]:
+    """safetensors files hold tensors only, so they are safe by construction."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path, device="cpu")
+    except (SafetensorError, OSError, ValueError) as err:
+        raise UserError(f"checkpoint {path} is truncated or corrupt: {err}") from None
 
 
 def _looks_like_torch_file(path: Path) -> bool:

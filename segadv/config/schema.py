@@ -24,6 +24,9 @@ class GeneratorConfig(Section):
     encoder_weights: Optional[str] = None
     encoder_depth: int = 5
     output_stride: Literal[8, 16] = 16
+    # ASPP dilations. (12, 24, 36) suit ~512 px crops; on small images the feature map is only a
+    # few cells wide and large rates sample mostly padding.
+    decoder_atrous_rates: list[int] = [12, 24, 36]
 
 
 class DiscriminatorConfig(Section):

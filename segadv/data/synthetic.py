@@ -31,8 +31,8 @@ SHAPE_CLASSES: tuple[str, ...] = ("background", "circle", "square", "triangle", 
 
 MIN_SHAPES = 1
 MAX_SHAPES = 3
-MIN_SIZE_FRAC = 0.18  # shape extent as a fraction of the image side
-MAX_SIZE_FRAC = 0.45
+MIN_SIZE_FRAC = 0.25  # shape extent as a fraction of the image side
+MAX_SIZE_FRAC = 0.50
 MIN_CONTRAST = 90.0  # minimum L2 distance (0..255 RGB) between a shape and the background under it
 _COLOUR_TRIES = 8
 

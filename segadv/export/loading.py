@@ -21,7 +21,7 @@ from segadv.checkpoint.state import is_segadv_checkpoint
 from segadv.config import Config, config_from_dict, load_config
 from segadv.errors import UserError
 from segadv.export.sidecar import file_sha256
-from segadv.models import build_generator
+from segadv.models import build_generator_for_weights
 from segadv.parallel import unwrap
 
 log = logging.getLogger(__name__)
@@ -67,13 +67,11 @@ def load_generator(
     trusted: bool = False,
 ) -> LoadedGenerator:
     path = Path(checkpoint)
-    ckpt = read_checkpoint(path, trusted=trusted) if trusted else read_checkpoint(path)
+    ckpt = read_checkpoint(path, trusted=trusted)
     cfg, config_source = resolve_config(ckpt, path, config, overrides)
-    # Every weight comes from the checkpoint, so never fetch (or look for) encoder weights.
-    gen_cfg = cfg.model.generator.model_copy(update={"encoder_weights": None})
-    generator = build_generator(gen_cfg, cfg.data.num_classes)
+    generator = build_generator_for_weights(cfg.model.generator, cfg.data.num_classes)
     try:
-        load_weights(ckpt, generator, role="generator")
+        load_weights(ckpt, generator, role="generator", name=str(path))
     except CheckpointMismatchError as err:
         raise CheckpointMismatchError(f"checkpoint {path}: {err}") from None
     generator = unwrap(generator).float().eval()

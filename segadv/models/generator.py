@@ -40,6 +40,7 @@ def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3
             encoder_depth=cfg.encoder_depth,
             encoder_weights=smp_weights,
             encoder_output_stride=cfg.output_stride,
+            decoder_atrous_rates=tuple(cfg.decoder_atrous_rates),
             in_channels=in_channels,
             classes=num_classes,
         )
@@ -56,6 +57,12 @@ def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3
     if local_weights is not None:
         _load_encoder_weights(model.encoder, local_weights)
     return model
+
+
+def build_generator_for_weights(cfg: GeneratorConfig, num_classes: int) -> nn.Module:
+    """G for loading a checkpoint into: the checkpoint brings every weight, so no pretrained
+    encoder weights are fetched or read first."""
+    return build_generator(cfg.model_copy(update={"encoder_weights": None}), num_classes)
 
 
 def _local_weights_path(value: str | None) -> Path | None:
