@@ -63,6 +63,8 @@ def test_check_synthetic(capsys):
     assert code == 0
     assert "dataset: synthetic shapes" in out and "problems: none" in out
     assert "circle" in out and "train  6 images, width 32, height 32" in out
+    class_rows = [line.split()[1] for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert class_rows == ["background", "circle", "square", "triangle", "ring", "(ignore)"]  # every class
 
 
 def test_module_entry_point_exits_2_without_traceback():

@@ -94,6 +94,16 @@ def read_mask(path):
         return np.asarray(img), np.asarray(img.getpalette(), dtype=np.uint8).reshape(-1, 3)
 
 
+def assert_same_labels(mask, expected, exact=True):
+    """Exact for PyTorch paths. ONNX Runtime's float32 arithmetic differs from eager by ~1e-5,
+    enough to flip the argmax at a rare near-tie pixel, so allow at most 0.1% there."""
+    if exact:
+        np.testing.assert_array_equal(mask, expected)
+    else:
+        assert mask.shape == expected.shape
+        assert (mask == expected).mean() >= 0.999, (mask != expected).sum()
+
+
 @pytest.mark.parametrize("source", ["checkpoint", "onnx", "torchscript"])
 def test_masks_equal_the_eager_argmax(model, onnx_model, image_dir, tmp_path, source):
     cfg, generator, ckpt = model
@@ -112,7 +122,7 @@ def test_masks_equal_the_eager_argmax(model, onnx_model, image_dir, tmp_path, so
     for stem, picture in pictures.items():
         mask, colours = read_mask(out / f"{stem}.png")
         expected = eager_labels(generator, cfg, picture)
-        np.testing.assert_array_equal(mask, expected)
+        assert_same_labels(mask, expected, exact=source != "onnx")
         np.testing.assert_array_equal(colours[: cfg.data.num_classes], palette(cfg.data.num_classes))
         classes_seen |= set(np.unique(expected).tolist())
     assert len(classes_seen) >= 2  # the masks are not one flat class
@@ -139,8 +149,8 @@ def test_sliding_windows_and_resize_for_large_images(model, onnx_model, tmp_path
     mask, _ = read_mask(tmp_path / "slide" / "big.png")
     for y in (0, 64):
         for x in (0, 64):
-            np.testing.assert_array_equal(mask[y:y + 64, x:x + 64],
-                                          eager_labels(generator, cfg, picture[y:y + 64, x:x + 64]))
+            assert_same_labels(mask[y:y + 64, x:x + 64],
+                               eager_labels(generator, cfg, picture[y:y + 64, x:x + 64]), exact=False)
 
     # Overlapping windows over a size that is no multiple of anything, and resize mode: full-size masks.
     for mode in ("slide", "resize"):
@@ -165,7 +175,7 @@ def test_static_onnx_model_runs_windows_of_its_fixed_size(model, tmp_path):
     Image.fromarray(other).save(folder / "other.png")
     code, report = predict_main("--model", path, "--input", folder, "--output", tmp_path / "out", "--batch-size", 4)
     assert code == 0, report
-    np.testing.assert_array_equal(read_mask(tmp_path / "out" / "exact.png")[0], eager_labels(generator, cfg, exact))
+    assert_same_labels(read_mask(tmp_path / "out" / "exact.png")[0], eager_labels(generator, cfg, exact), exact=False)
     assert read_mask(tmp_path / "out" / "other.png")[0].shape == (100, 70)
 
 
@@ -183,7 +193,8 @@ def test_metadata_comes_from_the_file_or_else_its_sidecar(model, onnx_model, ima
         out = tmp_path / path.stem
         code, report = predict_main("--model", path, "--input", folder / "square.png", "--output", out)
         assert code == 0, report
-        np.testing.assert_array_equal(read_mask(out / "square.png")[0], eager_labels(generator, cfg, pictures["square"]))
+        assert_same_labels(read_mask(out / "square.png")[0], eager_labels(generator, cfg, pictures["square"]),
+                           exact=False)
     sidecar_path(stripped).unlink()  # neither: a clear error
     code, _ = predict_main("--model", stripped, "--input", folder / "square.png", "--output", tmp_path / "x")
     assert code == 2 and "no segadv metadata" in capsys.readouterr().err

@@ -135,14 +135,16 @@ def format_report(report: Report) -> Iterable[str]:
     yield ""
     yield "image sizes (read in full):"
     for s in report.splits:
-        n = len(s.widths)
-        yield f"  {s.name:<6} {n} image{'' if n == 1 else 's'}, width {_range(s.widths)}, height {_range(s.heights)}"
+        count = len(s.widths)
+        yield (f"  {s.name:<6} {count} image{'' if count == 1 else 's'}, width {_range(s.widths)}, "
+               f"height {_range(s.heights)}")
     yield ""
     yield "class pixels (labeled samples):"
     header = f"  {'id':>4}  {'class':<16}" + "".join(f"{s.name:>22}" for s in report.splits)
     yield header
     totals = [max(int(s.hist.sum()), 1) for s in report.splits]
-    rows = [(i, report.names[i]) for i in range(n)]
+    num_classes = len(report.names)
+    rows = [(i, report.names[i]) for i in range(num_classes)]
     ignore = report.ignore_index
     if 0 <= ignore < 256:
         rows.append((ignore, "(ignore)"))
@@ -153,7 +155,7 @@ def format_report(report: Report) -> Iterable[str]:
         )
         yield f"  {class_id:>4}  {name:<16}{cells}"
     for s in report.splits:
-        absent = [report.names[i] for i in range(n) if s.hist[i] == 0 and s.hist.sum() > 0]
+        absent = [report.names[i] for i in range(num_classes) if s.hist[i] == 0 and s.hist.sum() > 0]
         if absent:
             yield f"  no {s.name} pixels of: {', '.join(absent)}"
     yield ""
