@@ -7,8 +7,9 @@ checkpoint where a good one used to be: readers either see the old file or the c
 from __future__ import annotations
 
 import os
+import contextlib
 from pathlib import Path
-from typing import Union
+from typing import Iterator, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -59,3 +60,32 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
 def atomic_write_text(path: PathLike, text: str, encoding: str = "utf-8") -> None:
     """Text flavour of :func:`atomic_write_bytes` (UTF-8 by default, newlines written as given)."""
     atomic_write_bytes(path, text.encode(encoding))
+
+
+class StagedFile:
+    """A temp path beside ``target`` for writers that want a path, not bytes (ONNX, TorchScript)."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        self.path = _temp_path(target)
+        self.committed = False
+
+    def commit(self) -> None:
+        """fsync the staged file, rename it over the target, fsync the directory."""
+        with open(self.path, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(self.path, self.target)
+        self.committed = True
+        _fsync_dir(self.target.parent)
+
+
+@contextlib.contextmanager
+def staged(target: PathLike) -> Iterator[StagedFile]:
+    """Write to ``.path``, check the file, then ``commit()``; without a commit (an error or a
+    failed check) the temp file is removed and an existing ``target`` is left untouched."""
+    staged_file = StagedFile(Path(target))
+    try:
+        yield staged_file
+    finally:
+        if not staged_file.committed:
+            staged_file.path.unlink(missing_ok=True)

@@ -25,7 +25,7 @@ from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.export.loading import LoadedGenerator, load_generator
 from segadv.export.sidecar import file_sha256, to_json, write_sidecar
-from segadv.export.staging import staged
+from segadv.fsutil import staged
 from segadv.export.verify import DEFAULT_TOLERANCES, format_report, make_input, verify
 from segadv.export.wrapper import InferenceModel, export_metadata, input_dtype, input_kind, output_name, size_divisor
 from segadv.runtime import setup_logging
