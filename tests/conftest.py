@@ -39,3 +39,14 @@ def tiny_cfg(tmp_path):
     cfg.run_dir = str(tmp_path / "run")
     cfg.device_map = "g:cpu,d:cpu"
     return cfg
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module (opt in with pytest.mark.usefixtures): on a loaded shared
+    CPU, spinning OpenMP threads make tiny convolutions tens of times slower. The export's own
+    onnxruntime check follows torch's setting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

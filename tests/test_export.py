@@ -55,14 +55,7 @@ def save_segadv_checkpoint(path, cfg, generator):
     return path
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: on a loaded shared CPU, spinning OpenMP threads make tiny convolutions
-    tens of times slower. The export's own onnxruntime check follows torch's setting."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

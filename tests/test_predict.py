@@ -30,13 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 SIZES = {"square": (64, 64), "wide": (48, 112), "tall": (96, 80)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread (see tests/test_export.py): shared CPUs make spinning threads crawl."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
