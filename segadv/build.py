@@ -64,8 +64,7 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
             raise UserError("parallel.sync_bn needs the generator on CUDA (SyncBatchNorm has no CPU kernel)")
         generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
     # broadcast_buffers: G's BatchNorm statistics follow rank 0, so every rank evaluates (and
-    # could save) the same model; D has no buffers, and not broadcasting keeps its two forwards
-    # per step free of in-place buffer writes between them.
+    # could save) the same model; D has no buffers, so there is nothing to broadcast.
     wrapped_g = wrap_network(generator, g_mode, device_map.generator_devices, cfg.amp.generator, broadcast_buffers=True)
     wrapped_d = wrap_network(discriminator, d_mode, device_map.discriminator_devices, cfg.amp.discriminator,
                              broadcast_buffers=False)

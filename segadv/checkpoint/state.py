@@ -123,18 +123,23 @@ class Checkpointer:
                 log.info("retention (checkpoint.keep_last=%d): removed %s", self.keep_last, path.name)
 
     def newest_loadable(self, trusted: bool = False) -> tuple[Path, dict[str, Any]] | None:
-        """The newest checkpoint that loads: last.pt, then step files from newest to oldest.
-        A truncated or corrupt file is skipped with a warning."""
-        candidates = [self.last_path] if self.last_path.is_file() else []
-        candidates += [p for _, p in self.step_files()]
-        loaded = []
-        for path in candidates:
-            try:
-                loaded.append((path, read_checkpoint(path, trusted=trusted)))
-            except UserError as err:
-                log.warning("skipping %s: %s", path, err)
-                continue
-            if path != self.last_path:
-                break  # step files are newest first: the first that loads wins
-        # last.pt may be older than a step file if a save was cut between the two writes.
-        return max(loaded, key=lambda item: int(item[1].get("step", -1)), default=None)
+        """The newest checkpoint that loads: last.pt, or a newer step file (a save cut between its
+        two writes), else step files from newest to oldest. A truncated or corrupt file is skipped
+        with a warning. Each file is read at most once; normally only last.pt is."""
+        last = self._try_read(self.last_path, trusted) if self.last_path.is_file() else None
+        last_step = int(last[1].get("step", -1)) if last else -1
+        for step, path in self.step_files():
+            if step <= last_step:
+                break  # last.pt is at least as new as every remaining step file
+            found = self._try_read(path, trusted)
+            if found is not None:
+                return found
+        return last
+
+    @staticmethod
+    def _try_read(path: Path, trusted: bool) -> tuple[Path, dict[str, Any]] | None:
+        try:
+            return path, read_checkpoint(path, trusted=trusted)
+        except UserError as err:
+            log.warning("skipping %s: %s", path, err)
+            return None
