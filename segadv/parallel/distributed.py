@@ -92,9 +92,24 @@ def init_process_group(env: DistEnv, device_map: DeviceMap, environ: dict[str, s
         raise UserError("a multi-process run needs MASTER_ADDR: launch with torchrun (or srun under SLURM)")
     backend = backend_for(device_map)
     kwargs = {"device_id": device_map.generator} if backend == "nccl" else {}
-    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                            timeout=timedelta(minutes=30), **kwargs)
+    timeout = timedelta(minutes=30)
+    dist.init_process_group(backend, store=attempt_store(env, environ, timeout), rank=env.rank,
+                            world_size=env.world_size, timeout=timeout, **kwargs)
     log.info("process group: backend %s, rank %d/%d (local rank %d)", backend, env.rank, env.world_size, env.local_rank)
+
+
+def attempt_store(env: DistEnv, environ: Mapping[str, str], timeout: timedelta) -> dist.Store:
+    """The rendezvous store, with a key space of its own per elastic restart attempt.
+
+    torchrun's agent hosts one store for the whole job; without a per-attempt prefix the workers
+    of a restarted round can read the dead round's gloo/nccl addresses and fail to connect.
+    Without torchrun (SLURM) rank 0 hosts the store.
+    """
+    agent_hosts_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), env.world_size,
+                          is_master=env.rank == 0 and not agent_hosts_store, timeout=timeout)
+    attempt = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"segadv/attempt_{attempt}/", store)
 
 
 def destroy_process_group() -> None:
