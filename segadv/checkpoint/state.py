@@ -91,13 +91,15 @@ class Checkpointer:
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)
+        # last.pt first: a kill between the two writes then leaves last.pt the newest complete
+        # checkpoint (and only the step file missing), never a step file ahead of last.pt.
         paths = [self.last_path]
         if step % self.every == 0:
-            paths.insert(0, self.directory / f"step_{step}.pt")
+            paths.append(self.directory / f"step_{step}.pt")
         save_checkpoint(state, *paths)
         log.info("checkpoint saved at step %d: %s", step, ", ".join(p.name for p in paths))
-        self._apply_retention(keep=paths[0])
-        return paths[0]
+        self._apply_retention(keep=paths[-1])
+        return paths[-1]
 
     def step_files(self) -> list[tuple[int, Path]]:
         """``(step, path)`` of every step_<N>.pt, newest first."""
@@ -123,9 +125,9 @@ class Checkpointer:
                 log.info("retention (checkpoint.keep_last=%d): removed %s", self.keep_last, path.name)
 
     def newest_loadable(self, trusted: bool = False) -> tuple[Path, dict[str, Any]] | None:
-        """The newest checkpoint that loads: last.pt, or a newer step file (a save cut between its
-        two writes), else step files from newest to oldest. A truncated or corrupt file is skipped
-        with a warning. Each file is read at most once; normally only last.pt is."""
+        """The newest checkpoint that loads: last.pt, or a newer step file (a run dir written by
+        another tool or copied in), else step files from newest to oldest. A truncated or corrupt
+        file is skipped with a warning. Each file is read at most once; normally only last.pt is."""
         last = self._try_read(self.last_path, trusted) if self.last_path.is_file() else None
         last_step = int(last[1].get("step", -1)) if last else -1
         for step, path in self.step_files():
