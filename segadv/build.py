@@ -14,7 +14,7 @@ from torch import nn
 
 from segadv.config import Config
 from segadv.config.schema import NetworkAmpConfig, OptimizerConfig
-from segadv.engine.amp_optimizer import AmpOptimizer
+from segadv.engine.amp_optimizer import AmpOptimizer, uses_float16
 from segadv.engine.optim import build_optimizer, build_poly_scheduler
 from segadv.engine.step import AdversarialStep
 from segadv.errors import UserError
@@ -40,11 +40,11 @@ class Training:
 
 def build_amp_optimizer(
     model: nn.Module, optim: OptimizerConfig, amp: NetworkAmpConfig, device: torch.device, max_steps: int,
-    lr_multiplier: float = 1.0,
+    lr_multiplier: float = 1.0, loss_scaling: bool | None = None,
 ) -> AmpOptimizer:
     optimizer = build_optimizer(model, optim.model_copy(update={"lr": optim.lr * lr_multiplier}))
     scheduler = build_poly_scheduler(optimizer, max_steps, optim.poly_power)
-    return AmpOptimizer(optimizer, scheduler, device, amp)
+    return AmpOptimizer(optimizer, scheduler, device, amp, loss_scaling)
 
 
 def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) -> Training:
@@ -71,8 +71,10 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
 
     max_steps = cfg.train.max_steps
     lr_multiplier = float(env.world_size) if cfg.train.lr_scaling == "linear" else 1.0
+    # G's loss passes through D's backward when the adversarial term is on: scale it if D's is fp16.
+    g_loss_scaling = uses_float16(cfg.amp.generator) or (cfg.loss.lambda_adv > 0 and uses_float16(cfg.amp.discriminator))
     opt_g = build_amp_optimizer(generator, cfg.optim.generator, cfg.amp.generator, device_map.generator,
-                                max_steps, lr_multiplier)
+                                max_steps, lr_multiplier, loss_scaling=g_loss_scaling)
     opt_d = build_amp_optimizer(discriminator, cfg.optim.discriminator, cfg.amp.discriminator,
                                 device_map.discriminator, max_steps, lr_multiplier)
     step = AdversarialStep(

@@ -10,6 +10,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
+log = logging.getLogger(__name__)
 
 def setup_logging(level: int = logging.INFO, main_process: bool = True) -> None:
     """Only the main process (rank 0) tells the story; other ranks log warnings and errors."""
@@ -22,15 +23,28 @@ def setup_logging(level: int = logging.INFO, main_process: bool = True) -> None:
     )
 
 
-def seed_everything(seed: int, deterministic: bool = False) -> None:
+def seed_everything(seed: int, deterministic: bool = False, devices: Iterable[torch.device] = ()) -> None:
+    """Seed every RNG; ``deterministic``: bitwise-repeatable kernels where they exist.
+
+    On CPU every kernel segadv uses has a deterministic form, so the guarantee is strict. CUDA has
+    none for some backward kernels DeepLab needs (bilinear upsampling's), and strict mode would stop
+    at the first backward: there torch is set to warn instead, and its warning (routed to the log)
+    names each such op the first time it runs.
+    """
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # seeds every CUDA device lazily, without creating a context
     if deterministic:
         # cuBLAS needs this for deterministic matmuls; harmless on CPU.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+        on_cuda = any(torch.device(d).type == "cuda" for d in devices)
+        torch.use_deterministic_algorithms(True, warn_only=on_cuda)
         torch.backends.cudnn.benchmark = False
+        if on_cuda:
+            logging.captureWarnings(True)
+            log.warning("train.deterministic on CUDA: deterministic kernels where they exist; ops without "
+                        "one (e.g. upsample_bilinear2d_backward) stay non-deterministic and are named in "
+                        "the warnings below as they first run")
 
 
 def capture_rng_state(devices: Iterable[torch.device] = ()) -> dict:

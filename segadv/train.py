@@ -14,6 +14,9 @@ from itertools import count
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
 from segadv.build import Training, build_training, log_placement
 from segadv.checkpoint import Checkpointer, load_weights, read_checkpoint, restore_training_state, training_state
 from segadv.config import Config, config_to_dict, dump_config, load_config
@@ -25,7 +28,7 @@ from segadv.monitor.meters import LossAverager, StepTimer
 from segadv.monitor.progress import Progress
 from segadv.monitor.writer import MetricWriter, NullWriter
 from segadv.parallel import activate, parse_device_map
-from segadv.parallel.placement import for_inference
+from segadv.parallel.placement import for_inference, unwrap
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
 from segadv.runtime import capture_rng_state, restore_rng_state, seed_everything, setup_logging
@@ -58,7 +61,7 @@ def train(
     distributed.init_process_group(env, device_map)
     # Per-rank seeds (dropout differs per rank); DDP broadcasts rank 0's initial weights, and the
     # data order comes from the shared train.seed, so the ranks still agree where they must.
-    seed_everything(cfg.train.seed + env.rank, cfg.train.deterministic)
+    seed_everything(cfg.train.seed + env.rank, cfg.train.deterministic, device_map.devices)
     run_dir = prepare_run_dir(cfg, config_name)
     log.info("run dir: %s; device map: %s", run_dir, device_map)
 
@@ -218,7 +221,7 @@ def run_evaluation(
     cfg: Config, parts: Training, val_loader: Iterable, writer: MetricWriter, progress: Progress, step: int
 ) -> dict[str, object]:
     result = evaluate(
-        for_inference(parts.generator), val_loader, parts.device_map.generator, cfg.data.num_classes,
+        generator_for_evaluation(parts), val_loader, parts.device_map.generator, cfg.data.num_classes,
         autocast=parts.opt_g.autocast, num_samples=cfg.log.num_images,
     )
     metrics = result.metrics
@@ -231,6 +234,14 @@ def run_evaluation(
         writer.image(step, "val/input_gt_pred", panel)
     progress.write(f"step {step}: val mIoU {metrics['mIoU']:.4f}, pixel accuracy {metrics['pixel_acc']:.4f}")
     return metrics
+
+
+def generator_for_evaluation(parts: Training) -> nn.Module:
+    """G as every rank evaluates it: under DDP with rank 0's BatchNorm statistics (after the last
+    step each rank's hold one local update), and outside DDP's collective forward."""
+    if isinstance(parts.generator, DistributedDataParallel):
+        distributed.broadcast_buffers(unwrap(parts.generator))
+    return for_inference(parts.generator)
 
 
 def class_names_for(cfg: Config) -> list[str]:

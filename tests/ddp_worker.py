@@ -1,6 +1,6 @@
 """Run under torchrun by tests/test_distributed.py (not collected by pytest).
 
-    torchrun --standalone --nproc-per-node 2 tests/ddp_worker.py MODE OUT_DIR
+    torchrun --standalone --nproc-per-node 2 tests/ddp_worker.py MODE OUT_DIR [key=value ...]
 """
 
 import json
@@ -18,7 +18,7 @@ from segadv.config import load_config  # noqa: E402
 from segadv.data import build_dataloaders  # noqa: E402
 from segadv.engine.evaluate import evaluate  # noqa: E402
 from segadv.parallel import distributed, parse_device_map, unwrap  # noqa: E402
-from segadv.train import iterate_epochs  # noqa: E402
+from segadv.train import generator_for_evaluation, iterate_epochs  # noqa: E402
 
 
 def freeze_batch_statistics(module: nn.Module) -> None:
@@ -31,9 +31,9 @@ def freeze_batch_statistics(module: nn.Module) -> None:
     module.register_forward_pre_hook(hook)
 
 
-def main(mode: str, out: Path) -> None:
+def main(mode: str, out: Path, overrides: list[str]) -> None:
     env = distributed.env_from()
-    cfg = load_config(None, [*TINY_OVERRIDES, "data.batch_size=2", "loss.lambda_adv=0.1"])
+    cfg = load_config(None, [*TINY_OVERRIDES, "data.batch_size=2", "loss.lambda_adv=0.1", *overrides])
     device_map = parse_device_map("cpu")
     distributed.init_process_group(env, device_map)
     torch.manual_seed(0)  # same init everywhere (DDP would broadcast rank 0's anyway)
@@ -44,6 +44,15 @@ def main(mode: str, out: Path) -> None:
         for step in range(20):
             parts.step(*next(batches), step=step)
         torch.save({"g": unwrap(parts.generator).state_dict(), "d": unwrap(parts.discriminator).state_dict()},
+                   out / f"rank{env.rank}.pt")
+    elif mode == "train_then_eval":
+        # A few steps with per-rank BatchNorm statistics, then G as the loop evaluates it.
+        train_loader, _ = build_dataloaders(cfg.data, seed=0, pin_memory=False, rank=env.rank, world_size=env.world_size)
+        batches = iterate_epochs(train_loader)
+        for step in range(cfg.train.max_steps):
+            parts.step(*next(batches), step=step)
+        evaluated = generator_for_evaluation(parts)
+        torch.save({"g": unwrap(evaluated).state_dict(), "d": unwrap(parts.discriminator).state_dict()},
                    out / f"rank{env.rank}.pt")
     elif mode == "equivalence":
         freeze_batch_statistics(unwrap(parts.generator))
@@ -63,4 +72,4 @@ def main(mode: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    main(sys.argv[1], Path(sys.argv[2]), sys.argv[3:])

@@ -41,8 +41,30 @@ def run(cmd, timeout=300, **kwargs):
     return result
 
 
-def worker(mode, out):
-    run([*TORCHRUN, "--standalone", "--nproc-per-node=2", str(HERE / "ddp_worker.py"), mode, str(out)])
+def worker(mode, out, *overrides):
+    run([*TORCHRUN, "--standalone", "--nproc-per-node=2", str(HERE / "ddp_worker.py"), mode, str(out), *overrides])
+
+
+@pytest.fixture(scope="module")
+def shallow_ddp_run(tmp_path_factory):
+    """Three DDP steps of a G whose encoder_depth leaves smp stages unused, then G as evaluated."""
+    out = tmp_path_factory.mktemp("shallow")
+    worker("train_then_eval", out, "model.generator.encoder_depth=3", "train.max_steps=3")
+    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+
+
+def test_ddp_trains_a_shallow_encoder(shallow_ddp_run):
+    """smp keeps the stages below encoder_depth; DDP (find_unused_parameters=False) used to stop at
+    step 2 on their missing gradients. They are dropped, and the ranks stay identical."""
+    r0, r1 = shallow_ddp_run
+    assert not any(k.startswith("encoder.features.14") for k in r0["g"])  # a dropped stage
+    assert all(torch.equal(r0["g"][k], r1["g"][k]) for k in r0["g"] if "running" not in k and "num_batches" not in k)
+
+
+def test_ddp_ranks_evaluate_rank0s_batchnorm_statistics(shallow_ddp_run):
+    r0, r1 = shallow_ddp_run
+    stats = [k for k in r0["g"] if "running_mean" in k or "running_var" in k]
+    assert stats and all(torch.equal(r0["g"][k], r1["g"][k]) for k in stats)
 
 
 def test_ddp_keeps_both_networks_identical_across_ranks(tmp_path):

@@ -179,3 +179,26 @@ def test_float16_amp_with_both_scalers_on_cuda(tiny_cfg):
         losses = parts.step(*batch(tiny_cfg, seed=step), step=step)
     assert all(torch.isfinite(v) for v in losses.as_dict().values())
     assert parts.opt_g.loss_scale() > 0 and parts.opt_d.loss_scale() > 0
+
+
+@pytest.mark.parametrize("devices, warn_only", [(["cpu"], False), (["cpu", "cuda:0"], True)])
+def test_deterministic_is_strict_on_cpu_and_warns_on_cuda(monkeypatch, devices, warn_only):
+    """CUDA has no deterministic kernel for bilinear upsampling's backward: strict mode would stop
+    at the first backward there. The CPU guarantee stays bitwise (strict)."""
+    from segadv.runtime import seed_everything
+
+    calls = []
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda mode, **kw: calls.append((mode, kw)))
+    monkeypatch.setattr("logging.captureWarnings", lambda capture: None)
+    seed_everything(0, deterministic=True, devices=[torch.device(d) for d in devices])
+    assert calls == [(True, {"warn_only": warn_only})]
+
+
+@pytest.mark.cuda
+def test_deterministic_training_runs_on_cuda(tiny_cfg):
+    from segadv.train import train
+
+    tiny_cfg.device_map = "g:cuda:0,d:cuda:0"
+    tiny_cfg.train.deterministic = True
+    tiny_cfg.train.max_steps = 2
+    assert train(tiny_cfg).step == 2

@@ -2,6 +2,10 @@
 
 Each network gets its own (as mmengine's AmpOptimWrapper does per optimizer): an fp16 overflow in
 D skips only D's step and only halves D's scale.
+
+A network's loss is scaled whenever its backward passes through float16, its own or another
+network's: G's adversarial term flows back through D, so an fp16 D needs G's loss scaled even when
+G itself runs in float32 or bfloat16 (``loss_scaling``, decided in ``build.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from segadv.config.schema import NetworkAmpConfig
 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
 
 
+def uses_float16(amp: NetworkAmpConfig) -> bool:
+    return amp.enabled and amp.dtype == "float16"
+
+
 class AmpOptimizer:
     def __init__(
         self,
@@ -27,6 +35,7 @@ class AmpOptimizer:
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         device: torch.device,
         amp: NetworkAmpConfig,
+        loss_scaling: bool | None = None,
     ) -> None:
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -34,9 +43,9 @@ class AmpOptimizer:
         self.autocast_dtype = getattr(torch, amp.dtype)
         self.autocast_enabled = amp.enabled
         # Loss scaling only matters for float16; bfloat16 has float32's exponent range.
-        self.scaler = torch.amp.GradScaler(
-            device.type, init_scale=amp.init_scale, enabled=amp.enabled and amp.dtype == "float16"
-        )
+        if loss_scaling is None:
+            loss_scaling = uses_float16(amp)
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=amp.init_scale, enabled=loss_scaling)
 
     def autocast(self) -> AbstractContextManager:
         """Autocast for this network's own device type and dtype."""

@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from segadv.parallel.placement import to_device
+
 
 class ConfusionMatrix:
     """Rows: ground truth, columns: prediction. Ignored pixels (any id outside [0, C)) are skipped."""
@@ -64,8 +66,7 @@ def evaluate(
     samples = None
     try:
         for images, labels in loader:
-            images = images.to(device, non_blocking=True)
-            labels = labels.to(device, non_blocking=True)
+            images, labels = to_device(images, device), to_device(labels, device)
             with autocast():
                 logits = generator(images)
             pred = logits.argmax(dim=1)

@@ -5,7 +5,8 @@ D's update:  BCE(D(onehot(y)), real) + BCE(D(softmax(G(x)).detach()), fake).
 
 G and D may live on different devices: G's probabilities and the labels move to D's device in the
 forward, and the adversarial gradient returns to G's device through autograd. Nothing here calls
-``.item()``: losses come back as detached tensors and are read at log time.
+``.item()``: losses come back as detached tensors and are read at log time. The only host syncs
+are the float16 GradScalers' inf checks (one per scaled network).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch import nn
 from segadv.engine.amp_optimizer import AmpOptimizer
 from segadv.engine.losses import masked_bce_with_logits, one_hot_labels
 from segadv.parallel.device_map import DeviceMap
-from segadv.parallel.placement import unwrap
+from segadv.parallel.placement import to_device, unwrap
 
 REAL, FAKE = 1.0, 0.0
 
@@ -81,9 +82,9 @@ class AdversarialStep:
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> StepLosses:
         """One G update then one D update. ``step`` counts completed steps before this one."""
         g_dev, d_dev = self.device_map.generator, self.device_map.discriminator
-        images = images.to(g_dev, non_blocking=True)
-        labels_g = labels.to(g_dev, non_blocking=True)
-        labels_d = labels_g if d_dev == g_dev else labels.to(d_dev, non_blocking=True)
+        images = to_device(images, g_dev)
+        labels_g = to_device(labels, g_dev)
+        labels_d = labels_g if d_dev == g_dev else to_device(labels, d_dev)
         valid_d = labels_d != self.ignore_index
         self.generator.train()
         self.discriminator.train()
@@ -104,7 +105,7 @@ class AdversarialStep:
             logits = self.generator(images)
         logits = logits.float()
         loss_seg = F.cross_entropy(logits, labels, ignore_index=self.ignore_index)
-        probs_d = logits.softmax(dim=1).to(self.device_map.discriminator, non_blocking=True)
+        probs_d = to_device(logits.softmax(dim=1), self.device_map.discriminator)
         loss = loss_seg
         loss_adv = None
         if self.adversarial_active(step):
@@ -112,7 +113,9 @@ class AdversarialStep:
             with frozen(self.discriminator), self.opt_d.autocast():
                 d_out = unwrap(self.discriminator)(probs_d)
             loss_adv = masked_bce_with_logits(d_out, REAL, valid_d)
-            loss = loss_seg + self.lambda_adv * loss_adv.to(loss_seg.device, non_blocking=True)
+            # G's scaler also scales this term when D runs in float16 (build.py): unscaled, its
+            # per-pixel gradient underflows to zero in D's float16 backward.
+            loss = loss_seg + self.lambda_adv * to_device(loss_adv, loss_seg.device)
         self.opt_g.backward_and_step(loss)
         return probs_d.detach(), loss_seg.detach(), None if loss_adv is None else loss_adv.detach()
 

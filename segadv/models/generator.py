@@ -56,7 +56,39 @@ def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3
         ) from None
     if local_weights is not None:
         _load_encoder_weights(model.encoder, local_weights)
+    if cfg.encoder_depth < 5:
+        dropped = drop_unused_stages(model, in_channels)
+        log.info("model.generator.encoder_depth=%d: dropped the unused stages %s", cfg.encoder_depth, ", ".join(dropped))
     return model
+
+
+def drop_unused_stages(model: nn.Module, in_channels: int) -> list[str]:
+    """Replace the encoder stages a shallow ``encoder_depth`` never uses with ``nn.Identity``.
+
+    smp builds every stage of the encoder whatever its depth, and leaves the deeper ones unused
+    (never run, or run with the result thrown away). Parameters that never get a gradient make DDP
+    (``find_unused_parameters=False``) fail at its second step, take weight decay, and bloat the
+    checkpoints. Which stages are unused is found by one probe backward, so this holds for every
+    encoder; it runs after the encoder weights are loaded, so a full-depth weight file still fits.
+    Returns the names of the modules dropped.
+    """
+    was_training = model.training
+    model.eval()  # no BatchNorm statistics move during the probe
+    probe = torch.zeros(1, in_channels, 64, 64)
+    model(probe).sum().backward()
+    model.train(was_training)
+    unused = {name for name, p in model.named_parameters() if p.grad is None}
+    model.zero_grad(set_to_none=True)
+    dropped = []
+    for name, module in list(model.named_modules()):
+        params = [f"{name}.{n}" for n, _ in module.named_parameters()]
+        if name and params and all(p in unused for p in params) and not any(
+            name.startswith(f"{d}.") for d in dropped
+        ):
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, nn.Identity())
+            dropped.append(name)
+    return dropped
 
 
 def build_generator_for_weights(cfg: GeneratorConfig, num_classes: int) -> nn.Module:

@@ -151,3 +151,16 @@ def gather_objects(obj: object) -> object:
     gathered: list[object] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, obj)
     return gathered
+
+
+def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
+    """Give every rank ``src``'s buffers (BatchNorm running statistics).
+
+    DDP broadcasts buffers at the start of each forward, so after the last training step each
+    rank's statistics hold one local update of their own: without this, ranks would evaluate (and
+    could save) different models.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    for buffer in module.buffers():
+        dist.broadcast(buffer, src)

@@ -1,0 +1,59 @@
+"""One DDP step for tests/test_equivalence.py, under torchrun (not collected by pytest).
+
+    torchrun --standalone --nproc-per-node 2 tests/equivalence_worker.py OUT_DIR DEVICE_MAP [key=value ...]
+
+Each rank loads the reference's initial weights and takes its half of the batch; it saves its
+networks and the adversarial gradient G's update sent into D's input.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_equivalence import (  # noqa: E402
+    capture_adversarial_gradient, freeze_batch_statistics, harness_config, no_dropout,
+)
+
+from segadv.build import build_training  # noqa: E402
+from segadv.parallel import distributed, parse_device_map, unwrap  # noqa: E402
+
+
+def join(device_map_spec: str, env: distributed.DistEnv):
+    """segadv's own launch path; with fewer GPUs than ranks, both ranks share cuda:0 over gloo
+    (nccl refuses two ranks on one GPU)."""
+    if device_map_spec != "cpu" and torch.cuda.device_count() < env.world_size:
+        device_map = parse_device_map("g:cuda:0,d:cuda:0")
+        dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size)
+        return device_map
+    device_map = parse_device_map(device_map_spec, local_rank=env.local_rank)
+    distributed.init_process_group(env, device_map)
+    return device_map
+
+
+def main(out: Path, device_map_spec: str, overrides: list[str]) -> None:
+    env = distributed.env_from()
+    device_map = join(device_map_spec, env)
+    cfg = harness_config(*overrides)
+    data = torch.load(out / "input.pt", weights_only=True)
+    parts = build_training(cfg, device_map, env)
+    unwrap(parts.generator).load_state_dict(data["g"])
+    unwrap(parts.discriminator).load_state_dict(data["d"])
+    no_dropout(parts.generator)
+    freeze_batch_statistics(unwrap(parts.generator))
+    grads: list[torch.Tensor] = []
+    capture_adversarial_gradient(parts.discriminator, grads)
+    scale = parts.opt_g.loss_scale()
+    half = data["images"].shape[0] // env.world_size
+    rows = slice(env.rank * half, (env.rank + 1) * half)
+    parts.step(data["images"][rows], data["labels"][rows], step=0)
+    torch.save({"g": {k: v.cpu() for k, v in unwrap(parts.generator).state_dict().items()},
+                "d": {k: v.cpu() for k, v in unwrap(parts.discriminator).state_dict().items()},
+                "adv_grad": grads[0] / scale}, out / f"rank{env.rank}.pt")
+    distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3:])

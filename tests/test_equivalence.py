@@ -1,0 +1,385 @@
+"""Every placement, wrapper and precision trains what the plain loop trains.
+
+The reference is the AdvSemiSeg step written out plainly in ``reference_step`` below: one device
+(the CPU), float32, no wrapper, ``torch.optim`` directly, none of segadv's training code. Each
+configuration starts from the reference's initial weights and batch, takes one segadv step (G's
+update, then D's) and is compared on three things:
+
+- G's parameter update (after - before) and D's;
+- G's adversarial gradient on its own: the gradient that G's adversarial term sends into D's
+  input (all that term contributes to G), taken in the step itself and divided by G's loss
+  scale. Compared on its own, a zeroed adversarial path cannot hide behind the CE gradient.
+
+lambda_adv is 1e-4 here: on 64x64 crops that puts D's per-pixel gradient where VOC's crops put
+it at the default 0.01 (about 6e-9, below float16's smallest subnormal).
+
+Tolerances (stated per dtype):
+- float32: every element of each update and of the adversarial gradient within
+  ``FP32_RTOL`` (1e-4) times the reference's largest magnitude (measured: 6e-8 on the CPU). Where
+  sums run in another order, ``FP32_SUMMED_ELSEWHERE_RTOL`` (1e-3): DDP's gradient all-reduce
+  (measured 1.8e-4: at initialisation D's real and fake gradients nearly cancel, so rounding in
+  the large terms shows in the small sum) and CUDA kernels (TF32 switched off for the test).
+- bfloat16 / float16: cosine similarity to the reference of G's update, D's update and the
+  adversarial gradient (each flattened) at least ``AMP_MIN_COSINE``, and the adversarial
+  gradient not zero.
+
+Dropout is switched off in both (its masks come from device-specific RNGs; that is not what is
+compared). BatchNorm keeps batch statistics in the float32 cases, and uses its running statistics
+on both sides where
+- a configuration splits the batch (DDP, DataParallel over GPUs): per-shard statistics differ from
+  the full batch's by design;
+- G runs in reduced precision: through batch-statistics BatchNorm at initialisation, G's gradient
+  is a small residual of large terms that cancel, and half-precision rounding does not cancel.
+  Measured on this harness's G with plain ``torch.autocast`` and no segadv code: bfloat16 vs
+  float32 gradient cosine 0.20 with batch statistics, 0.9998 with running statistics. That is the
+  dtype's property, not the wiring's; with running statistics the comparison measures the wiring.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import TINY_OVERRIDES
+from segadv.build import build_training
+from segadv.config import load_config
+from segadv.models import build_discriminator, build_generator
+from segadv.parallel import parse_device_map, unwrap
+
+HERE = Path(__file__).parent
+LAMBDA_ADV = 1e-4
+FP32_RTOL = 1e-4
+FP32_SUMMED_ELSEWHERE_RTOL = 1e-3  # DDP's all-reduce, CUDA kernels: other summation orders
+
+AMP_MIN_COSINE = 0.99
+BATCH = 4  # two samples per rank under DDP
+
+
+# SGD for both networks: its update is proportional to the gradient, so comparing updates compares
+# the step. Adam's first update is lr * g / (|g| + eps): rounding-level differences in near-zero
+# gradients become full-size update differences, which would measure Adam's conditioning instead.
+HARNESS_OVERRIDES = [f"loss.lambda_adv={LAMBDA_ADV}", "optim.generator.name=sgd", "optim.discriminator.name=sgd"]
+
+
+def harness_config(*overrides: str):
+    return load_config(None, [*TINY_OVERRIDES, *HARNESS_OVERRIDES, *overrides])
+
+
+def amp(network: str, dtype: str) -> tuple[str, ...]:
+    return (f"amp.{network}.enabled=true", f"amp.{network}.dtype={dtype}")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    device_map: str = "cpu"
+    overrides: tuple[str, ...] = ()
+    split_batch: bool = False  # the batch is split across replicas (DDP, DataParallel on GPUs)
+    marks: tuple = field(default=(), compare=False)
+
+    @property
+    def float32(self) -> bool:
+        return not any(o.endswith(".enabled=true") for o in self.overrides)
+
+    @property
+    def freeze_stats(self) -> bool:
+        return self.split_batch or not self.float32
+
+    def param(self):
+        return pytest.param(self, id=self.name, marks=list(self.marks))
+
+
+DP = ("parallel.generator=dp", "parallel.discriminator=dp")
+CUDA, CUDA2 = (pytest.mark.cuda,), (pytest.mark.cuda2,)
+CASES = [
+    Case("cpu"),
+    Case("cpu-dataparallel", overrides=DP),
+    Case("g-bf16", overrides=amp("generator", "bfloat16")),
+    Case("d-bf16", overrides=amp("discriminator", "bfloat16")),
+    Case("both-bf16", overrides=(*amp("generator", "bfloat16"), *amp("discriminator", "bfloat16"))),
+    Case("g-fp16", overrides=amp("generator", "float16")),
+    Case("d-fp16", overrides=amp("discriminator", "float16")),
+    Case("both-fp16", overrides=(*amp("generator", "float16"), *amp("discriminator", "float16"))),
+    Case("g-bf16-d-fp16", overrides=(*amp("generator", "bfloat16"), *amp("discriminator", "float16"))),
+    Case("dataparallel-bf16", overrides=(*DP, *amp("generator", "bfloat16"), *amp("discriminator", "bfloat16"))),
+    # One GPU.
+    Case("g:cuda:0,d:cpu", "g:cuda:0,d:cpu", marks=CUDA),
+    Case("g:cpu,d:cuda:0", "g:cpu,d:cuda:0", marks=CUDA),
+    Case("g:cuda:0,d:cuda:0", "g:cuda:0,d:cuda:0", marks=CUDA),
+    Case("cuda-dataparallel-1gpu", "g:cuda:0,d:cuda:0", DP, marks=CUDA),
+    Case("cuda-g-bf16", "g:cuda:0,d:cuda:0", amp("generator", "bfloat16"), marks=CUDA),
+    Case("cuda-both-bf16", "g:cuda:0,d:cuda:0", (*amp("generator", "bfloat16"), *amp("discriminator", "bfloat16")),
+         marks=CUDA),
+    Case("cuda-g-fp16", "g:cuda:0,d:cuda:0", amp("generator", "float16"), marks=CUDA),
+    Case("cuda-d-fp16", "g:cuda:0,d:cuda:0", amp("discriminator", "float16"), marks=CUDA),
+    Case("cuda-both-fp16", "g:cuda:0,d:cuda:0", (*amp("generator", "float16"), *amp("discriminator", "float16")),
+         marks=CUDA),
+    Case("g:cuda:0-fp16,d:cpu-bf16", "g:cuda:0,d:cpu",
+         (*amp("generator", "float16"), *amp("discriminator", "bfloat16")), marks=CUDA),
+    Case("g:cpu-bf16,d:cuda:0-fp16", "g:cpu,d:cuda:0",
+         (*amp("generator", "bfloat16"), *amp("discriminator", "float16")), marks=CUDA),
+    # Two GPUs: G and D apart, and a DataParallel replica set for G.
+    Case("g:1,d:0", "g:1,d:0", marks=CUDA2),
+    Case("g:1,d:0-both-fp16", "g:1,d:0", (*amp("generator", "float16"), *amp("discriminator", "float16")),
+         marks=CUDA2),
+    Case("g:0+1,d:1", "g:0+1,d:1", split_batch=True, marks=CUDA2),
+    Case("g:0+1,d:1-bf16", "g:0+1,d:1", amp("generator", "bfloat16"), split_batch=True, marks=CUDA2),
+]
+
+
+# ----------------------------------------------------------------------------------- the reference
+
+
+def masked_bce(logits: torch.Tensor, target: float, valid: torch.Tensor) -> torch.Tensor:
+    per_pixel = F.binary_cross_entropy_with_logits(logits[:, 0], torch.full_like(logits[:, 0], target),
+                                                   reduction="none")
+    return (per_pixel * valid).sum() / valid.sum()
+
+
+def plain_optimizer(module: nn.Module, cfg) -> torch.optim.Optimizer:
+    if cfg.name == "sgd":
+        return torch.optim.SGD(module.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    kind = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[cfg.name]
+    return kind(module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+
+
+def reference_step(g: nn.Module, d: nn.Module, images, labels, cfg) -> torch.Tensor:
+    """One AdvSemiSeg step on the CPU in float32, plainly. Returns G's adversarial gradient at D's
+    input; updates ``g`` and ``d`` in place."""
+    num_classes, ignore = cfg.data.num_classes, cfg.data.ignore_index
+    opt_g, opt_d = plain_optimizer(g, cfg.optim.generator), plain_optimizer(d, cfg.optim.discriminator)
+    valid = (labels != ignore).float()
+
+    # G: CE(G(x), y) + lambda * BCE(D(softmax G(x)), real); D's parameters are not updated here.
+    logits = g(images)
+    probs = logits.softmax(dim=1)
+    loss_adv = LAMBDA_ADV * masked_bce(d(probs), 1.0, valid)
+    loss_g = F.cross_entropy(logits, labels, ignore_index=ignore) + loss_adv
+    (adv_grad,) = torch.autograd.grad(loss_adv, probs, retain_graph=True)
+    grads = torch.autograd.grad(loss_g, list(g.parameters()))
+    for p, grad in zip(g.parameters(), grads):
+        p.grad = grad
+    opt_g.step()
+
+    # D: BCE(D(onehot(y)), real) + BCE(D(softmax G(x)), fake), on G's output before its update.
+    onehot = F.one_hot(labels.clamp(0, num_classes - 1), num_classes).permute(0, 3, 1, 2).float()
+    onehot = onehot * valid[:, None]
+    loss_d = masked_bce(d(probs.detach()), 0.0, valid) + masked_bce(d(onehot), 1.0, valid)
+    opt_d.zero_grad()
+    loss_d.backward()
+    opt_d.step()
+    return adv_grad
+
+
+def no_dropout(module: nn.Module) -> nn.Module:
+    for m in module.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    return module
+
+
+def freeze_batch_statistics(module: nn.Module) -> None:
+    """BatchNorm in eval mode at every forward (the step sets train mode first)."""
+
+    def hook(mod, args):
+        for m in mod.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.eval()
+
+    module.register_forward_pre_hook(hook)
+
+
+def make_batch(cfg):
+    gen = torch.Generator().manual_seed(5)
+    size = cfg.data.synthetic.image_size
+    images = torch.randn(BATCH, 3, size, size, generator=gen)
+    labels = torch.randint(0, cfg.data.num_classes, (BATCH, size, size), generator=gen)
+    labels[:, :6, :10] = cfg.data.ignore_index  # the same count on every sample: equal DDP shards
+    return images, labels
+
+
+def initial_networks(cfg):
+    torch.manual_seed(0)
+    g = no_dropout(build_generator(cfg.model.generator, cfg.data.num_classes))
+    d = build_discriminator(cfg.model.discriminator, cfg.data.num_classes)
+    return g, d
+
+
+@dataclass
+class Outcome:
+    g_update: dict[str, torch.Tensor]
+    d_update: dict[str, torch.Tensor]
+    adv_grad: torch.Tensor
+
+
+def params(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().float().cpu().clone() for k, v in unwrap(module).named_parameters()}
+
+
+def update(before: dict, module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v - before[k] for k, v in params(module).items()}
+
+
+def reference_outcome(freeze_stats: bool) -> Outcome:
+    cfg = harness_config()
+    g, d = initial_networks(cfg)
+    g.train()
+    if freeze_stats:
+        freeze_batch_statistics(g)
+    g0, d0 = params(g), params(d)
+    adv_grad = reference_step(g, d, *make_batch(cfg), cfg)
+    return Outcome(update(g0, g), update(d0, d), adv_grad)
+
+
+@pytest.fixture(scope="module")
+def references():
+    cache = {}
+
+    def get(freeze_stats: bool) -> Outcome:
+        if freeze_stats not in cache:
+            cache[freeze_stats] = reference_outcome(freeze_stats)
+        return cache[freeze_stats]
+
+    return get
+
+
+@pytest.fixture
+def no_tf32():
+    """float32 on CUDA compared as float32: TF32 convolutions and matmuls off for the test."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+# ----------------------------------------------------------------------------------- one step
+
+
+def capture_adversarial_gradient(discriminator: nn.Module, store: list) -> None:
+    """The gradient reaching D's input in G's update (D's own update feeds it detached maps)."""
+
+    def hook(module, args):
+        if args[0].requires_grad:
+            args[0].register_hook(lambda grad: store.append(grad.detach().float().cpu()))
+
+    unwrap(discriminator).register_forward_pre_hook(hook)
+
+
+def segadv_outcome(case: Case) -> Outcome:
+    cfg = harness_config(*case.overrides)
+    init_g, init_d = initial_networks(cfg)
+    parts = build_training(cfg, parse_device_map(case.device_map))
+    unwrap(parts.generator).load_state_dict(init_g.state_dict())
+    unwrap(parts.discriminator).load_state_dict(init_d.state_dict())
+    no_dropout(parts.generator)
+    if case.freeze_stats:
+        freeze_batch_statistics(unwrap(parts.generator))
+    grads: list[torch.Tensor] = []
+    capture_adversarial_gradient(parts.discriminator, grads)
+    g0, d0 = params(parts.generator), params(parts.discriminator)
+    scale = parts.opt_g.loss_scale()  # the scale G's loss is multiplied by in this step
+    parts.step(*make_batch(cfg), step=0)
+    assert len(grads) == 1, "G's update must send one adversarial gradient through D"
+    return Outcome(update(g0, parts.generator), update(d0, parts.discriminator), grads[0] / scale)
+
+
+# ----------------------------------------------------------------------------------- comparison
+
+
+def flat(tensors: dict[str, torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    if isinstance(tensors, torch.Tensor):
+        return tensors.flatten().double()
+    return torch.cat([t.flatten() for t in tensors.values()]).double()
+
+
+def cosine(a, b) -> float:
+    return float(F.cosine_similarity(flat(a), flat(b), dim=0))
+
+
+def worst_relative_deviation(got, ref) -> float:
+    """max |got - ref| over every element, relative to the reference's largest magnitude."""
+    got, ref = flat(got), flat(ref)
+    return float((got - ref).abs().max() / ref.abs().max())
+
+
+def assert_equivalent(case: Case, got: Outcome, ref: Outcome) -> dict[str, float]:
+    assert got.g_update.keys() == ref.g_update.keys() and got.d_update.keys() == ref.d_update.keys()
+    assert flat(got.adv_grad).abs().max() > 0, "G's adversarial gradient is zero"
+    pairs = {"G update": (got.g_update, ref.g_update), "D update": (got.d_update, ref.d_update),
+             "adversarial gradient": (got.adv_grad, ref.adv_grad)}
+    if case.float32:
+        rtol = FP32_SUMMED_ELSEWHERE_RTOL if case.split_batch or case.device_map != "cpu" else FP32_RTOL
+        worst = {name: worst_relative_deviation(a, b) for name, (a, b) in pairs.items()}
+        assert all(v <= rtol for v in worst.values()), f"float32 deviations {worst} exceed {rtol}"
+        return worst
+    cos = {name: cosine(a, b) for name, (a, b) in pairs.items()}
+    assert all(v >= AMP_MIN_COSINE for v in cos.values()), f"cosine similarities {cos} below {AMP_MIN_COSINE}"
+    return cos
+
+
+@pytest.mark.parametrize("case", [c.param() for c in CASES])
+def test_one_step_matches_the_plain_float32_loop(case, references, no_tf32):
+    got = segadv_outcome(case)
+    figures = assert_equivalent(case, got, references(case.freeze_stats))
+    print(f"{case.name}: {figures}")
+
+
+def test_the_harness_sees_a_zeroed_adversarial_path(references, monkeypatch):
+    """The harness must fail a step whose adversarial gradient never reaches G, even though G's
+    update (dominated by CE) barely changes."""
+    from segadv.engine import step as step_module
+
+    real = step_module.masked_bce_with_logits
+    monkeypatch.setattr(step_module, "masked_bce_with_logits",
+                        lambda logits, target, valid: real(logits, target, valid) * 0.0)
+    with pytest.raises(AssertionError):
+        assert_equivalent(Case("cpu"), segadv_outcome(Case("cpu")), references(False))
+
+
+# ----------------------------------------------------------------------------------- DDP
+
+
+DDP_CASES = [
+    pytest.param("cpu", (), id="ddp-gloo-cpu"),
+    pytest.param("cpu", (*amp("generator", "bfloat16"), *amp("discriminator", "float16")), id="ddp-gloo-cpu-amp"),
+    pytest.param("g:0,d:0", (), id="ddp-cuda", marks=pytest.mark.cuda),
+]
+
+
+@pytest.mark.parametrize("device_map, overrides", DDP_CASES)
+def test_ddp_step_on_two_processes_matches_the_plain_loop(tmp_path, references, device_map, overrides):
+    """Two processes, each with half the batch (gloo on CPU; on CUDA nccl when each rank has a GPU
+    of its own, else gloo over the shared GPU)."""
+    cfg = harness_config(*overrides)
+    init_g, init_d = initial_networks(cfg)
+    images, labels = make_batch(cfg)
+    torch.save({"g": init_g.state_dict(), "d": init_d.state_dict(), "images": images, "labels": labels},
+               tmp_path / "input.pt")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(HERE / "equivalence_worker.py"), str(tmp_path), device_map, *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    for net in ("g", "d"):  # DDP keeps the ranks identical
+        assert all(torch.equal(ranks[0][net][k], ranks[1][net][k]) for k in ranks[0][net]), net
+    g0, d0 = params(init_g), params(init_d)
+    # Each rank's adversarial loss is a mean over its half: the full batch's gradient is half of it.
+    adv_grad = torch.cat([r["adv_grad"] for r in ranks]) / 2
+    got = Outcome({k: ranks[0]["g"][k].float() - g0[k] for k in g0},
+                  {k: ranks[0]["d"][k].float() - d0[k] for k in d0}, adv_grad)
+    case = Case("ddp", device_map, tuple(overrides), split_batch=True)
+    print(f"ddp {device_map} {overrides}: {assert_equivalent(case, got, references(True))}")
+

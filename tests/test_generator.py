@@ -1,0 +1,32 @@
+"""G as segadv builds it: every parameter it keeps takes part in training."""
+
+import pytest
+import torch
+
+from segadv.config.schema import GeneratorConfig
+from segadv.models import build_generator
+
+
+@pytest.mark.parametrize("arch", ["deeplabv3", "deeplabv3plus"])
+@pytest.mark.parametrize("encoder, depth", [("mobilenet_v2", 3), ("mobilenet_v2", 4), ("resnet18", 4)])
+def test_every_parameter_gets_a_gradient_at_a_shallow_encoder_depth(arch, encoder, depth):
+    """smp builds every encoder stage whatever encoder_depth says; the unused ones would never get a
+    gradient (DDP stops on them). segadv drops them."""
+    cfg = GeneratorConfig(arch=arch, encoder=encoder, encoder_depth=depth, decoder_atrous_rates=[1, 2, 3])
+    torch.manual_seed(0)
+    model = build_generator(cfg, num_classes=3)
+    model(torch.randn(2, 3, 64, 64)).sum().backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+
+
+def test_dropping_unused_stages_keeps_the_output():
+    cfg = GeneratorConfig(encoder="mobilenet_v2", encoder_depth=3, decoder_atrous_rates=[1, 2, 3])
+    torch.manual_seed(0)
+    kept = build_generator(cfg, num_classes=3).eval()
+    import segmentation_models_pytorch as smp
+
+    torch.manual_seed(0)
+    plain = smp.DeepLabV3Plus(encoder_name="mobilenet_v2", encoder_depth=3, encoder_weights=None,
+                              decoder_atrous_rates=(1, 2, 3), classes=3).eval()
+    x = torch.randn(1, 3, 64, 64)
+    torch.testing.assert_close(kept(x), plain(x))

@@ -1,0 +1,122 @@
+"""The step's hot path: no host sync, and no asynchronous copy the host could read too early.
+
+On the CPU a host sync cannot be observed directly, so the step is run under a TorchFunctionMode
+that fails on every call that reads a tensor's value on the host (``.item()``, ``.tolist()``,
+``bool()``, ``float()``, ``int()``). The optimizers' own ``step()`` is exempt: the ``.item()`` calls
+there read the CPU step counters torch keeps for every device, which never waits for a GPU. With
+float16 the GradScalers' inf check is one allowed, documented sync per scaled network. On CUDA the
+profiler counts real synchronisations.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from segadv.build import build_training
+from segadv.parallel import parse_device_map, to_device
+
+from test_step import batch
+
+HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
+              torch.Tensor.__int__, torch.Tensor.__index__}
+
+
+class NoHostReads(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.paused = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in HOST_READS and not self.paused:
+            raise AssertionError(f"the step reads a tensor on the host: {func.__name__}")
+        return func(*args, **(kwargs or {}))
+
+
+def exempt_optimizer_steps(parts, mode: NoHostReads) -> None:
+    for opt in (parts.opt_g.optimizer, parts.opt_d.optimizer):
+        opt.register_step_pre_hook(lambda *a: setattr(mode, "paused", True))
+        opt.register_step_post_hook(lambda *a: setattr(mode, "paused", False))
+
+
+@pytest.mark.parametrize("bfloat16", [False, True], ids=["float32", "bfloat16"])
+def test_step_reads_nothing_on_the_host(tiny_cfg, bfloat16):
+    tiny_cfg.amp.generator.enabled = tiny_cfg.amp.discriminator.enabled = bfloat16
+    parts = build_training(tiny_cfg, parse_device_map("cpu"))
+    mode = NoHostReads()
+    exempt_optimizer_steps(parts, mode)
+    images, labels = batch(tiny_cfg)
+    with mode:
+        for step in range(2):
+            parts.step(images, labels, step=step)
+
+
+def test_the_guard_catches_an_item_call(tiny_cfg, monkeypatch):
+    from segadv.engine import step as step_module
+
+    real = step_module.masked_bce_with_logits
+
+    def with_item(logits, target, valid):
+        loss = real(logits, target, valid)
+        loss.item()  # a per-step log line would do this
+        return loss
+
+    monkeypatch.setattr(step_module, "masked_bce_with_logits", with_item)
+    parts = build_training(tiny_cfg, parse_device_map("cpu"))
+    mode = NoHostReads()
+    exempt_optimizer_steps(parts, mode)
+    with pytest.raises(AssertionError, match="item"), mode:
+        parts.step(*batch(tiny_cfg), step=0)
+
+
+class RecordCopies(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.non_blocking_to_cpu = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to and kwargs.get("non_blocking"):
+            target = next((a for a in args[1:] if isinstance(a, (torch.device, str))), kwargs.get("device"))
+            if target is not None and torch.device(target).type == "cpu":
+                self.non_blocking_to_cpu.append(target)
+        return func(*args, **kwargs)
+
+
+def test_no_copy_to_the_cpu_is_non_blocking(tiny_cfg):
+    """A non-blocking CUDA->CPU copy returns before its data arrives; the host reads it at once.
+    Every copy the step makes towards the CPU must block (the CPU map makes the same calls)."""
+    parts = build_training(tiny_cfg, parse_device_map("cpu"))
+    with RecordCopies() as copies:
+        parts.step(*batch(tiny_cfg), step=0)
+    assert copies.non_blocking_to_cpu == []
+
+
+def test_to_device_is_asynchronous_only_towards_cuda():
+    with RecordCopies() as copies:
+        to_device(torch.ones(2), torch.device("cpu"))
+    assert copies.non_blocking_to_cpu == []
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("spec", ["g:cuda:0,d:cuda:0", "g:cuda:0,d:cpu"])
+def test_step_makes_no_cuda_sync(tiny_cfg, spec):
+    """Counted by the profiler: no stream/device synchronisation and no blocking device-to-host
+    copy in a float32 or bfloat16 step on the GPU (a cross-device hop to the CPU is one blocking
+    copy by design, so that map allows exactly the copies it needs)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tiny_cfg.amp.generator.enabled = True  # bfloat16: no scaler
+    parts = build_training(tiny_cfg, parse_device_map(spec))
+    images, labels = batch(tiny_cfg)
+    parts.step(images, labels, step=0)  # warm-up (cuDNN autotuning, allocator)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        parts.step(images, labels, step=1)
+    names = [e.name for e in prof.events()]
+    syncs = [n for n in names if n in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")]
+    if spec.endswith("d:cpu"):
+        assert len(syncs) <= 2, syncs  # G's maps to D (and the loss back): blocking by design
+    else:
+        assert syncs == [], syncs
