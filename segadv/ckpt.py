@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import torch
 import yaml
 
+from segadv.cli_args import parse_args
 from segadv.checkpoint.io import read_checkpoint
 from segadv.checkpoint.loader import WRAPPER_SEGMENTS, describe_weights, find_state_dict, load_weights
 from segadv.checkpoint.state import is_segadv_checkpoint
@@ -120,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     setup_logging()
     if args.command == "inspect":
         print(inspect(args.file, args.trust_checkpoint))

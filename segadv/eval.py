@@ -14,9 +14,10 @@ import sys
 
 from torch import nn
 
+from segadv.cli_args import parse_args
 from segadv.checkpoint import load_weights, read_checkpoint
 from segadv.config import Config, config_from_dict, load_config
-from segadv.data import build_dataloaders, class_names
+from segadv.data import build_val_loader, class_names
 from segadv.engine.evaluate import evaluate
 from segadv.errors import UserError, cli_entry
 from segadv.models import build_generator_for_weights
@@ -53,14 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     setup_logging()
     device_map = parse_device_map(None if args.device is None else f"g:{args.device}")
     activate(device_map)
     ckpt = read_checkpoint(args.checkpoint, trusted=args.trust_checkpoint)
     cfg = resolve_config(ckpt, args.config, args.overrides)
     generator = load_generator(ckpt, cfg, args.checkpoint).to(device_map.generator)
-    _, val_loader = build_dataloaders(cfg.data, seed=cfg.train.seed, pin_memory=False)
+    val_loader = build_val_loader(cfg.data, seed=cfg.train.seed, pin_memory=False)  # no train split needed
     metrics = evaluate(generator, val_loader, device_map.generator, cfg.data.num_classes).metrics
     if args.json:
         print(json.dumps(metrics))

@@ -37,6 +37,7 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 from PIL import Image, ImageOps
 
+from segadv.cli_args import parse_args
 from segadv.errors import UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.export.sidecar import EMBED_FILE, EMBED_KEY, parse_metadata, prepare_input, read_sidecar
@@ -437,7 +438,7 @@ def validate(args: argparse.Namespace) -> None:
 
 @cli_entry
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     _setup_logging()
     validate(args)
     images = find_images(args.input)

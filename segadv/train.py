@@ -17,6 +17,7 @@ from typing import Iterable, Iterator
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from segadv.cli_args import parse_args
 from segadv.build import Training, build_training, log_placement
 from segadv.checkpoint import Checkpointer, load_weights, read_checkpoint, restore_training_state, training_state
 from segadv.config import Config, config_to_dict, dump_config, load_config
@@ -295,7 +296,7 @@ def resolve_config_path(args: argparse.Namespace) -> str | None:
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     if args.nproc_per_node is not None:
         # Re-launch this command through torchrun (torch.distributed.run), one process per rank.
         from segadv.parallel.launch import launch_with_torchrun

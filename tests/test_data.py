@@ -333,3 +333,24 @@ def test_worker_processes_are_deterministic_and_independent():
         for aug, ref in zip(flipped_run[:2], plain[:2])
     ]
     assert flip_bits[0] != flip_bits[1]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_labeled_fraction_loads_with_per_sample_seeded_augmentation(num_workers):
+    """A labeled subset used to reach the DataLoader through Subset.__getitems__ with (index, seed)
+    keys: a crash on the first batch. Each sample is still augmented from its own seed, so the
+    batches do not depend on the number of workers."""
+    flips = [{"name": "HorizontalFlip", "p": 0.5}]
+
+    def epoch(workers: int) -> list[torch.Tensor]:
+        cfg = small_cfg(num_workers=workers, train_transforms=flips, labeled_fraction=0.5)
+        train_loader, _ = build_dataloaders(cfg, seed=3, pin_memory=False)
+        return [image for image, _ in train_loader]
+
+    batches = epoch(num_workers)
+    assert len(batches) == 1  # 6 labeled of 12 -> one full batch of 4
+    assert all(torch.equal(a, b) for a, b in zip(batches, epoch(0)))
+    flipped = small_cfg(train_transforms=flips, labeled_fraction=0.5)
+    seeded = build_dataloaders(flipped, seed=3, pin_memory=False)[0].dataset
+    key = (1, 12345)
+    assert torch.equal(seeded[key][0], seeded[key][0])  # the same (index, seed), the same sample

@@ -8,6 +8,7 @@ from segadv.data.loaders import (
     build_data,
     build_dataloaders,
     build_datasets,
+    build_val_loader,
     check_config,
     class_names,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "build_data",
     "build_datasets",
     "build_dataloaders",
+    "build_val_loader",
     "check_config",
     "class_names",
     "palette",

@@ -21,6 +21,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+from segadv.cli_args import parse_args
 from segadv.config import load_config
 from segadv.config.schema import DataConfig
 from segadv.data.augment import build_transform
@@ -185,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     setup_logging(logging.WARNING)
     cfg = load_config(args.config, args.overrides).data
     check_config(cfg)

@@ -54,6 +54,8 @@ __all__ = [
     "build_data",
     "build_datasets",
     "build_dataloaders",
+    "build_val_dataset",
+    "build_val_loader",
     "check_config",
     "class_names",
     "collect",
@@ -409,6 +411,30 @@ def build_data(cfg: DataConfig, *, run_dir: Optional[Path | str] = None) -> Data
     return bundle
 
 
+def build_val_dataset(cfg: DataConfig) -> Dataset:
+    """The val split alone, with the val pipeline (segadv-eval): the train split is neither listed
+    nor opened, so evaluating needs only the val files. Bad val samples follow ``data.on_error``."""
+    check_config(cfg)
+    val_tf = build_transform(cfg.val_transforms, cfg.mean, cfg.std, _VAL_KEY, ignore_index=cfg.ignore_index)
+    if cfg.kind == "synthetic":
+        syn = cfg.synthetic
+        val = SyntheticShapes("val", syn.val_size, transform=val_tf, image_size=syn.image_size,
+                              num_classes=cfg.num_classes, seed=syn.seed)
+    else:
+        root = data_root(cfg)
+        listing = LISTERS[cfg.kind](cfg, root, "val")
+        samples, bad = scan_headers(listing.samples, "val", with_masks=True)
+        problems = [*listing.problems, *bad]
+        if problems and cfg.on_error == "raise":
+            raise_problems(problems)
+        SkipRecorder().add(problems)  # logged; no run dir to list them in
+        if not samples:
+            raise UserError(f"data: {empty_split_message('val', listing.source, len(bad))}")
+        val = SegmentationFiles("val", samples, LABEL_SPECS[cfg.kind](cfg), val_tf, cfg.on_error)
+    _probe(val, _VAL_KEY)
+    return val
+
+
 def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
     """``(train, val)`` datasets with the train and val augmentation pipelines attached."""
     bundle = build_data(cfg)
@@ -541,17 +567,7 @@ def build_dataloaders(
     # Seed the in-process pipelines too: with num_workers = 0 no worker_init_fn runs.
     seed_transform(getattr(train, "transform", None), seed)
     seed_transform(getattr(val, "transform", None), seed + 1)
-    workers: dict[str, Any] = dict(
-        num_workers=cfg.num_workers,
-        worker_init_fn=seed_worker,
-        pin_memory=bool(pin_memory and cfg.pin_memory),
-    )
-    if cfg.num_workers > 0:
-        workers["persistent_workers"] = cfg.persistent_workers
-        workers["prefetch_factor"] = cfg.prefetch_factor
-        for dataset in (train, val):
-            if hasattr(dataset, "bad"):
-                dataset.bad.share_memory_()  # workers flag skipped samples for the main process
+    workers = _worker_options(cfg, pin_memory, [train, val])
     # Order from (seed, epoch) and augmentation seeded per sample: resumable mid-epoch, and the
     # same whatever the number of workers (segadv/data/resumable.py).
     train_loader = SegLoader(
@@ -564,7 +580,36 @@ def build_dataloaders(
         skipped=bundle.skipped,
         **workers,
     )
-    val_loader = SegLoader(
+    return train_loader, _val_loader(val, cfg, seed, rank, world_size, workers, bundle.skipped)
+
+
+def build_val_loader(cfg: DataConfig, *, seed: int, pin_memory: bool) -> DataLoader:
+    """The val loader alone (see ``build_val_dataset``), exactly as training builds it."""
+    val = build_val_dataset(cfg)
+    seed_transform(getattr(val, "transform", None), seed + 1)
+    return _val_loader(val, cfg, seed, 0, 1, _worker_options(cfg, pin_memory, [val]), None)
+
+
+def _worker_options(cfg: DataConfig, pin_memory: bool, datasets: Sequence[Dataset]) -> dict[str, Any]:
+    workers: dict[str, Any] = dict(
+        num_workers=cfg.num_workers,
+        worker_init_fn=seed_worker,
+        pin_memory=bool(pin_memory and cfg.pin_memory),
+    )
+    if cfg.num_workers > 0:
+        workers["persistent_workers"] = cfg.persistent_workers
+        workers["prefetch_factor"] = cfg.prefetch_factor
+        for dataset in datasets:
+            if hasattr(dataset, "bad"):
+                dataset.bad.share_memory_()  # workers flag skipped samples for the main process
+    return workers
+
+
+def _val_loader(
+    val: Dataset, cfg: DataConfig, seed: int, rank: int, world_size: int, workers: dict[str, Any],
+    skipped: Optional[SkipRecorder],
+) -> DataLoader:
+    return SegLoader(
         val,
         batch_size=cfg.val_batch_size,
         sampler=ShardSampler(len(val), rank, world_size) if world_size > 1 else None,
@@ -573,7 +618,6 @@ def build_dataloaders(
         # Own generator: worker seeds come from it, not from the global torch RNG.
         generator=_generator(seed + 1, rank),
         collate_fn=SameSizeCollate(_VAL_KEY),
-        skipped=bundle.skipped,
+        skipped=skipped,
         **workers,
     )
-    return train_loader, val_loader

@@ -81,7 +81,9 @@ class PerSampleSeeded(Dataset):
         return self.dataset[index]
 
     def __getattr__(self, name: str) -> Any:
-        # Dataset attributes (class_names, transform, ...) stay reachable through the wrapper.
-        if name == "dataset":
+        # Dataset attributes (class_names, transform, ...) stay reachable through the wrapper, but
+        # no protocol hook: a forwarded ``Subset.__getitems__`` would make the DataLoader hand the
+        # inner dataset ``(index, seed)`` keys and skip the per-sample seeding above.
+        if name == "dataset" or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.dataset, name)

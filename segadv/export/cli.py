@@ -20,6 +20,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from segadv.cli_args import parse_args
 from segadv.data import class_names, palette
 from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
@@ -164,7 +165,7 @@ def size_text(path: Path) -> str:
 
 @cli_entry
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     setup_logging()
     output = Path(args.output)
     fmt = resolve_format(args.format, output)
