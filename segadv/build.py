@@ -40,11 +40,11 @@ class Training:
 
 def build_amp_optimizer(
     model: nn.Module, optim: OptimizerConfig, amp: NetworkAmpConfig, device: torch.device, max_steps: int,
-    lr_multiplier: float = 1.0, loss_scaling: bool | None = None,
+    lr_multiplier: float = 1.0, loss_scaling: bool | None = None, name: str = "network",
 ) -> AmpOptimizer:
     optimizer = build_optimizer(model, optim.model_copy(update={"lr": optim.lr * lr_multiplier}))
     scheduler = build_poly_scheduler(optimizer, max_steps, optim.poly_power)
-    return AmpOptimizer(optimizer, scheduler, device, amp, loss_scaling)
+    return AmpOptimizer(optimizer, scheduler, device, amp, loss_scaling, name)
 
 
 def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) -> Training:
@@ -74,9 +74,9 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
     # G's loss passes through D's backward when the adversarial term is on: scale it if D's is fp16.
     g_loss_scaling = uses_float16(cfg.amp.generator) or (cfg.loss.lambda_adv > 0 and uses_float16(cfg.amp.discriminator))
     opt_g = build_amp_optimizer(generator, cfg.optim.generator, cfg.amp.generator, device_map.generator,
-                                max_steps, lr_multiplier, loss_scaling=g_loss_scaling)
+                                max_steps, lr_multiplier, loss_scaling=g_loss_scaling, name="generator")
     opt_d = build_amp_optimizer(discriminator, cfg.optim.discriminator, cfg.amp.discriminator,
-                                device_map.discriminator, max_steps, lr_multiplier)
+                                device_map.discriminator, max_steps, lr_multiplier, name="discriminator")
     step = AdversarialStep(
         wrapped_g,
         wrapped_d,

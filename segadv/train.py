@@ -76,7 +76,9 @@ def train(
     checkpointer = Checkpointer(run_dir, cfg.checkpoint.every, cfg.checkpoint.keep_last)
     if env.is_main:
         checkpointer.remove_stale_temp_files()
-    step = 0 if resume is None else resume_training(resume, checkpointer, parts, trusted)
+    step, resumed_from = (0, None) if resume is None else resume_training(resume, checkpointer, parts, trusted)
+    if env.is_main:
+        checkpointer.archive_later_checkpoints(step, resumed_from)
     distributed.barrier()  # everyone has read the checkpoint before rank 0 writes anything
     if env.is_main:
         dump_config(cfg, run_dir / "config.yaml")
@@ -158,13 +160,16 @@ def initialise_weights(cfg: Config, parts: Training, trusted: bool) -> None:
             load_weights(source.path, module, role=role, exclude=source.exclude, trusted=trusted)
 
 
-def resume_training(resume: str, checkpointer: Checkpointer, parts: Training, trusted: bool) -> int:
-    """Restore networks, optimizers, schedulers, scalers and RNGs; returns the step to continue from."""
+def resume_training(
+    resume: str, checkpointer: Checkpointer, parts: Training, trusted: bool
+) -> tuple[int, Path | None]:
+    """Restore networks, optimizers, schedulers, scalers and RNGs; returns the step to continue
+    from and the file it came from (None: nothing to resume, a fresh start)."""
     if resume == "auto":
         found = checkpointer.newest_loadable(trusted)
         if found is None:
             log.info("--resume auto: no checkpoint in %s, starting fresh", checkpointer.directory)
-            return 0
+            return 0, None
         path, ckpt = found
     else:
         path, ckpt = Path(resume), read_checkpoint(resume, trusted=trusted)
@@ -179,7 +184,7 @@ def resume_training(resume: str, checkpointer: Checkpointer, parts: Training, tr
     elif rng:
         restore_rng_state(rng)
     log.info("resumed from %s at step %d", path, step)
-    return step
+    return step, path
 
 
 def iterate_epochs(loader: Iterable, start_step: int = 0) -> Iterator:

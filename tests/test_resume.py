@@ -144,3 +144,61 @@ def test_sigkill_at_random_moments_never_loses_the_run(tmp_path):
     assert read_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 12
     steps = [r["step"] for r in records(run_dir) if "train/loss_seg" in r]
     assert steps == sorted(set(steps)) and steps[-1] == 12  # no step logged twice
+
+
+# ------------------------------------------------------------------------- a changed config
+
+
+def lrs(run_dir):
+    return {r["step"]: r["train/lr_g"] for r in records(run_dir) if "train/lr_g" in r}
+
+
+def test_resume_with_a_longer_horizon_follows_the_new_poly_schedule(tmp_path, caplog):
+    """The schedule used to come back with the old horizon: the extra steps trained at LR 0."""
+    train(resume_cfg(tmp_path, "grow", "train.max_steps=4", "checkpoint.every=2"))
+    with caplog.at_level("INFO"):
+        result = train(resume_cfg(tmp_path, "grow", "train.max_steps=8", "checkpoint.every=2"), resume="auto")
+    assert result.step == 8 and "horizon 4 steps in the checkpoint, 8 now" in caplog.text
+    cfg = resume_cfg(tmp_path, "grow", "train.max_steps=8")
+    base, power = cfg.optim.generator.lr, cfg.optim.generator.poly_power
+    logged = lrs(tmp_path / "grow")
+    # Logged after step s, i.e. the LR the next step uses: base * (1 - s/8) ** power.
+    for step in (5, 6, 7):
+        assert logged[step] > 0
+        assert logged[step] == pytest.approx(base * (1 - step / 8) ** power, rel=1e-9)
+
+
+def test_auto_resume_after_a_rewind_never_picks_the_abandoned_future(tmp_path):
+    def cfg():
+        return resume_cfg(tmp_path, "rewind", "train.max_steps=8", "checkpoint.every=2", "checkpoint.keep_last=3")
+
+    ckpt_dir = tmp_path / "rewind" / "checkpoints"
+    train(cfg())  # reaches 8
+    train(cfg(), stop_at=4)  # a fresh start in the same dir abandons the whole first run
+    assert sorted(p.name for p in ckpt_dir.glob("*.pt")) == ["last.pt", "step_2.pt", "step_4.pt"]
+    (first_archive,) = (ckpt_dir / "abandoned").iterdir()
+    assert sorted(p.name for p in first_archive.iterdir()) == ["last.pt", "step_4.pt", "step_6.pt", "step_8.pt"]
+
+    train(cfg(), resume="auto")  # on to 8: step_4, step_6, step_8 kept
+    rewound = train(cfg(), resume=str(ckpt_dir / "step_4.pt"), stop_at=6)  # rewind to 4, preempted at 6
+    assert rewound.step == 6 and not (ckpt_dir / "step_8.pt").exists()
+    resumed = train(cfg(), resume="auto", stop_at=7)
+    assert resumed.step == 7  # not 8
+    assert read_checkpoint(ckpt_dir / "last.pt")["step"] == 7
+    assert sorted(p.name for p in ckpt_dir.glob("step_*.pt")) == ["step_4.pt", "step_6.pt"]
+    assert len(list((ckpt_dir / "abandoned").iterdir())) == 2  # nothing deleted
+
+
+@pytest.mark.parametrize("net", ["generator", "discriminator"])
+def test_float16_switched_on_or_off_at_resume_starts_the_scaler_fresh(tmp_path, caplog, net):
+    fp16 = [f"amp.{net}.enabled=true", f"amp.{net}.dtype=float16"]
+    train(resume_cfg(tmp_path, "on", "train.max_steps=2", "checkpoint.every=2"))
+    with caplog.at_level("INFO"):
+        assert train(resume_cfg(tmp_path, "on", "train.max_steps=4", *fp16), resume="auto").step == 4
+    assert "was off in the checkpoint: the GradScaler starts fresh" in caplog.text
+
+    train(resume_cfg(tmp_path, "off", "train.max_steps=2", "checkpoint.every=2", *fp16))
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert train(resume_cfg(tmp_path, "off", "train.max_steps=4"), resume="auto").step == 4
+    assert "loss scaling is off now" in caplog.text

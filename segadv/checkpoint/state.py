@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = "segadv"
 FORMAT_VERSION = 1
+ABANDONED_DIR = "abandoned"
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
@@ -107,6 +110,30 @@ class Checkpointer:
             return []
         found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := STEP_FILE.match(p.name))]
         return sorted(found, reverse=True)
+
+    def archive_later_checkpoints(self, start_step: int, resumed_from: Path | None) -> Path | None:
+        """A run starting at ``start_step`` (0 fresh, else the step of the file it resumed from)
+        abandons every checkpoint here from a later step, and ``last.pt`` unless it is the file
+        resumed from. They move to ``abandoned/from_step_<N>-<time>/`` (nothing is deleted), so
+        ``--resume auto`` and ``keep_last`` never pick a file of the abandoned future: after a
+        rewind to step 500 of a run that once reached 1000, a preemption at 700 resumes at 700.
+        Returns the archive folder, or None when nothing was moved."""
+        later = [path for step, path in self.step_files() if step > start_step]
+        last = self.last_path
+        if last.is_file() and (resumed_from is None or resumed_from.resolve() != last.resolve()):
+            later.append(last)
+        if not later:
+            return None
+        base = self.directory / ABANDONED_DIR / f"from_step_{start_step}-{time.strftime('%Y%m%d-%H%M%S')}"
+        archive, n = base, 1
+        while archive.exists():
+            archive, n = base.with_name(f"{base.name}.{n}"), n + 1
+        archive.mkdir(parents=True)
+        for path in later:
+            os.replace(path, archive / path.name)
+        log.warning("starting at step %d: moved %s (checkpoints of an abandoned later run) to %s",
+                    start_step, ", ".join(p.name for p in later), archive)
+        return archive
 
     def remove_stale_temp_files(self) -> None:
         """Temp files of a write that a crash cut short (the checkpoint they were to replace is

@@ -10,6 +10,7 @@ G itself runs in float32 or bfloat16 (``loss_scaling``, decided in ``build.py``)
 
 from __future__ import annotations
 
+import logging
 import warnings
 from contextlib import AbstractContextManager
 from typing import Any
@@ -18,6 +19,8 @@ import torch
 
 from segadv.config.schema import NetworkAmpConfig
 
+
+log = logging.getLogger(__name__)
 
 # When GradScaler skips an optimizer step on overflow the schedule still advances, as it should;
 # torch warns about that order on the first step only. It is expected here, not a bug.
@@ -36,7 +39,9 @@ class AmpOptimizer:
         device: torch.device,
         amp: NetworkAmpConfig,
         loss_scaling: bool | None = None,
+        name: str = "network",
     ) -> None:
+        self.name = name  # for log lines
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.device = device
@@ -77,4 +82,12 @@ class AmpOptimizer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
+        saved_scaler = state["scaler"]  # {} when saved with loss scaling off
+        if self.scaler.is_enabled() and not saved_scaler:
+            log.info("%s: loss scaling is on now but was off in the checkpoint: the GradScaler starts "
+                     "fresh (scale %g)", self.name, self.scaler.get_scale())
+        elif saved_scaler and not self.scaler.is_enabled():
+            log.info("%s: loss scaling is off now; the checkpoint's scale (%g) is not used",
+                     self.name, saved_scaler.get("scale", float("nan")))
+        else:
+            self.scaler.load_state_dict(saved_scaler)

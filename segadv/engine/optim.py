@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
 from segadv.config.schema import OptimizerConfig
+
+log = logging.getLogger(__name__)
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
@@ -20,8 +24,36 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optim
     raise KeyError(f"unknown optimizer {cfg.name!r}; valid: ['adam', 'adamw', 'sgd']")
 
 
-def build_poly_scheduler(
-    optimizer: torch.optim.Optimizer, max_steps: int, power: float
-) -> torch.optim.lr_scheduler.LRScheduler:
+class PolyLR(torch.optim.lr_scheduler.LRScheduler):
+    """lr = base_lr * (1 - step / total_iters) ** power, in closed form.
+
+    The horizon is the run's config, not its state: a run resumed with another ``train.max_steps``
+    follows the new horizon from the step it resumes at (torch's PolynomialLR would restore the
+    old one, and its chained form cannot change horizon midway), and says so in the log.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, total_iters: int, power: float) -> None:
+        self.total_iters = total_iters
+        self.power = power
+        super().__init__(optimizer)
+
+    def get_lr(self) -> list[float]:
+        progress = min(self.last_epoch, self.total_iters) / self.total_iters
+        return [base_lr * (1.0 - progress) ** self.power for base_lr in self.base_lrs]
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        saved_horizon = state_dict.get("total_iters", self.total_iters)
+        horizon = self.total_iters
+        super().load_state_dict(state_dict)
+        self.total_iters = horizon
+        self._last_lr = self.get_lr()
+        for group, lr in zip(self.optimizer.param_groups, self._last_lr):
+            group["lr"] = lr  # the optimizer's state brought the old horizon's value
+        if saved_horizon != horizon:
+            log.info("poly schedule: horizon %d steps in the checkpoint, %d now (train.max_steps); "
+                     "lr at step %d: %.3g", saved_horizon, horizon, self.last_epoch, self._last_lr[0])
+
+
+def build_poly_scheduler(optimizer: torch.optim.Optimizer, max_steps: int, power: float) -> PolyLR:
     """lr = base_lr * (1 - step / max_steps) ** power, stepped once per training step."""
-    return torch.optim.lr_scheduler.PolynomialLR(optimizer, total_iters=max_steps, power=power)
+    return PolyLR(optimizer, total_iters=max_steps, power=power)
