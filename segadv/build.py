@@ -72,7 +72,9 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
     max_steps = cfg.train.max_steps
     lr_multiplier = float(env.world_size) if cfg.train.lr_scaling == "linear" else 1.0
     # G's loss passes through D's backward when the adversarial term is on: scale it if D's is fp16.
-    g_loss_scaling = uses_float16(cfg.amp.generator) or (cfg.loss.lambda_adv > 0 and uses_float16(cfg.amp.discriminator))
+    g_loss_scaling = uses_float16(cfg.amp.generator) or (
+        cfg.loss.lambda_adv > 0 and uses_float16(cfg.amp.discriminator)
+    )
     opt_g = build_amp_optimizer(generator, cfg.optim.generator, cfg.amp.generator, device_map.generator,
                                 max_steps, lr_multiplier, loss_scaling=g_loss_scaling, name="generator")
     opt_d = build_amp_optimizer(discriminator, cfg.optim.discriminator, cfg.amp.discriminator,

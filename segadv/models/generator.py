@@ -58,7 +58,8 @@ def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3
         _load_encoder_weights(model.encoder, local_weights)
     if cfg.encoder_depth < 5:
         dropped = drop_unused_stages(model, in_channels)
-        log.info("model.generator.encoder_depth=%d: dropped the unused stages %s", cfg.encoder_depth, ", ".join(dropped))
+        log.info("model.generator.encoder_depth=%d: dropped the unused stages %s",
+                 cfg.encoder_depth, ", ".join(dropped))
     return model
 
 
