@@ -18,6 +18,7 @@ from segadv.engine.amp_optimizer import AmpOptimizer, uses_float16
 from segadv.engine.optim import build_optimizer, build_poly_scheduler
 from segadv.engine.step import AdversarialStep
 from segadv.errors import UserError
+from segadv.methods import Method, build_method, passes_generator_loss_through_discriminator
 from segadv.models import build_discriminator, build_generator
 from segadv.parallel import DeviceMap, place_networks
 from segadv.parallel.distributed import DistEnv
@@ -33,7 +34,8 @@ class Training:
     discriminator: nn.Module
     opt_g: AmpOptimizer
     opt_d: AmpOptimizer
-    step: AdversarialStep
+    step: AdversarialStep  # the supervised step (tests and tools/bench.py call it directly)
+    method: Method  # what one training iteration does (cfg.method)
     device_map: DeviceMap
     env: DistEnv
 
@@ -73,7 +75,7 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
     lr_multiplier = float(env.world_size) if cfg.train.lr_scaling == "linear" else 1.0
     # G's loss passes through D's backward when the adversarial term is on: scale it if D's is fp16.
     g_loss_scaling = uses_float16(cfg.amp.generator) or (
-        cfg.loss.lambda_adv > 0 and uses_float16(cfg.amp.discriminator)
+        passes_generator_loss_through_discriminator(cfg) and uses_float16(cfg.amp.discriminator)
     )
     opt_g = build_amp_optimizer(generator, cfg.optim.generator, cfg.amp.generator, device_map.generator,
                                 max_steps, lr_multiplier, loss_scaling=g_loss_scaling, name="generator")
@@ -90,7 +92,8 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
         lambda_adv=cfg.loss.lambda_adv,
         adv_warmup_steps=cfg.loss.adv_warmup_steps,
     )
-    return Training(wrapped_g, wrapped_d, opt_g, opt_d, step, device_map, env)
+    method = build_method(cfg, step, wrapped_g, wrapped_d, opt_g, opt_d, device_map)
+    return Training(wrapped_g, wrapped_d, opt_g, opt_d, step, method, device_map, env)
 
 
 def log_placement(parts: Training) -> None:

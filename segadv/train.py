@@ -10,10 +10,10 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
-from itertools import count
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
+import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -21,10 +21,12 @@ from segadv.cli_args import parse_args
 from segadv.build import Training, build_training, log_placement
 from segadv.checkpoint import Checkpointer, load_weights, read_checkpoint, restore_training_state, training_state
 from segadv.config import Config, config_to_dict, dump_config, load_config
-from segadv.data import build_dataloaders, palette
+from segadv.data import build_stream_loaders, palette
+from segadv.data.streams import Stream, Streams, iterate_epochs  # noqa: F401  (iterate_epochs: re-export)
 from segadv.engine.evaluate import evaluate
 from segadv.errors import UserError, cli_entry
-from segadv.monitor.images import segmentation_panel
+from segadv.methods import stream_batch_sizes
+from segadv.monitor.images import confidence_panel, segmentation_panel
 from segadv.monitor.meters import LossAverager, StepTimer
 from segadv.monitor.progress import Progress
 from segadv.monitor.writer import MetricWriter, NullWriter
@@ -66,17 +68,21 @@ def train(
     run_dir = prepare_run_dir(cfg, config_name)
     log.info("run dir: %s; device map: %s", run_dir, device_map)
 
-    train_loader, val_loader = build_dataloaders(
-        cfg.data, seed=cfg.train.seed, pin_memory=device_map.generator.type == "cuda", run_dir=run_dir,
-        rank=env.rank, world_size=env.world_size,
-    )
     parts = build_training(cfg, device_map, env)
+    loaders, val_loader = build_stream_loaders(
+        cfg.data, parts.method.streams, seed=cfg.train.seed, pin_memory=device_map.generator.type == "cuda",
+        run_dir=run_dir, rank=env.rank, world_size=env.world_size, batch_sizes=stream_batch_sizes(cfg),
+    )
+    streams = Streams({name: Stream(name, loader) for name, loader in loaders.items()})
+    panel_images = first_images(streams[parts.method.panel_stream], cfg.log.num_images) \
+        if parts.method.panel_stream and cfg.log.num_images else None
     initialise_weights(cfg, parts, trusted)
     log_placement(parts)
     checkpointer = Checkpointer(run_dir, cfg.checkpoint.every, cfg.checkpoint.keep_last)
     if env.is_main:
         checkpointer.remove_stale_temp_files()
-    step, resumed_from = (0, None) if resume is None else resume_training(resume, checkpointer, parts, trusted)
+    step, resumed_from = (0, None) if resume is None else resume_training(
+        resume, checkpointer, parts, streams, trusted)
     if env.is_main:
         checkpointer.archive_later_checkpoints(step, resumed_from)
     distributed.barrier()  # everyone has read the checkpoint before rank 0 writes anything
@@ -92,22 +98,20 @@ def train(
         if env.is_main:
             checkpointer.save(at_step, training_state(
                 at_step, parts.generator, parts.discriminator, parts.opt_g, parts.opt_d, config_dict, rng=rng,
+                data_streams=streams.state_dict(),
             ))
         distributed.barrier()  # nobody races ahead of (or exits before) the write
 
     max_steps = cfg.train.max_steps
     progress = Progress(max_steps, start=step, bar=cfg.log.progress_bar if env.is_main else False)
     losses, timer = LossAverager(), StepTimer()
-    batches = iterate_epochs(train_loader, start_step=step)
     val_metrics: dict[str, object] = {}
     stopped_by: str | None = None
     with StopRequests() as stop:
         try:
             while step < max_steps:
-                t_data = time.perf_counter()
-                images, labels = next(batches)
-                timer.add_data_wait(time.perf_counter() - t_data)
-                losses.update(parts.step(images, labels, step).as_dict())
+                losses.update(parts.method(streams, step))
+                timer.add_data_wait(streams.pop_wait())
                 step += 1
                 final = step == max_steps
                 log_now = step % cfg.train.log_every == 0 or final
@@ -121,6 +125,8 @@ def train(
                     log_training(writer, progress, parts, step, losses.pop_means(), timer.pop())
                 if step % cfg.train.eval_every == 0 or final:
                     val_metrics = run_evaluation(cfg, parts, val_loader, writer, progress, step)
+                    if panel_images is not None:
+                        log_method_panel(cfg, parts, panel_images, writer, step)
                 if checkpointer.due(step, final) or interrupted:
                     save(step)
                 if interrupted:
@@ -161,10 +167,10 @@ def initialise_weights(cfg: Config, parts: Training, trusted: bool) -> None:
 
 
 def resume_training(
-    resume: str, checkpointer: Checkpointer, parts: Training, trusted: bool
+    resume: str, checkpointer: Checkpointer, parts: Training, streams: Streams, trusted: bool
 ) -> tuple[int, Path | None]:
-    """Restore networks, optimizers, schedulers, scalers and RNGs; returns the step to continue
-    from and the file it came from (None: nothing to resume, a fresh start)."""
+    """Restore networks, optimizers, schedulers, scalers, data stream positions and RNGs; returns
+    the step to continue from and the file it came from (None: nothing to resume, a fresh start)."""
     if resume == "auto":
         found = checkpointer.newest_loadable(trusted)
         if found is None:
@@ -174,6 +180,7 @@ def resume_training(
     else:
         path, ckpt = Path(resume), read_checkpoint(resume, trusted=trusted)
     step = restore_training_state(ckpt, parts.generator, parts.discriminator, parts.opt_g, parts.opt_d)
+    streams.load_state_dict(ckpt.get("data_streams"), step)
     rng = ckpt.get("rng")
     if isinstance(rng, list):  # one state per rank
         if len(rng) == parts.env.world_size:
@@ -185,25 +192,6 @@ def resume_training(
         restore_rng_state(rng)
     log.info("resumed from %s at step %d", path, step)
     return step, path
-
-
-def iterate_epochs(loader: Iterable, start_step: int = 0) -> Iterator:
-    """Batches forever, epoch after epoch, starting ``start_step`` batches in (resume).
-
-    The sampler is told the epoch, and on resume how many of its samples to skip, so the
-    resumed run sees exactly the batches the uninterrupted run would have seen.
-    """
-    sampler = getattr(loader, "sampler", None)
-    per_epoch = len(loader)
-    first_epoch, offset = divmod(start_step, per_epoch)
-    for epoch in count(first_epoch):
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-        if epoch == first_epoch and offset:
-            if not hasattr(sampler, "skip_next"):
-                raise RuntimeError("resuming mid-epoch needs a sampler with skip_next()")
-            sampler.skip_next(offset * loader.batch_size)
-        yield from loader
 
 
 def log_training(
@@ -240,6 +228,21 @@ def run_evaluation(
         writer.image(step, "val/input_gt_pred", panel)
     progress.write(f"step {step}: val mIoU {metrics['mIoU']:.4f}, pixel accuracy {metrics['pixel_acc']:.4f}")
     return metrics
+
+
+def first_images(stream: Stream, count: int) -> torch.Tensor:
+    """The stream's first ``count`` images, fixed for the whole run (a method's panel), read
+    without moving the stream."""
+    dataset = stream.loader.dataset
+    samples = [dataset[(i, 0)] for i in range(min(count, len(dataset)))]
+    return torch.stack([s[0] if isinstance(s, (tuple, list)) else s for s in samples])
+
+
+def log_method_panel(cfg: Config, parts: Training, images: torch.Tensor, writer: MetricWriter, step: int) -> None:
+    maps = parts.method.panel(images)
+    if maps is not None:
+        panel = confidence_panel(maps, palette(cfg.data.num_classes), cfg.data.mean, cfg.data.std)
+        writer.image(step, maps.tag, panel)
 
 
 def generator_for_evaluation(parts: Training) -> nn.Module:

@@ -131,6 +131,19 @@ def test_cli_ddp_run_writes_one_checkpoint_set_and_one_event_file(tmp_path):
     assert not any(k.startswith("module.") for k in ckpt["generator"])
 
 
+def test_cli_ddp_advsemiseg_shards_and_checkpoints_its_three_streams(tmp_path):
+    """AdvSemiSeg under DDP (gloo, 2 ranks): 8 labeled and 8 unlabeled samples, 4 per rank, 2
+    batches per rank and epoch; 5 iterations cycle every stream."""
+    run_dir = tmp_path / "ddp-semi"
+    run(train_cli(run_dir, "train.max_steps=5", "checkpoint.every=5", "method.name=advsemiseg",
+                  "data.labeled_fraction=0.5", "method.advsemiseg.semi_start=2", "--nproc-per-node", "2"))
+    ckpt = read_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert ckpt["data_streams"] == {name: {"batches": 5} for name in ("labeled", "unlabeled", "gt")}
+    last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if "train/loss_semi" in line][-1]
+    assert last["train/loss_semi"] > 0 and 0 <= last["train/semi_pixel_ratio"] <= 1
+
+
 def test_ddp_without_a_multi_process_launch_is_a_user_error(tmp_path):
     result = subprocess.run(train_cli(tmp_path / "x", "parallel.generator=ddp"), capture_output=True, text=True,
                             timeout=120)

@@ -383,3 +383,109 @@ def test_ddp_step_on_two_processes_matches_the_plain_loop(tmp_path, references, 
     case = Case("ddp", device_map, tuple(overrides), split_batch=True)
     print(f"ddp {device_map} {overrides}: {assert_equivalent(case, got, references(True))}")
 
+
+
+# ----------------------------------------------------------------------------------- AdvSemiSeg
+
+# The semi-supervised iteration under the same placements, wrappers and precisions. Every term is
+# on at step 0; mask_threshold 0 lets every pixel through (near-tie pixels would flip under reduced
+# precision; that the mask is exact is tested in test_advsemiseg.py), so what is compared is the
+# wiring: the unlabeled forward on G's device, D's confidence on D's, the pseudo labels back on G's.
+SEMI_OVERRIDES = ("method.name=advsemiseg", "method.advsemiseg.semi_start=0", "method.advsemiseg.semi_start_adv=0",
+                  "method.advsemiseg.lambda_semi=0.1", f"method.advsemiseg.lambda_semi_adv={LAMBDA_ADV}",
+                  "method.advsemiseg.mask_threshold=0.0", "data.labeled_fraction=0.5")
+SEMI_CASES = [c for c in CASES if c.name in {
+    "cpu", "cpu-dataparallel", "both-bf16", "g-bf16-d-fp16", "g:cuda:0,d:cpu", "g:cpu,d:cuda:0",
+    "cuda-both-fp16", "g:1,d:0", "g:0+1,d:1"}]
+
+
+def make_semi_batches(cfg):
+    images_l, labels_l = make_batch(cfg)
+    gen = torch.Generator().manual_seed(6)
+    images_u = torch.randn(BATCH, 3, *images_l.shape[2:], generator=gen)
+    labels_gt = torch.randint(0, cfg.data.num_classes, labels_l.shape, generator=gen)
+    labels_gt[:, -4:] = cfg.data.ignore_index
+    return images_l, labels_l, images_u, labels_gt
+
+
+def reference_semi_step(g: nn.Module, d: nn.Module, images_l, labels_l, images_u, labels_gt, cfg) -> torch.Tensor:
+    """One AdvSemiSeg iteration on the CPU in float32, plainly; returns the adversarial gradient
+    at D's input (labeled and unlabeled maps)."""
+    num_classes, ignore, semi = cfg.data.num_classes, cfg.data.ignore_index, cfg.method.advsemiseg
+    opt_g, opt_d = plain_optimizer(g, cfg.optim.generator), plain_optimizer(d, cfg.optim.discriminator)
+    n = len(images_l)
+    valid_l = (labels_l != ignore).float()
+    every = torch.ones(len(images_u), *labels_l.shape[1:])
+
+    logits = g(torch.cat([images_l, images_u]))
+    probs = logits.softmax(dim=1)
+    d_out = d(probs)
+    loss_adv = LAMBDA_ADV * masked_bce(d_out[:n], 1.0, valid_l) + semi.lambda_semi_adv * masked_bce(d_out[n:], 1.0, every)
+    confidence = torch.sigmoid(d_out[n:, 0]).detach()
+    pseudo = logits[n:].detach().argmax(dim=1)
+    pseudo[confidence < semi.mask_threshold] = ignore
+    loss_g = (F.cross_entropy(logits[:n], labels_l, ignore_index=ignore) + loss_adv
+              + semi.lambda_semi * F.cross_entropy(logits[n:], pseudo, ignore_index=ignore))
+    (adv_grad,) = torch.autograd.grad(loss_adv, probs, retain_graph=True)
+    grads = torch.autograd.grad(loss_g, list(g.parameters()))
+    for p, grad in zip(g.parameters(), grads):
+        p.grad = grad
+    opt_g.step()
+
+    valid_gt = (labels_gt != ignore).float()
+    onehot = F.one_hot(labels_gt.clamp(0, num_classes - 1), num_classes).permute(0, 3, 1, 2).float() * valid_gt[:, None]
+    loss_d = 0.5 * (masked_bce(d(probs.detach()), 0.0, torch.cat([valid_l, every])) + masked_bce(d(onehot), 1.0, valid_gt))
+    opt_d.zero_grad()
+    loss_d.backward()
+    opt_d.step()
+    return adv_grad
+
+
+class FixedStream:
+    def __init__(self, batch):
+        self.batch = batch
+
+    def next(self):
+        return self.batch
+
+
+@pytest.fixture(scope="module")
+def semi_references():
+    cache = {}
+
+    def get(freeze_stats: bool) -> Outcome:
+        if freeze_stats not in cache:
+            cfg = harness_config(*SEMI_OVERRIDES)
+            g, d = initial_networks(cfg)
+            g.train()
+            if freeze_stats:
+                freeze_batch_statistics(g)
+            g0, d0 = params(g), params(d)
+            adv_grad = reference_semi_step(g, d, *make_semi_batches(cfg), cfg)
+            cache[freeze_stats] = Outcome(update(g0, g), update(d0, d), adv_grad)
+        return cache[freeze_stats]
+
+    return get
+
+
+@pytest.mark.parametrize("case", [c.param() for c in SEMI_CASES])
+def test_advsemiseg_iteration_matches_the_plain_float32_loop(case, semi_references, no_tf32):
+    cfg = harness_config(*SEMI_OVERRIDES, *case.overrides)
+    init_g, init_d = initial_networks(cfg)
+    parts = build_training(cfg, parse_device_map(case.device_map))
+    unwrap(parts.generator).load_state_dict(init_g.state_dict())
+    unwrap(parts.discriminator).load_state_dict(init_d.state_dict())
+    no_dropout(parts.generator)
+    if case.freeze_stats:
+        freeze_batch_statistics(unwrap(parts.generator))
+    grads: list[torch.Tensor] = []
+    capture_adversarial_gradient(parts.discriminator, grads)
+    g0, d0 = params(parts.generator), params(parts.discriminator)
+    scale = parts.opt_g.loss_scale()
+    images_l, labels_l, images_u, labels_gt = make_semi_batches(cfg)
+    streams = {"labeled": FixedStream((images_l, labels_l)), "unlabeled": FixedStream(images_u),
+               "gt": FixedStream((images_u, labels_gt))}
+    out = parts.method(streams, step=0)
+    assert len(grads) == 1 and out["semi_pixel_ratio"].item() == 1.0
+    got = Outcome(update(g0, parts.generator), update(d0, parts.discriminator), grads[0] / scale)
+    print(f"advsemiseg {case.name}: {assert_equivalent(case, got, semi_references(case.freeze_stats))}")

@@ -120,3 +120,31 @@ def test_step_makes_no_cuda_sync(tiny_cfg, spec):
         assert len(syncs) <= 2, syncs  # G's maps to D (and the loss back): blocking by design
     else:
         assert syncs == [], syncs
+
+
+@pytest.mark.parametrize("bfloat16", [False, True], ids=["float32", "bfloat16"])
+def test_advsemiseg_iteration_reads_nothing_on_the_host(tiny_cfg, bfloat16):
+    """Every AdvSemiSeg term on (pseudo labels, confidence mask, pixel ratio stay on the device)."""
+    from segadv.config import load_config
+
+    from conftest import TINY_OVERRIDES
+
+    cfg = load_config(None, [*TINY_OVERRIDES, "method.name=advsemiseg", "method.advsemiseg.semi_start=0"])
+    cfg.amp.generator.enabled = cfg.amp.discriminator.enabled = bfloat16
+    parts = build_training(cfg, parse_device_map("cpu"))
+    images, labels = batch(cfg)
+
+    class Fixed:
+        def __init__(self, value):
+            self.value = value
+
+        def next(self):
+            return self.value
+
+    streams = {"labeled": Fixed((images, labels)), "unlabeled": Fixed(images), "gt": Fixed((images, labels))}
+    mode = NoHostReads()
+    exempt_optimizer_steps(parts, mode)
+    with mode:
+        for step in range(2):
+            out = parts.method(streams, step=step)
+    assert set(out) >= {"loss_semi", "loss_semi_adv", "semi_pixel_ratio"}

@@ -56,6 +56,33 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, workers):
     assert [r["step"] for r in records(second.run_dir)].count(4) == 1
 
 
+SEMI_LOSSES = (*LOSSES, "train/loss_semi", "train/loss_semi_adv", "train/semi_pixel_ratio")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_advsemiseg_resumes_each_of_its_three_streams_exactly(tmp_path, workers):
+    """AdvSemiSeg draws labeled, unlabeled (from step 2 on only) and gt batches, each stream with
+    its own epoch length; 7 steps in one go equal 5 + resume + 2, bitwise."""
+    extra = [f"data.num_workers={workers}", "train.max_steps=7", "method.name=advsemiseg",
+             "data.labeled_fraction=0.5", "method.advsemiseg.unlabeled_batch_size=3",
+             "method.advsemiseg.semi_start_adv=2", "method.advsemiseg.semi_start=3",
+             "method.advsemiseg.mask_threshold=0.5"]
+    full = train(resume_cfg(tmp_path, "full", *extra))
+    first = train(resume_cfg(tmp_path, "split", *extra), stop_at=5)  # mid-epoch in every stream
+    ckpt = read_checkpoint(tmp_path / "split" / "checkpoints" / "last.pt")
+    assert ckpt["data_streams"] == {"labeled": {"batches": 5}, "unlabeled": {"batches": 3}, "gt": {"batches": 5}}
+    second = train(resume_cfg(tmp_path, "split", *extra), resume="auto")
+    assert (full.step, first.step, second.step) == (7, 5, 7)
+
+    def losses(run_dir):
+        return {r["step"]: tuple(r[k] for k in SEMI_LOSSES) for r in records(run_dir) if "train/loss_seg" in r}
+
+    expected, got = losses(full.run_dir), losses(second.run_dir)
+    assert sorted(got) == list(range(1, 8))
+    assert got == expected
+    assert expected[7][3] != 0  # the self-training term was on
+
+
 def test_resume_auto_without_checkpoints_starts_fresh(tmp_path, caplog):
     with caplog.at_level("INFO"):
         result = train(resume_cfg(tmp_path, "fresh", "train.max_steps=2"), resume="auto")

@@ -33,8 +33,10 @@ def training_state(
     opt_d: AmpOptimizer,
     config: dict[str, Any],
     rng: dict[str, Any] | None = None,
+    data_streams: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything needed to resume; network weights are unwrapped (never a ``module.`` prefix)."""
+    """Everything needed to resume; network weights are unwrapped (never a ``module.`` prefix).
+    ``data_streams``: each data stream's position (``Streams.state_dict()``)."""
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -45,6 +47,7 @@ def training_state(
         "optim_generator": opt_g.state_dict(),
         "optim_discriminator": opt_d.state_dict(),
         "rng": rng or {},
+        "data_streams": data_streams,  # None: positions unknown, resume assumes one batch a step
         "config": config,
     }
 

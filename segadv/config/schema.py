@@ -139,6 +139,34 @@ class LossConfig(Section):
     adv_warmup_steps: int = Field(0, ge=0)  # G's update ignores D until this many steps have run
 
 
+class AdvSemiSegConfig(Section):
+    """AdvSemiSeg's semi-supervised part (Hung et al., 2018); defaults are the reference's."""
+
+    # Self-training: CE of G on its own argmax where D's confidence sigmoid(D(softmax G(x_u)))
+    # reaches mask_threshold, from step semi_start on.
+    lambda_semi: float = Field(0.1, ge=0)
+    mask_threshold: float = Field(0.2, ge=0, le=1)
+    semi_start: int = Field(5000, ge=0)
+    # Adversarial term on unlabeled predictions (G tries to make them look real), from semi_start_adv.
+    lambda_semi_adv: float = Field(0.001, ge=0)
+    semi_start_adv: int = Field(0, ge=0)
+    # D also takes G's unlabeled predictions as fake (the reference's --D-remain, on by default).
+    d_sees_unlabeled: bool = True
+    unlabeled_batch_size: Optional[int] = Field(None, gt=0)  # None: data.batch_size
+
+
+class MethodConfig(Section):
+    """What one training iteration does (README "Methods").
+
+    supervised: CE + lambda_adv * adversarial on labeled images, D on G's maps vs the same batch's
+    labels (``loss.lambda_adv: 0`` is the CE-only baseline). advsemiseg: AdvSemiSeg's iteration
+    with three data streams (labeled, unlabeled, and a labeled batch D sees as real).
+    """
+
+    name: Literal["supervised", "advsemiseg"] = "supervised"
+    advsemiseg: AdvSemiSegConfig = AdvSemiSegConfig()
+
+
 class NetworkAmpConfig(Section):
     enabled: bool = False
     dtype: Literal["float16", "bfloat16"] = "bfloat16"
@@ -206,6 +234,7 @@ class Config(Section):
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
     loss: LossConfig = LossConfig()
+    method: MethodConfig = MethodConfig()
     amp: AmpConfig = AmpConfig()
     parallel: ParallelConfig = ParallelConfig()
     train: TrainConfig = TrainConfig()

@@ -43,7 +43,7 @@ from segadv.data.files import (
     probe_mask,
 )
 from segadv.data.layouts import FIXED_CLASSES, LABEL_SPECS, LISTERS, folder_class_names
-from segadv.data.resumable import PerSampleSeeded, ResumableSampler
+from segadv.data.resumable import PerSampleSeeded, ResumableSampler, derived_seed
 from segadv.data.splits import split_labeled
 from segadv.data.synthetic import SHAPE_CLASSES, SyntheticShapes, palette
 from segadv.errors import UserError
@@ -54,6 +54,7 @@ __all__ = [
     "build_data",
     "build_datasets",
     "build_dataloaders",
+    "build_stream_loaders",
     "build_val_dataset",
     "build_val_loader",
     "check_config",
@@ -285,6 +286,11 @@ class _ImagesOnly(Dataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         return self.dataset[i][0]
 
+    @property
+    def transform(self) -> Any:
+        # Reachable, so PerSampleSeeded seeds the augmentation of each unlabeled sample too.
+        return getattr(self.dataset, "transform", None)
+
 
 @dataclass
 class DataBundle:
@@ -471,7 +477,8 @@ class SameSizeCollate:
         self.key = key
 
     def __call__(self, batch: Sequence[Any]) -> Any:
-        shapes = {tuple(sample[0].shape) for sample in batch}
+        # A sample is (image, mask), or an image alone (the unlabeled stream).
+        shapes = {tuple((sample[0] if isinstance(sample, (tuple, list)) else sample).shape) for sample in batch}
         if len(shapes) > 1:
             raise UserError(
                 f"{self.key}: samples in one batch have different sizes {sorted(shapes)}; "
@@ -546,41 +553,96 @@ def build_dataloaders(
     rank: int = 0,
     world_size: int = 1,
 ) -> tuple[DataLoader, DataLoader]:
-    """``(train, val)`` loaders; train shuffles deterministically from ``seed`` and (with
-    ``data.drop_last``) drops the last partial batch (D and BatchNorm prefer full batches).
+    """``(train, val)`` loaders: the labeled stream of ``build_stream_loaders`` and val."""
+    streams, val = build_stream_loaders(
+        cfg, ("labeled",), seed=seed, pin_memory=pin_memory, run_dir=run_dir, rank=rank, world_size=world_size
+    )
+    return streams["labeled"], val
+
+
+# Each stream's shuffle and augmentation seeds derive from the training seed and its own word, so
+# the streams are independent of each other; labeled keeps the training seed itself.
+STREAM_SEED_WORDS = {"labeled": None, "unlabeled": 1, "gt": 2}
+
+
+def stream_seed(seed: int, stream: str) -> int:
+    word = STREAM_SEED_WORDS[stream]
+    return seed if word is None else derived_seed(seed, word)
+
+
+def build_stream_loaders(
+    cfg: DataConfig,
+    streams: Sequence[str],
+    *,
+    seed: int,
+    pin_memory: bool,
+    run_dir: Optional[Path | str] = None,
+    rank: int = 0,
+    world_size: int = 1,
+    batch_sizes: Optional[dict[str, int]] = None,
+) -> tuple[dict[str, DataLoader], DataLoader]:
+    """A training loader per named stream, and the val loader.
+
+    Streams: ``labeled`` (images and masks of the labeled split), ``unlabeled`` (images of the
+    unlabeled pool; their masks are never read) and ``gt`` (the labeled split again, in its own
+    order: the labels D sees as real). Each shuffles deterministically from its own seed, is
+    sharded per rank and (with ``data.drop_last``) drops its last partial batch (D and BatchNorm
+    prefer full batches). ``batch_sizes``: per stream, default ``data.batch_size``.
 
     ``pin_memory``: whether a CUDA device will consume the batches (and ``data.pin_memory``
     allows it). With ``world_size`` > 1 each rank gets its shard of train and of val, and only
     rank 0 writes ``data_split.json`` / ``skipped.json`` (other ranks log their skips).
     """
     bundle = build_data(cfg, run_dir=run_dir if rank == 0 else None)
-    train, val = bundle.train, bundle.val
-    per_rank = len(train) // world_size
-    if cfg.drop_last and cfg.batch_size > per_rank:
-        source = (f"data.synthetic.train_size = {len(train)}" if isinstance(train, SyntheticShapes)
-                  else f"{len(train)} labeled samples")
-        ranks = f" over {world_size} ranks" if world_size > 1 else ""
-        raise UserError(
-            f"data.batch_size: {cfg.batch_size} is larger than the training set "
-            f"({source}{ranks}), so no full batch exists"
+    sources = {"labeled": bundle.train, "gt": bundle.train, "unlabeled": bundle.unlabeled}
+    val = bundle.val
+    loaders: dict[str, DataLoader] = {}
+    for name in streams:
+        if name not in sources:
+            raise KeyError(f"unknown data stream {name!r}; streams: {', '.join(sources)}")
+        dataset = sources[name]
+        if dataset is None:
+            raise UserError(
+                "data.labeled_fraction: the method draws unlabeled images but every training sample "
+                "is labeled; set data.labeled_fraction below 1 or give data.labeled_list"
+            )
+        batch_size = (batch_sizes or {}).get(name, cfg.batch_size)
+        _check_batch_size(cfg, dataset, name, batch_size, world_size)
+        stream_seed_ = stream_seed(seed, name)
+        # Seed the in-process pipeline too: with num_workers = 0 no worker_init_fn runs.
+        seed_transform(getattr(dataset, "transform", None), stream_seed_)
+        workers = _worker_options(cfg, pin_memory, [dataset])
+        # Order from (seed, epoch) and augmentation seeded per sample: resumable mid-epoch, and
+        # the same whatever the number of workers (segadv/data/resumable.py).
+        loaders[name] = SegLoader(
+            PerSampleSeeded(dataset),
+            batch_size=batch_size,
+            sampler=ResumableSampler(len(dataset), seed=stream_seed_, shuffle=True, rank=rank,
+                                     world_size=world_size),
+            drop_last=cfg.drop_last,
+            generator=_generator(stream_seed_, rank),
+            collate_fn=SameSizeCollate(_TRAIN_KEY),
+            skipped=bundle.skipped,
+            **workers,
         )
-    # Seed the in-process pipelines too: with num_workers = 0 no worker_init_fn runs.
-    seed_transform(getattr(train, "transform", None), seed)
     seed_transform(getattr(val, "transform", None), seed + 1)
-    workers = _worker_options(cfg, pin_memory, [train, val])
-    # Order from (seed, epoch) and augmentation seeded per sample: resumable mid-epoch, and the
-    # same whatever the number of workers (segadv/data/resumable.py).
-    train_loader = SegLoader(
-        PerSampleSeeded(train),
-        batch_size=cfg.batch_size,
-        sampler=ResumableSampler(len(train), seed=seed, shuffle=True, rank=rank, world_size=world_size),
-        drop_last=cfg.drop_last,
-        generator=_generator(seed, rank),
-        collate_fn=SameSizeCollate(_TRAIN_KEY),
-        skipped=bundle.skipped,
-        **workers,
+    workers = _worker_options(cfg, pin_memory, [val])
+    return loaders, _val_loader(val, cfg, seed, rank, world_size, workers, bundle.skipped)
+
+
+def _check_batch_size(cfg: DataConfig, dataset: Dataset, stream: str, batch_size: int, world_size: int) -> None:
+    if not cfg.drop_last or batch_size <= len(dataset) // world_size:
+        return
+    if stream == "unlabeled":
+        key, source = "method.advsemiseg.unlabeled_batch_size", f"{len(dataset)} unlabeled samples"
+    else:
+        key = "data.batch_size"
+        source = (f"data.synthetic.train_size = {len(dataset)}" if isinstance(dataset, SyntheticShapes)
+                  else f"{len(dataset)} labeled samples")
+    ranks = f" over {world_size} ranks" if world_size > 1 else ""
+    raise UserError(
+        f"{key}: {batch_size} is larger than the {stream} set ({source}{ranks}), so no full batch exists"
     )
-    return train_loader, _val_loader(val, cfg, seed, rank, world_size, workers, bundle.skipped)
 
 
 def build_val_loader(cfg: DataConfig, *, seed: int, pin_memory: bool) -> DataLoader:

@@ -20,3 +20,22 @@ def masked_bce_with_logits(logits: torch.Tensor, target: float, valid: torch.Ten
     weights = valid.to(per_pixel.dtype)
     # clamp instead of branching on the count: no host sync on the hot path.
     return (per_pixel * weights).sum() / weights.sum().clamp_min(1.0)
+
+
+def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """Mean CE over the pixels that are not ``ignore_index``; 0 (not NaN) when every pixel is.
+
+    For pseudo labels, where a batch with no confident pixel is normal: F.cross_entropy's mean
+    would be 0/0, and branching on the count would cost a host sync.
+    """
+    per_pixel = F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="none")
+    count = (labels != ignore_index).sum()
+    return per_pixel.sum() / count.clamp_min(1).to(per_pixel.dtype)
+
+
+def pseudo_labels(
+    logits: torch.Tensor, confidence: torch.Tensor, threshold: float, ignore_index: int
+) -> torch.Tensor:
+    """G's argmax as labels, ``ignore_index`` where D's confidence (N,H,W) is below ``threshold``."""
+    labels = logits.detach().argmax(dim=1)
+    return torch.where(confidence < threshold, torch.full_like(labels, ignore_index), labels)

@@ -52,6 +52,22 @@ def frozen(module: nn.Module) -> Iterator[None]:
             p.requires_grad_(True)
 
 
+def generator_logits(generator: nn.Module, opt_g: AmpOptimizer, images: torch.Tensor) -> torch.Tensor:
+    """G's forward under its own autocast; float32 logits (losses and softmax in full precision)."""
+    with opt_g.autocast():
+        logits = generator(images)
+    return logits.float()
+
+
+def discriminator_view(discriminator: nn.Module, opt_d: AmpOptimizer, maps: torch.Tensor) -> torch.Tensor:
+    """D's logits on G's maps for G's update: D frozen, so the gradient reaches only G.
+
+    Through the bare module: a frozen D must not take part in D's wrapper's gradient sync.
+    """
+    with frozen(discriminator), opt_d.autocast():
+        return unwrap(discriminator)(maps)
+
+
 class AdversarialStep:
     def __init__(
         self,
@@ -101,17 +117,13 @@ class AdversarialStep:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Returns G's detached probabilities on D's device, the CE loss and the adversarial loss
         (None while the adversarial term is off)."""
-        with self.opt_g.autocast():
-            logits = self.generator(images)
-        logits = logits.float()
+        logits = generator_logits(self.generator, self.opt_g, images)
         loss_seg = F.cross_entropy(logits, labels, ignore_index=self.ignore_index)
         probs_d = to_device(logits.softmax(dim=1), self.device_map.discriminator)
         loss = loss_seg
         loss_adv = None
         if self.adversarial_active(step):
-            # Through the bare module: a frozen D must not take part in D's wrapper's gradient sync.
-            with frozen(self.discriminator), self.opt_d.autocast():
-                d_out = unwrap(self.discriminator)(probs_d)
+            d_out = discriminator_view(self.discriminator, self.opt_d, probs_d)
             loss_adv = masked_bce_with_logits(d_out, REAL, valid_d)
             # G's scaler also scales this term when D runs in float16 (build.py): unscaled, its
             # per-pixel gradient underflows to zero in D's float16 backward.

@@ -39,3 +39,13 @@ def segmentation_panel(
     for image, label, pred in zip(images, labels, preds):
         tiles += [denormalize(image, mean, std), colorize(label, palette), colorize(pred, palette)]
     return make_grid(torch.stack(tiles), nrow=3, padding=2, pad_value=128)
+
+
+def confidence_panel(maps, palette: np.ndarray, mean: list[float], std: list[float]) -> torch.Tensor:
+    """One row per sample: input | G's prediction | D's confidence (grey, white = 1) | pseudo
+    labels (``PanelMaps``; pixels below the confidence threshold white), as a (3,H,W) uint8 grid."""
+    tiles = []
+    for image, pred, conf, pseudo in zip(maps.images, maps.preds, maps.confidence, maps.pseudo_labels):
+        grey = (conf.float().clamp(0, 1) * 255).to(torch.uint8).expand(3, *conf.shape)
+        tiles += [denormalize(image, mean, std), colorize(pred, palette), grey, colorize(pseudo, palette)]
+    return make_grid(torch.stack(tiles), nrow=4, padding=2, pad_value=128)

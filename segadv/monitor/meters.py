@@ -27,18 +27,25 @@ class LossAverager:
 
 
 class StepTimer:
-    """Splits wall time per step into waiting for data and the rest (torchvision's MetricLogger)."""
+    """Splits wall time per step into waiting for data and the rest (torchvision's MetricLogger).
+
+    Data waits come per stream (a method may draw from several); ``perf/data_time`` is their
+    sum, and with more than one stream each also shows as ``perf/data_time/<stream>``.
+    """
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        self._data = 0.0
+        self._data: dict[str, float] = {}
         self._steps = 0
         self._since = time.perf_counter()
 
-    def add_data_wait(self, seconds: float) -> None:
-        self._data += seconds
+    def add_data_wait(self, seconds: float | dict[str, float]) -> None:
+        """One step's wait for data: seconds, or seconds per stream."""
+        waits = seconds if isinstance(seconds, dict) else {"data": seconds}
+        for name, value in waits.items():
+            self._data[name] = self._data.get(name, 0.0) + value
         self._steps += 1
 
     def pop(self) -> dict[str, float]:
@@ -46,6 +53,9 @@ class StepTimer:
         (reading the losses is one) so asynchronous GPU work is counted."""
         elapsed = time.perf_counter() - self._since
         steps = max(self._steps, 1)
-        out = {"perf/data_time": self._data / steps, "perf/step_time": (elapsed - self._data) / steps}
+        data = sum(self._data.values())
+        out = {"perf/data_time": data / steps, "perf/step_time": (elapsed - data) / steps}
+        if len(self._data) > 1:
+            out.update({f"perf/data_time/{name}": value / steps for name, value in self._data.items()})
         self.reset()
         return out

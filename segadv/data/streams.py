@@ -1,0 +1,86 @@
+"""Data streams: endless, resumable sequences of batches, one per role a method draws from.
+
+A method names the streams it draws from (supervised: ``labeled``; AdvSemiSeg: ``labeled``,
+``unlabeled`` and ``gt``, the labeled batch D sees as real). Each stream has its own seeded order
+and augmentation (``ResumableSampler``), cycles on its own epoch and counts the batches drawn
+from it; that count is its checkpoint state, so a resumed run continues every stream at its own
+position, even one drawn from only on some iterations.
+"""
+
+from __future__ import annotations
+
+import time
+from itertools import count
+from typing import Any, Iterable, Iterator, Mapping
+
+from torch.utils.data import DataLoader
+
+
+def iterate_epochs(loader: Iterable, start_step: int = 0) -> Iterator:
+    """Batches forever, epoch after epoch, starting ``start_step`` batches in (resume).
+
+    The sampler is told the epoch, and on resume how many of its samples to skip, so the
+    resumed run sees exactly the batches the uninterrupted run would have seen.
+    """
+    sampler = getattr(loader, "sampler", None)
+    per_epoch = len(loader)
+    first_epoch, offset = divmod(start_step, per_epoch)
+    for epoch in count(first_epoch):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        if epoch == first_epoch and offset:
+            if not hasattr(sampler, "skip_next"):
+                raise RuntimeError("resuming mid-epoch needs a sampler with skip_next()")
+            sampler.skip_next(offset * loader.batch_size)
+        yield from loader
+
+
+class Stream:
+    """One loader as an endless stream that knows how many batches it has handed out."""
+
+    def __init__(self, name: str, loader: DataLoader) -> None:
+        self.name = name
+        self.loader = loader
+        self.drawn = 0
+        self.wait_seconds = 0.0  # time spent waiting for batches, since the last pop_wait
+        self._batches: Iterator | None = None
+
+    def next(self) -> Any:
+        if self._batches is None:  # started lazily: a restored position must be known first
+            self._batches = iterate_epochs(self.loader, start_step=self.drawn)
+        start = time.perf_counter()
+        batch = next(self._batches)
+        self.wait_seconds += time.perf_counter() - start
+        self.drawn += 1
+        return batch
+
+    def pop_wait(self) -> float:
+        seconds, self.wait_seconds = self.wait_seconds, 0.0
+        return seconds
+
+    def state_dict(self) -> dict[str, int]:
+        return {"batches": self.drawn}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.drawn = int(state["batches"])
+        self._batches = None
+
+
+class Streams(dict[str, Stream]):
+    """A method's streams by name, checkpointed together."""
+
+    def state_dict(self) -> dict[str, dict[str, int]]:
+        return {name: stream.state_dict() for name, stream in self.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any] | None, step: int) -> None:
+        """``state`` None (a checkpoint from before streams were saved): every stream was drawn
+        from once per step, as the supervised method does. A stream the checkpoint does not
+        know (the method changed at resume) starts at its beginning."""
+        for name, stream in self.items():
+            if state is None:
+                stream.load_state_dict({"batches": step})
+            else:
+                stream.load_state_dict(state.get(name, {"batches": 0}))
+
+    def pop_wait(self) -> dict[str, float]:
+        return {name: stream.pop_wait() for name, stream in self.items()}

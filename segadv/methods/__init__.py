@@ -1,0 +1,17 @@
+"""Training methods: what one iteration does, one module each (README "Methods").
+
+A method names the data streams it draws from, draws its batches itself (some are drawn only on
+some iterations) and returns its detached losses. Methods share the per-network optimisation
+(``AmpOptimizer``), the losses and the placement helpers; they differ only in their iteration.
+"""
+
+from segadv.methods.base import Method, PanelMaps
+from segadv.methods.registry import (
+    METHODS,
+    build_method,
+    passes_generator_loss_through_discriminator,
+    stream_batch_sizes,
+)
+
+__all__ = ["METHODS", "Method", "PanelMaps", "build_method", "passes_generator_loss_through_discriminator",
+           "stream_batch_sizes"]
