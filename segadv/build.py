@@ -20,6 +20,7 @@ from segadv.engine.step import AdversarialStep
 from segadv.errors import UserError
 from segadv.methods import Method, build_method, passes_generator_loss_through_discriminator
 from segadv.models import build_discriminator, build_generator
+from segadv.monitor.profile import PhaseTimer
 from segadv.parallel import DeviceMap, place_networks
 from segadv.parallel.distributed import DistEnv
 from segadv.parallel.report import gather_rows, network_row, placement_table
@@ -39,6 +40,11 @@ class Training:
     device_map: DeviceMap
     env: DistEnv
 
+    @property
+    def phases(self) -> PhaseTimer:
+        """Per-phase time of the step (segadv/monitor/profile.py)."""
+        return self.step.phases
+
 
 def build_amp_optimizer(
     model: nn.Module, optim: OptimizerConfig, amp: NetworkAmpConfig, device: torch.device, max_steps: int,
@@ -53,7 +59,7 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
     num_classes = cfg.data.num_classes
     generator = build_generator(cfg.model.generator, num_classes)
     discriminator = build_discriminator(cfg.model.discriminator, num_classes)
-    place_networks(generator, discriminator, device_map)
+    place_networks(generator, discriminator, device_map, channels_last=cfg.train.channels_last)
 
     g_mode = resolve_mode(cfg.parallel.generator, "generator", device_map.generator_devices, env)
     d_mode = resolve_mode(cfg.parallel.discriminator, "discriminator", device_map.discriminator_devices, env)
@@ -91,8 +97,9 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
         ignore_index=cfg.data.ignore_index,
         lambda_adv=cfg.loss.lambda_adv,
         adv_warmup_steps=cfg.loss.adv_warmup_steps,
+        phases=PhaseTimer(precise=cfg.train.profile),
     )
-    method = build_method(cfg, step, wrapped_g, wrapped_d, opt_g, opt_d, device_map)
+    method = build_method(cfg, step)
     return Training(wrapped_g, wrapped_d, opt_g, opt_d, step, method, device_map, env)
 
 

@@ -22,12 +22,13 @@ from segadv.build import Training, build_training, log_placement
 from segadv.checkpoint import Checkpointer, load_weights, read_checkpoint, restore_training_state, training_state
 from segadv.config import Config, config_to_dict, dump_config, load_config
 from segadv.data import build_stream_loaders, palette
-from segadv.data.streams import Stream, Streams, iterate_epochs  # noqa: F401  (iterate_epochs: re-export)
+from segadv.data.streams import Stream, Streams
 from segadv.engine.evaluate import evaluate
 from segadv.errors import UserError, cli_entry
 from segadv.methods import stream_batch_sizes
 from segadv.monitor.images import confidence_panel, segmentation_panel
 from segadv.monitor.meters import LossAverager, StepTimer
+from segadv.monitor.profile import RunProfile, format_profile, peak_memory_gib, profile_scalars
 from segadv.monitor.progress import Progress
 from segadv.monitor.writer import MetricWriter, NullWriter
 from segadv.parallel import activate, parse_device_map
@@ -105,13 +106,17 @@ def train(
     max_steps = cfg.train.max_steps
     progress = Progress(max_steps, start=step, bar=cfg.log.progress_bar if env.is_main else False)
     losses, timer = LossAverager(), StepTimer()
+    profile = RunProfile(parts.phases)
     val_metrics: dict[str, object] = {}
     stopped_by: str | None = None
     with StopRequests() as stop:
         try:
             while step < max_steps:
                 losses.update(parts.method(streams, step))
-                timer.add_data_wait(streams.pop_wait())
+                waits = streams.pop_wait()
+                timer.add_data_wait(waits)
+                for name, seconds in waits.items():
+                    profile.phases.add(f"data/{name}", seconds)
                 step += 1
                 final = step == max_steps
                 log_now = step % cfg.train.log_every == 0 or final
@@ -122,17 +127,24 @@ def train(
                 interrupted = stopped_by is not None and not final
 
                 if log_now or interrupted:
-                    log_training(writer, progress, parts, step, losses.pop_means(), timer.pop())
+                    with profile.host_phase("logging"):
+                        log_training(writer, progress, parts, step, losses.pop_means(), timer.pop())
+                        parts.phases.resolve()  # the losses' read synced the devices
                 if step % cfg.train.eval_every == 0 or final:
-                    val_metrics = run_evaluation(cfg, parts, val_loader, writer, progress, step)
-                    if panel_images is not None:
-                        log_method_panel(cfg, parts, panel_images, writer, step)
+                    with profile.host_phase("evaluation"):
+                        val_metrics = run_evaluation(cfg, parts, val_loader, writer, progress, step,
+                                                     train_seconds=profile.elapsed())
+                        if panel_images is not None:
+                            log_method_panel(cfg, parts, panel_images, writer, step)
                 if checkpointer.due(step, final) or interrupted:
-                    save(step)
+                    with profile.host_phase("checkpoint"):
+                        save(step)
                 if interrupted:
                     break
                 if step % cfg.train.eval_every == 0 or checkpointer.due(step, final):
                     timer.reset()  # keep evaluation and saving out of the step time
+            if env.is_main:
+                log_time_profile(writer, profile, device_map.devices, step)
         finally:
             progress.close()
             writer.close()
@@ -148,6 +160,15 @@ def train(
     if cfg.log.tensorboard:
         log.info("TensorBoard logs: %s  (view: tensorboard --logdir %s)", writer.tensorboard_dir, writer.tensorboard_dir)
     return TrainResult(run_dir, step, val_metrics)
+
+
+def log_time_profile(writer: MetricWriter, profile: RunProfile, devices: list[torch.device], step: int) -> None:
+    """Where this run's wall time went (README "Time profile"): a table in the log and
+    ``perf/time/*``, ``perf/share/*``, ``perf/peak_mem_gib/*`` at the last step."""
+    wall, seconds = profile.table()
+    peaks = peak_memory_gib(devices)
+    log.info("time profile (this process, %d steps):\n%s", step, format_profile(wall, seconds, peaks))
+    writer.scalars(step, profile_scalars(wall, seconds, peaks))
 
 
 def stop_agreed(stop: StopRequests, env: DistEnv, log_now: bool) -> bool:
@@ -212,14 +233,19 @@ def log_training(
 
 
 def run_evaluation(
-    cfg: Config, parts: Training, val_loader: Iterable, writer: MetricWriter, progress: Progress, step: int
+    cfg: Config, parts: Training, val_loader: Iterable, writer: MetricWriter, progress: Progress, step: int,
+    train_seconds: float | None = None,
 ) -> dict[str, object]:
+    """``train_seconds``: the loop's wall time when this evaluation began, logged with it
+    (``perf/train_seconds``: accuracy against time, tools/demo_curves.py)."""
     result = evaluate(
         generator_for_evaluation(parts), val_loader, parts.device_map.generator, cfg.data.num_classes,
         autocast=parts.opt_g.autocast, num_samples=cfg.log.num_images,
     )
     metrics = result.metrics
     scalars = {"val/mIoU": metrics["mIoU"], "val/pixel_acc": metrics["pixel_acc"]}
+    if train_seconds is not None:
+        scalars["perf/train_seconds"] = train_seconds
     names = class_names_for(cfg)
     scalars.update({f"val/IoU/{name}": iou for name, iou in zip(names, metrics["iou"]) if iou == iou})
     writer.scalars(step, scalars)

@@ -15,6 +15,7 @@ from torch import nn
 from segadv.config.schema import AdvSemiSegConfig, NetworkAmpConfig, OptimizerConfig
 from segadv.build import build_amp_optimizer
 from segadv.engine.losses import masked_cross_entropy, pseudo_labels
+from segadv.engine.step import AdversarialStep
 from segadv.methods.advsemiseg import AdvSemiSeg
 from segadv.models.discriminator import FCDiscriminator
 from segadv.parallel import parse_device_map
@@ -48,9 +49,9 @@ def make_method(seed=0, **settings):
     opt_d = build_amp_optimizer(discriminator, sgd, NetworkAmpConfig(), device, 100, name="discriminator")
     values = dict(lambda_semi=1.0, mask_threshold=0.5, semi_start=0, lambda_semi_adv=0.1, semi_start_adv=0)
     values.update(settings)
-    return AdvSemiSeg(generator, discriminator, opt_g, opt_d, parse_device_map("g:cpu,d:cpu"),
-                      num_classes=C, ignore_index=IGNORE, lambda_adv=0.1, adv_warmup_steps=0,
-                      settings=AdvSemiSegConfig(**values))
+    base = AdversarialStep(generator, discriminator, opt_g, opt_d, parse_device_map("g:cpu,d:cpu"),
+                           num_classes=C, ignore_index=IGNORE, lambda_adv=0.1, adv_warmup_steps=0)
+    return AdvSemiSeg(base, AdvSemiSegConfig(**values))
 
 
 def make_streams(seed=1, n=2, size=64):

@@ -18,7 +18,8 @@ Tolerances (stated per dtype):
   ``FP32_RTOL`` (1e-4) times the reference's largest magnitude (measured: 6e-8 on the CPU). Where
   sums run in another order, ``FP32_SUMMED_ELSEWHERE_RTOL`` (1e-3): DDP's gradient all-reduce
   (measured 1.8e-4: at initialisation D's real and fake gradients nearly cancel, so rounding in
-  the large terms shows in the small sum) and CUDA kernels (TF32 switched off for the test).
+  the large terms shows in the small sum), CUDA kernels (TF32 switched off for the test) and
+  channels_last convolutions.
 - bfloat16 / float16: cosine similarity to the reference of G's update, D's update and the
   adversarial gradient (each flattened) at least ``AMP_MIN_COSINE``, and the adversarial
   gradient not zero.
@@ -90,6 +91,12 @@ class Case:
         return not any(o.endswith(".enabled=true") for o in self.overrides)
 
     @property
+    def summed_elsewhere(self) -> bool:
+        """float32 sums in another order than the CPU reference's: DDP's all-reduce, CUDA kernels,
+        oneDNN's channels_last convolutions."""
+        return self.split_batch or self.device_map != "cpu" or "train.channels_last=true" in self.overrides
+
+    @property
     def freeze_stats(self) -> bool:
         return self.split_batch or not self.float32
 
@@ -102,6 +109,7 @@ CUDA, CUDA2 = (pytest.mark.cuda,), (pytest.mark.cuda2,)
 CASES = [
     Case("cpu"),
     Case("cpu-dataparallel", overrides=DP),
+    Case("cpu-channels_last", overrides=("train.channels_last=true",)),
     Case("g-bf16", overrides=amp("generator", "bfloat16")),
     Case("d-bf16", overrides=amp("discriminator", "bfloat16")),
     Case("both-bf16", overrides=(*amp("generator", "bfloat16"), *amp("discriminator", "bfloat16"))),
@@ -115,6 +123,8 @@ CASES = [
     Case("g:cpu,d:cuda:0", "g:cpu,d:cuda:0", marks=CUDA),
     Case("g:cuda:0,d:cuda:0", "g:cuda:0,d:cuda:0", marks=CUDA),
     Case("cuda-dataparallel-1gpu", "g:cuda:0,d:cuda:0", DP, marks=CUDA),
+    Case("cuda-channels_last-g-bf16", "g:cuda:0,d:cuda:0", ("train.channels_last=true", *amp("generator", "bfloat16")),
+         marks=CUDA),
     Case("cuda-g-bf16", "g:cuda:0,d:cuda:0", amp("generator", "bfloat16"), marks=CUDA),
     Case("cuda-both-bf16", "g:cuda:0,d:cuda:0", (*amp("generator", "bfloat16"), *amp("discriminator", "bfloat16")),
          marks=CUDA),
@@ -276,8 +286,10 @@ def capture_adversarial_gradient(discriminator: nn.Module, store: list) -> None:
     unwrap(discriminator).register_forward_pre_hook(hook)
 
 
-def segadv_outcome(case: Case) -> Outcome:
-    cfg = harness_config(*case.overrides)
+def segadv_outcome(case: Case, *overrides: str, run=None) -> Outcome:
+    """One segadv iteration under ``case`` from the reference's initial weights. ``run(parts,
+    cfg)`` takes the iteration (default: the supervised step on the reference's batch)."""
+    cfg = harness_config(*overrides, *case.overrides)
     init_g, init_d = initial_networks(cfg)
     parts = build_training(cfg, parse_device_map(case.device_map))
     unwrap(parts.generator).load_state_dict(init_g.state_dict())
@@ -289,7 +301,10 @@ def segadv_outcome(case: Case) -> Outcome:
     capture_adversarial_gradient(parts.discriminator, grads)
     g0, d0 = params(parts.generator), params(parts.discriminator)
     scale = parts.opt_g.loss_scale()  # the scale G's loss is multiplied by in this step
-    parts.step(*make_batch(cfg), step=0)
+    if run is None:
+        parts.step(*make_batch(cfg), step=0)
+    else:
+        run(parts, cfg)
     assert len(grads) == 1, "G's update must send one adversarial gradient through D"
     return Outcome(update(g0, parts.generator), update(d0, parts.discriminator), grads[0] / scale)
 
@@ -319,7 +334,7 @@ def assert_equivalent(case: Case, got: Outcome, ref: Outcome) -> dict[str, float
     pairs = {"G update": (got.g_update, ref.g_update), "D update": (got.d_update, ref.d_update),
              "adversarial gradient": (got.adv_grad, ref.adv_grad)}
     if case.float32:
-        rtol = FP32_SUMMED_ELSEWHERE_RTOL if case.split_batch or case.device_map != "cpu" else FP32_RTOL
+        rtol = FP32_SUMMED_ELSEWHERE_RTOL if case.summed_elsewhere else FP32_RTOL
         worst = {name: worst_relative_deviation(a, b) for name, (a, b) in pairs.items()}
         assert all(v <= rtol for v in worst.values()), f"float32 deviations {worst} exceed {rtol}"
         return worst
@@ -468,24 +483,15 @@ def semi_references():
     return get
 
 
-@pytest.mark.parametrize("case", [c.param() for c in SEMI_CASES])
-def test_advsemiseg_iteration_matches_the_plain_float32_loop(case, semi_references, no_tf32):
-    cfg = harness_config(*SEMI_OVERRIDES, *case.overrides)
-    init_g, init_d = initial_networks(cfg)
-    parts = build_training(cfg, parse_device_map(case.device_map))
-    unwrap(parts.generator).load_state_dict(init_g.state_dict())
-    unwrap(parts.discriminator).load_state_dict(init_d.state_dict())
-    no_dropout(parts.generator)
-    if case.freeze_stats:
-        freeze_batch_statistics(unwrap(parts.generator))
-    grads: list[torch.Tensor] = []
-    capture_adversarial_gradient(parts.discriminator, grads)
-    g0, d0 = params(parts.generator), params(parts.discriminator)
-    scale = parts.opt_g.loss_scale()
+def semi_iteration(parts, cfg) -> None:
     images_l, labels_l, images_u, labels_gt = make_semi_batches(cfg)
     streams = {"labeled": FixedStream((images_l, labels_l)), "unlabeled": FixedStream(images_u),
                "gt": FixedStream((images_u, labels_gt))}
     out = parts.method(streams, step=0)
-    assert len(grads) == 1 and out["semi_pixel_ratio"].item() == 1.0
-    got = Outcome(update(g0, parts.generator), update(d0, parts.discriminator), grads[0] / scale)
+    assert out["semi_pixel_ratio"].item() == 1.0
+
+
+@pytest.mark.parametrize("case", [c.param() for c in SEMI_CASES])
+def test_advsemiseg_iteration_matches_the_plain_float32_loop(case, semi_references, no_tf32):
+    got = segadv_outcome(case, *SEMI_OVERRIDES, run=semi_iteration)
     print(f"advsemiseg {case.name}: {assert_equivalent(case, got, semi_references(case.freeze_stats))}")

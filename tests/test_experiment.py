@@ -94,5 +94,141 @@ def test_metrics_reader_final_best_and_resumed_duplicates(tmp_path):
 def test_the_shipped_grid_is_valid(monkeypatch):
     monkeypatch.chdir(ROOT)
     grid = experiment.load_grid(ROOT / "configs" / "experiments" / "semi.yaml")
-    assert [r.name for r in grid.rows] == ["CE only", "+ adversarial", "+ adversarial + semi"]
-    assert grid.seeds == [0, 1, 2]
+    assert [r.name for r in grid.rows][1:] == ["CE only", "+ adversarial", "+ adversarial + semi"]
+    assert grid.seeds == [0, 1, 2] and all(grid.seeds_of(r) == [0, 1, 2] for r in grid.rows[1:])
+
+
+# ---------------------------------------------------------------- no training: a fake trainer
+
+
+def fake_trainer(val_steps, max_steps=4, code=0, during=None):
+    """A stand-in for subprocess.run: writes the run dir's config.yaml and val records at
+    ``val_steps`` (appended, as a resumed run would), records the command, exits ``code``."""
+    calls = []
+
+    def run(command, stdout=None, stderr=None):
+        calls.append(command)
+        run_dir = Path(command[command.index("--run-dir") + 1])
+        (run_dir / "config.yaml").write_text(yaml.safe_dump({"train": {"max_steps": max_steps}}))
+        with open(run_dir / "metrics.jsonl", "a") as fh:
+            for step in val_steps:
+                fh.write(json.dumps({"step": step, "val/mIoU": step / 10, "val/pixel_acc": 0.9}) + "\n")
+        stdout.write("fake trainer\n")
+        if during is not None:
+            during()
+        return experiment.subprocess.CompletedProcess(command, code)
+
+    run.calls = calls
+    return run
+
+
+def one_row_grid(tmp_path, overrides=(), seeds=(0,)):
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "seeds": list(seeds), "rows": [
+        {"name": "a", "config": str(ROOT / "configs" / "default.yaml"), "overrides": list(overrides)}]}))
+    return path
+
+
+def test_a_run_stopped_early_with_exit_0_is_not_done_and_resumes(tmp_path, monkeypatch, caplog):
+    """The trainer exits 0 when a SIGTERM stops it at a checkpoint: that run is not finished."""
+    grid, out = one_row_grid(tmp_path), tmp_path / "out"
+    run_dir = out / "a" / "seed0"
+    monkeypatch.setattr(experiment.subprocess, "run", fake_trainer([2]))
+    with caplog.at_level("ERROR"):
+        assert experiment.main([str(grid), "--out", str(out)]) == 1
+    assert "stopped early (a signal?) at step 2 of 4: a, seed 0" in caplog.text
+    assert not (run_dir / "experiment_done.json").exists()
+
+    second = fake_trainer([4])
+    monkeypatch.setattr(experiment.subprocess, "run", second)
+    assert experiment.main([str(grid), "--out", str(out)]) == 0
+    assert second.calls[0][-2:] == ["--resume", "auto"]
+    done = json.loads((run_dir / "experiment_done.json").read_text())
+    assert (done["final_step"], done["final_mIoU"], done["best_step"]) == (4, 0.4, 4)
+    assert len(done["attempts_wall_s"]) == 2 and done["wall_s"] == pytest.approx(sum(done["attempts_wall_s"]))
+    assert "| a | 1/1 | 40.0 ± - | 40.0 ± - | 40.0 |" in (out / "results.md").read_text()
+
+
+def test_ctrl_c_lets_the_run_save_a_checkpoint_then_exits_130(tmp_path, monkeypatch, capsys):
+    grid, out = one_row_grid(tmp_path, seeds=[0, 1]), tmp_path / "out"
+    before = experiment.signal.getsignal(experiment.signal.SIGINT)
+    fake = fake_trainer([2], during=lambda: experiment.signal.raise_signal(experiment.signal.SIGINT))
+    monkeypatch.setattr(experiment.subprocess, "run", fake)
+    assert experiment.main([str(grid), "--out", str(out)]) == 130  # the fake "trainer" stopped at step 2
+    assert len(fake.calls) == 1  # seed 1 never started
+    assert "interrupted" in capsys.readouterr().err
+    assert not (out / "a" / "seed0" / "experiment_done.json").exists()
+    assert experiment.signal.getsignal(experiment.signal.SIGINT) is before
+
+
+def test_a_done_run_whose_row_changed_is_kept_with_a_warning(tmp_path, monkeypatch, caplog, capsys):
+    grid, out = one_row_grid(tmp_path, ["loss.lambda_adv=0"]), tmp_path / "out"
+    monkeypatch.setattr(experiment.subprocess, "run", fake_trainer([2, 4]))
+    assert experiment.main([str(grid), "--out", str(out)]) == 0
+    monkeypatch.setattr(experiment.subprocess, "run", lambda *a, **k: pytest.fail("a finished run was started again"))
+    with caplog.at_level("INFO"):  # the same row: a plain skip, also from another --out spelling
+        assert experiment.main([str(grid), "--out", str(out / ".." / "out")]) == 0
+    assert "skip (done): a, seed 0" in caplog.text and "skip (done, but" not in caplog.text
+    caplog.clear()
+    grid = one_row_grid(tmp_path, ["loss.lambda_adv=0.5"])
+    with caplog.at_level("WARNING"):
+        assert experiment.main([str(grid), "--out", str(out)]) == 0
+    assert "it ran --config" in caplog.text and "loss.lambda_adv=0 " in caplog.text
+    capsys.readouterr()
+    assert experiment.main([str(grid), "--out", str(out), "--dry-run"]) == 0
+    assert "a, seed 0: done (but it ran" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("grid_text, message", [
+    ("name: t\nseeds: [0, 0]\nrows: [{name: a, config: configs/default.yaml}]\n", "seed(s) 0 listed twice"),
+    ("name: t\nseeds: [true]\nrows: [{name: a, config: configs/default.yaml}]\n", "seeds"),
+    ("name: t\nrows: [{name: a, config: configs/default.yaml, overrides: [lambda_adv]}]\n",
+     "rows[0].overrides: 'lambda_adv' is not a dotted key=value override"),
+    ("name: t\nrows: [{name: a, config: configs/default.yaml}]\ncommon_overrides: [--resume]\n",
+     "common_overrides: '--resume' is not"),
+    ("name: t\nrows: [{name: CE only, config: configs/default.yaml}, {name: ce-only, config: configs/default.yaml}]\n",
+     "share the run directory ce-only"),
+    ("name: t\nrows: [{config: configs/default.yaml}]\n", "rows[0]: needs a name and a config"),
+    ("name: t\nrows: [{name: a, config: configs/default.yaml, seeds: [1, 1]}]\n", "rows[0].seeds: seed(s) 1 listed twice"),
+])
+def test_more_bad_grids_exit_2(tmp_path, capsys, monkeypatch, grid_text, message):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(experiment.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
+    path = tmp_path / "grid.yaml"
+    path.write_text(grid_text)
+    assert experiment.main([str(path), "--out", str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_seeds_option_replaces_the_grids_seeds(tmp_path, monkeypatch, capsys):
+    grid, out = one_row_grid(tmp_path, seeds=[0, 1, 2]), tmp_path / "out"
+    monkeypatch.setattr(experiment.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
+    assert experiment.main([str(grid), "--out", str(out), "--seeds", "5", "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "a, seed 5:" in printed and "train.seed=5" in printed and "seed 0" not in printed
+    assert experiment.main([str(grid), "--out", str(out), "--seeds", "1", "1"]) == 2
+    assert "--seeds: seed(s) 1 listed twice" in capsys.readouterr().err
+
+
+def test_metrics_reader_ignores_non_numeric_and_nan_for_best(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "val/mIoU": 0.3}\n[1, 2]\n{"step": 2, "val/mIoU": null}\n'
+                    '{"step": 3, "val/mIoU": 0.2}\n{"step": 4, "val/mIoU": NaN}\n')
+    got = experiment.read_val_metrics(path)
+    assert (got["best_step"], got["best_mIoU"], got["final_step"]) == (1, 0.3, 4)
+
+
+def test_a_row_may_run_its_own_seeds(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "grid.yaml"
+    default = str(ROOT / "configs" / "default.yaml")
+    path.write_text(yaml.safe_dump({"name": "t", "seeds": [0, 1], "rows": [
+        {"name": "a", "config": default}, {"name": "ref", "config": default, "seeds": [0]}]}))
+    trainer = fake_trainer([2, 4])
+    monkeypatch.setattr(experiment.subprocess, "run", trainer)
+    out = tmp_path / "out"
+    assert experiment.main([str(path), "--out", str(out)]) == 0
+    seeds_run = [(c[c.index("--run-dir") + 1].split("/")[-2], c[-1]) for c in trainer.calls]
+    assert seeds_run == [("a", "train.seed=0"), ("a", "train.seed=1"), ("ref", "train.seed=0")]
+    table = (out / "results.md").read_text()
+    assert "| a | 2/2 |" in table and "| ref | 1/1 |" in table and "(seed 0)" in table

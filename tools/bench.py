@@ -3,13 +3,19 @@
 
 Both sides run the same arithmetic (G's CE + adversarial update with D frozen, then D's update)
 on the same networks and the same pre-loaded batches, so data loading is out of the picture.
-segadv's side is the loop body of ``segadv.train``: the step, the on-device loss averaging, the
-data-wait timer and the log-interval read-out. The two sides alternate in rounds and the median
-round is kept, which cancels most of the drift of a noisy machine.
+segadv's side is the loop body of ``segadv.train``: the step (with its phase timer), the on-device
+loss averaging, the data-wait timer and the log-interval read-out. The two sides alternate in
+rounds and the median round is kept, which cancels most of the drift of a noisy machine.
 
-    python tools/bench.py [--config FILE] [--steps N] [--rounds R] [key=value ...]
+Then segadv's step under variants, again alternating rounds: float32 / bfloat16 / float16 autocast
+per network, channels_last on, and on CUDA ``g:cuda:0,d:cuda:0`` vs ``g:cuda:0,d:cpu`` (the cost
+of a cross-device hop).
 
-Prints the throughput ratio segadv / bare (1.0 = no overhead).
+    python tools/bench.py [--config FILE] [--steps N] [--rounds R] [--no-variants] [key=value ...]
+
+Prints one figure per line, ``name value [unit] [# note]``: ``ratio`` (segadv / bare throughput,
+1.0 = no overhead), ``breakdown/<phase>/ms_per_step`` (segadv's step by phase) and per variant
+``<variant>/ms_per_step`` and ``<variant>/speedup`` (vs float32).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from segadv.data import build_dataloaders
 from segadv.engine.losses import masked_bce_with_logits, one_hot_labels
 from segadv.errors import cli_entry
 from segadv.monitor.meters import LossAverager, StepTimer
+from segadv.monitor.profile import STEP_PHASES
 from segadv.parallel import activate, parse_device_map
 from segadv.runtime import setup_logging
 
@@ -76,39 +83,23 @@ def sync(device_map) -> None:
             torch.cuda.synchronize(device)
 
 
-@cli_entry
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="config file (default: the embedded default)")
-    parser.add_argument("--device-map", help="e.g. g:cuda:0,d:cuda:0")
-    parser.add_argument("--steps", type=int, default=6, help="steps per round and side")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per side first")
-    parser.add_argument("overrides", nargs="*", metavar="key=value")
-    args = parser.parse_args(argv)
-    setup_logging(logging.WARNING)
-    cfg = load_config(args.config, args.overrides)
+def bench_config(args: argparse.Namespace, *overrides: str):
+    cfg = load_config(args.config, [*args.overrides, *overrides])
     if args.device_map:
         cfg.device_map = args.device_map
     # The adversarial term is on from the first step, so both sides do all of the work.
     cfg.loss.adv_warmup_steps = 0
     if cfg.loss.lambda_adv == 0:
         cfg.loss.lambda_adv = 0.01
-    device_map = parse_device_map(cfg.device_map)
-    activate(device_map)
-    torch.manual_seed(cfg.train.seed)
+    return cfg
 
-    train_loader, _ = build_dataloaders(cfg.data, seed=cfg.train.seed, pin_memory=False)
-    batches = []
-    for images, labels in train_loader:
-        batches.append((images, labels))
-        if len(batches) == 4:
-            break
-    parts = build_training(cfg, device_map)
-    bare = make_bare_step(parts, cfg.data.num_classes, cfg.data.ignore_index, cfg.loss.lambda_adv)
-    log_every = cfg.train.log_every
 
-    def run_segadv(n: int) -> float:
+def segadv_runner(parts, batches, log_every: int):
+    """segadv's loop body (step, on-device loss averaging, data timer, log-interval read-out);
+    returns a function timing ``n`` steps (seconds per step)."""
+    device_map = parts.device_map
+
+    def run(n: int) -> float:
         losses, timer = LossAverager(), StepTimer()
         sync(device_map)
         t0 = time.perf_counter()
@@ -119,9 +110,98 @@ def main(argv: list[str] | None = None) -> int:
             losses.update(parts.step(images, labels, step=i).as_dict())
             if (i + 1) % log_every == 0:
                 losses.pop_means(), timer.pop(), parts.opt_g.loss_scale(), parts.opt_d.loss_scale()
+                parts.phases.resolve()
         losses.pop_means() if n % log_every else None
         sync(device_map)
         return (time.perf_counter() - t0) / n
+
+    return run
+
+
+def alternate(runners: dict[str, object], rounds: int, steps: int, warmup: int) -> dict[str, float]:
+    """Median seconds per step of each runner over ``rounds`` rounds, the order rotating each
+    round so a drifting machine favours none."""
+    for run in runners.values():
+        if warmup:
+            run(warmup)
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    names = list(runners)
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(runners[name](steps))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def figure(name: str, value: float, unit: str = "", note: str = "") -> None:
+    """One figure per line: ``name value [unit] [# note]`` (read by scripts)."""
+    print(f"{name:<34} {value:10.4g} {unit}{'  # ' + note if note else ''}".rstrip())
+
+
+def load_batches(cfg) -> list:
+    train_loader, _ = build_dataloaders(cfg.data, seed=cfg.train.seed, pin_memory=False)
+    batches = []
+    for images, labels in train_loader:
+        batches.append((images, labels))
+        if len(batches) == 4:
+            break
+    return batches
+
+
+def build_parts(cfg):
+    device_map = parse_device_map(cfg.device_map)
+    activate(device_map)
+    torch.manual_seed(cfg.train.seed)
+    return build_training(cfg, device_map)
+
+
+def compare_variants(args, batches, log_every: int) -> None:
+    """segadv's step under each variant, against the first (fp32) in alternating rounds."""
+    dtypes = {"fp32": [], "bf16": ["enabled=true", "dtype=bfloat16"], "fp16": ["enabled=true", "dtype=float16"]}
+    variants: dict[str, list[str]] = {}
+    for g in dtypes:
+        variants[f"amp/g={g},d=fp32"] = [f"amp.generator.{o}" for o in dtypes[g]]
+    for d in ("bf16", "fp16"):
+        variants[f"amp/g=fp32,d={d}"] = [f"amp.discriminator.{o}" for o in dtypes[d]]
+    variants["amp/g=bf16,d=bf16"] = [*variants["amp/g=bf16,d=fp32"], *variants["amp/g=fp32,d=bf16"]]
+    variants["channels_last/on,fp32"] = ["train.channels_last=true"]
+    variants["channels_last/on,g=bf16"] = ["train.channels_last=true", *variants["amp/g=bf16,d=fp32"]]
+    runners = {}
+    for name, overrides in variants.items():
+        cfg = bench_config(args, *overrides)
+        runners[name] = segadv_runner(build_parts(cfg), batches, log_every)
+    if torch.cuda.is_available():
+        # The cost of a cross-device hop: D on the CPU, G's maps and D's gradient crossing PCIe.
+        for device_map in ("g:cuda:0,d:cuda:0", "g:cuda:0,d:cpu"):
+            cfg = bench_config(args)
+            cfg.device_map = device_map
+            runners[f"device_map/{device_map}"] = segadv_runner(build_parts(cfg), batches, log_every)
+    times = alternate(runners, args.rounds, args.steps, args.warmup)
+    base = times["amp/g=fp32,d=fp32"]
+    for name, seconds in times.items():
+        figure(f"{name}/ms_per_step", seconds * 1000, "ms")
+        figure(f"{name}/speedup", base / seconds, "x", "vs amp/g=fp32,d=fp32")
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="config file (default: the embedded default)")
+    parser.add_argument("--device-map", help="e.g. g:cuda:0,d:cuda:0")
+    parser.add_argument("--steps", type=int, default=6, help="steps per round and side")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per side first")
+    parser.add_argument("--no-variants", action="store_true",
+                        help="only the segadv / bare ratio and the breakdown (skip AMP, channels_last, hop)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    args = parser.parse_args(argv)
+    setup_logging(logging.WARNING)
+    cfg = bench_config(args)
+    batches = load_batches(cfg)
+    parts = build_parts(cfg)
+    device_map = parts.device_map
+    bare = make_bare_step(parts, cfg.data.num_classes, cfg.data.ignore_index, cfg.loss.lambda_adv)
+    log_every = cfg.train.log_every
 
     def run_bare(n: int) -> float:
         sync(device_map)
@@ -133,22 +213,27 @@ def main(argv: list[str] | None = None) -> int:
         sync(device_map)
         return (time.perf_counter() - t0) / n
 
+    run_segadv = segadv_runner(parts, batches, log_every)
     run_segadv(args.warmup)
     run_bare(args.warmup)
-    segadv_times, bare_times = [], []
-    for r in range(args.rounds):
-        # Alternate which side goes first so a drifting machine favours neither.
-        order = (run_segadv, run_bare) if r % 2 == 0 else (run_bare, run_segadv)
-        for fn in order:
-            (segadv_times if fn is run_segadv else bare_times).append(fn(args.steps))
-    t_segadv, t_bare = statistics.median(segadv_times), statistics.median(bare_times)
-    print(f"device map        {device_map}")
-    print(f"model             {cfg.model.generator.arch}/{cfg.model.generator.encoder}, D ndf={cfg.model.discriminator.ndf}, "
-          f"batch {cfg.data.batch_size} x {cfg.data.synthetic.image_size}px")
-    print(f"rounds x steps    {args.rounds} x {args.steps} per side")
-    print(f"bare loop         {t_bare * 1000:8.1f} ms/step (median round)")
-    print(f"segadv            {t_segadv * 1000:8.1f} ms/step (median round)")
-    print(f"throughput ratio  {t_bare / t_segadv:.3f}  (segadv / bare; 1.0 = no overhead)")
+    parts.phases.resolve()
+    parts.phases.seconds.clear()  # the breakdown covers the timed rounds only
+    times = alternate({"segadv": run_segadv, "bare": run_bare}, args.rounds, args.steps, 0)
+    parts.phases.resolve()
+    timed_steps = args.rounds * args.steps
+    print(f"# device map {device_map}; {cfg.model.generator.arch}/{cfg.model.generator.encoder}, "
+          f"D ndf={cfg.model.discriminator.ndf}, batch {cfg.data.batch_size} x {cfg.data.synthetic.image_size}px; "
+          f"{args.rounds} rounds x {args.steps} steps per side, median round")
+    figure("bare/ms_per_step", times["bare"] * 1000, "ms")
+    figure("segadv/ms_per_step", times["segadv"] * 1000, "ms")
+    figure("ratio", times["bare"] / times["segadv"], "", "segadv / bare throughput; 1.0 = no overhead")
+    step_total = sum(parts.phases.seconds.values())
+    for name in STEP_PHASES:
+        seconds = parts.phases.seconds.get(name, 0.0)
+        figure(f"breakdown/{name}/ms_per_step", seconds / timed_steps * 1000, "ms",
+               f"{seconds / step_total if step_total else 0.0:.1%} of the step")
+    if not args.no_variants:
+        compare_variants(args, batches, log_every)
     return 0
 
 

@@ -12,27 +12,46 @@ GRID.yaml:
       - name: CE only
         config: configs/semi.yaml
         overrides: [method.name=supervised, loss.lambda_adv=0]
+      - name: CE only, all labeled (reference)
+        config: configs/semi.yaml
+        overrides: [data.labeled_fraction=1.0]
+        seeds: [0]                   # a row may run its own seeds (``--seeds`` overrides all)
 
 Runs go one after another, each in ``OUT/<row>/seed<k>`` through ``segadv-train`` in a
 subprocess (its log in ``experiment.log`` there). A finished run (``experiment_done.json``) is
 never repeated; an interrupted one continues with ``--resume auto``. The table is written as
 ``OUT/results.md`` and ``OUT/results.json``: per run the final and the best ``val/mIoU`` (with
 its step) from ``metrics.jsonl``, per row their mean and sample std over seeds.
+
+A run counts as finished only when it exits 0 *and* reached its ``train.max_steps`` (the trainer
+also exits 0 when a SIGTERM/SIGINT stops it early at a checkpoint). Ctrl-C lets the current run
+stop at its next step and save a checkpoint, then exits 130; a second Ctrl-C stops at once. A
+finished run whose config file or arguments have changed since is kept (with a warning): delete
+its directory to run it again.
+
+Exit codes: 0 all runs finished, 1 some run failed or stopped early (named; the table still lists
+the finished ones), 2 a bad grid or argument, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import logging
+import math
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from types import FrameType
+from typing import Any, Iterator, Optional
 
 import yaml
 
@@ -42,8 +61,10 @@ from segadv.fsutil import atomic_write_text
 log = logging.getLogger("segadv.experiment")
 
 DONE_FILE = "experiment_done.json"
+ATTEMPTS_FILE = "experiment_attempts.json"
+LOG_FILE = "experiment.log"
 GRID_KEYS = {"name", "seeds", "rows", "common_overrides"}
-ROW_KEYS = {"name", "config", "overrides"}
+ROW_KEYS = {"name", "config", "overrides", "seeds"}
 
 
 @dataclass
@@ -51,6 +72,7 @@ class Row:
     name: str
     config: str
     overrides: list[str] = field(default_factory=list)
+    seeds: Optional[list[int]] = None  # None: the grid's (a reference row may run fewer)
 
     @property
     def slug(self) -> str:
@@ -64,13 +86,33 @@ class Grid:
     rows: list[Row]
     common_overrides: list[str] = field(default_factory=list)
 
+    def seeds_of(self, row: Row) -> list[int]:
+        return self.seeds if row.seeds is None else row.seeds
+
 
 def _string_list(value: Any, what: str) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise UserError(f"{what}: expected a list of key=value strings")
+    for item in value:
+        if "=" not in item or item.startswith("-"):
+            raise UserError(f"{what}: {item!r} is not a dotted key=value override")
     return list(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_seeds(seeds: Any, what: str) -> list[int]:
+    """A non-empty list of distinct integers (each seed has its own run dir)."""
+    if not isinstance(seeds, list) or not seeds or not all(_is_int(s) for s in seeds):
+        raise UserError(f"{what}: expected a non-empty list of integers")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise UserError(f"{what}: seed(s) {', '.join(map(str, repeated))} listed twice")
+    return list(seeds)
 
 
 def load_grid(path: Path) -> Grid:
@@ -86,9 +128,7 @@ def load_grid(path: Path) -> Grid:
     if unknown:
         raise UserError(f"grid {path}: unknown key(s) {', '.join(sorted(unknown))}; keys: {', '.join(sorted(GRID_KEYS))}")
     name = data.get("name") or path.stem
-    seeds = data.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
-        raise UserError(f"grid {path}: seeds: expected a non-empty list of integers")
+    seeds = check_seeds(data.get("seeds", [0]), f"grid {path}: seeds")
     rows_data = data.get("rows")
     if not isinstance(rows_data, list) or not rows_data:
         raise UserError(f"grid {path}: rows: expected a non-empty list")
@@ -102,13 +142,18 @@ def load_grid(path: Path) -> Grid:
             raise UserError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; keys: {', '.join(sorted(ROW_KEYS))}")
         if not entry.get("name") or not entry.get("config"):
             raise UserError(f"{where}: needs a name and a config")
-        row = Row(str(entry["name"]), str(entry["config"]), _string_list(entry.get("overrides"), f"{where}.overrides"))
+        row_seeds = check_seeds(entry["seeds"], f"{where}.seeds") if "seeds" in entry else None
+        row = Row(str(entry["name"]), str(entry["config"]), _string_list(entry.get("overrides"), f"{where}.overrides"),
+                  row_seeds)
         if not Path(row.config).is_file():
             raise UserError(f"{where}: config {row.config} does not exist")
-        if any(r.name == row.name or r.slug == row.slug for r in rows):
+        if any(r.name == row.name for r in rows):
             raise UserError(f"{where}: row name {row.name!r} is used twice")
+        clash = next((r for r in rows if r.slug == row.slug), None)
+        if clash is not None:
+            raise UserError(f"{where}: row names {clash.name!r} and {row.name!r} share the run directory {row.slug}")
         rows.append(row)
-    return Grid(str(name), list(seeds), rows, _string_list(data.get("common_overrides"), f"grid {path}: common_overrides"))
+    return Grid(str(name), seeds, rows, _string_list(data.get("common_overrides"), f"grid {path}: common_overrides"))
 
 
 # ------------------------------------------------------------------------------ metrics
@@ -123,19 +168,24 @@ def read_val_metrics(metrics_path: Path) -> dict[str, Any]:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(record, dict) and "val/mIoU" in record and "step" in record:
+            if isinstance(record, dict) and _is_number(record.get("val/mIoU")) and _is_number(record.get("step")):
                 by_step[int(record["step"])] = record
     if not by_step:
         return {}
     final_step = max(by_step)
-    best_step = max(by_step, key=lambda s: (by_step[s]["val/mIoU"], -s))
+    scored = [s for s in by_step if not math.isnan(by_step[s]["val/mIoU"])]
+    best_step = max(scored, key=lambda s: (by_step[s]["val/mIoU"], -s)) if scored else None  # earliest of ties
     return {
         "final_step": final_step,
         "final_mIoU": by_step[final_step]["val/mIoU"],
         "final_pixel_acc": by_step[final_step].get("val/pixel_acc"),
         "best_step": best_step,
-        "best_mIoU": by_step[best_step]["val/mIoU"],
+        "best_mIoU": by_step[best_step]["val/mIoU"] if best_step is not None else None,
     }
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # ------------------------------------------------------------------------------ running
@@ -153,34 +203,135 @@ def command_for(grid: Grid, row: Row, seed: int, run_dir: Path) -> list[str]:
     return command
 
 
+def run_identity(command: list[str]) -> list[str]:
+    """What makes a run's result: the config and overrides, not the interpreter, run dir or resume."""
+    args, identity = command[3:], []
+    while args:
+        arg, args = args[0], args[1:]
+        if arg in ("--run-dir", "--resume"):
+            args = args[1:]
+        else:
+            identity.append(arg)
+    return identity
+
+
+def file_sha256(path: str) -> Optional[str]:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def stale_reason(done: dict[str, Any], row: Row, command: list[str]) -> Optional[str]:
+    """Why a finished run no longer matches its grid row (None: it does)."""
+    if run_identity(done.get("command", [])) != run_identity(command):
+        return f"it ran {' '.join(run_identity(done.get('command', [])))}"
+    if done.get("config_sha256") and done["config_sha256"] != file_sha256(row.config):
+        return f"{row.config} has changed since"
+    return None
+
+
+def max_steps_of(run_dir: Path) -> Optional[int]:
+    """``train.max_steps`` from the config the trainer saved in the run dir (None: unreadable)."""
+    try:
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        value = saved["train"]["max_steps"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return value if _is_number(value) else None
+
+
+@dataclass
+class _Interrupt:
+    requested: bool = False
+
+
+@contextlib.contextmanager
+def deferred_ctrl_c() -> Iterator[_Interrupt]:
+    """While a run is going, the first Ctrl-C only takes note: the trainer (same process group)
+    got it too and stops at its next step with a checkpoint. A second one interrupts at once."""
+    state = _Interrupt()
+    if threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+
+    def handle(signum: int, frame: Optional[FrameType]) -> None:
+        if state.requested:
+            raise KeyboardInterrupt
+        state.requested = True
+        log.warning("Ctrl-C: letting the run stop at its next step and save a checkpoint (Ctrl-C again: stop now)")
+
+    previous = signal.signal(signal.SIGINT, handle)
+    try:
+        yield state
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def launch(command: list[str], log_path: Path) -> tuple[int, float, bool]:
+    """Runs the command with its output appended to ``log_path``: exit code, wall seconds, and
+    whether Ctrl-C was pressed meanwhile."""
+    start = time.perf_counter()
+    with deferred_ctrl_c() as interrupt, open(log_path, "a", encoding="utf-8") as log_file:  # never an unread pipe
+        code = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT).returncode
+    return code, time.perf_counter() - start, interrupt.requested
+
+
+def record_attempt(run_dir: Path, wall: float, code: int) -> list[dict[str, Any]]:
+    path = run_dir / ATTEMPTS_FILE
+    try:
+        attempts = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        attempts = []
+    attempts.append({"wall_s": round(wall, 1), "exit_code": code})
+    atomic_write_text(path, json.dumps(attempts) + "\n")
+    return attempts
+
+
+def log_tail(run_dir: Path, lines: int = 20) -> str:
+    text = (run_dir / LOG_FILE).read_text(encoding="utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
 def run_one(grid: Grid, row: Row, seed: int, out: Path) -> bool:
-    """Runs (or continues) one run; True when it finished."""
+    """Runs (or continues) one run; True when it finished (now or before)."""
     run_dir = run_dir_for(out, row, seed)
-    if (run_dir / DONE_FILE).is_file():
-        log.info("skip (done): %s, seed %d", row.name, seed)
-        return True
     command = command_for(grid, row, seed, run_dir)
+    if (run_dir / DONE_FILE).is_file():
+        stale = stale_reason(json.loads((run_dir / DONE_FILE).read_text(encoding="utf-8")), row, command)
+        if stale:
+            log.warning("skip (done, but %s; delete %s to run it again): %s, seed %d", stale, run_dir, row.name, seed)
+        else:
+            log.info("skip (done): %s, seed %d", row.name, seed)
+        return True
     run_dir.mkdir(parents=True, exist_ok=True)
     log.info("run: %s, seed %d: %s", row.name, seed, " ".join(command))
-    start = time.perf_counter()
-    with open(run_dir / "experiment.log", "a", encoding="utf-8") as log_file:  # a file, never an unread pipe
-        code = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT).returncode
-    wall = time.perf_counter() - start
-    attempts_path = run_dir / "experiment_attempts.json"
-    attempts = json.loads(attempts_path.read_text()) if attempts_path.is_file() else []
-    attempts.append({"wall_s": round(wall, 1), "exit_code": code})
-    atomic_write_text(attempts_path, json.dumps(attempts) + "\n")
+    code, wall, interrupted = launch(command, run_dir / LOG_FILE)
+    attempts = record_attempt(run_dir, wall, code)
+    if interrupted:
+        log.warning("interrupted: %s, seed %d (exit %d); run again to continue it", row.name, seed, code)
+        raise KeyboardInterrupt
     if code != 0:
-        tail = (run_dir / "experiment.log").read_text(encoding="utf-8", errors="replace").splitlines()[-20:]
         log.error("failed (exit %d): %s, seed %d; last lines of %s:\n%s", code, row.name, seed,
-                  run_dir / "experiment.log", "\n".join(tail))
+                  run_dir / LOG_FILE, log_tail(run_dir))
         return False
-    done = {"row": row.name, "seed": seed, "command": command,
-            "wall_s": round(sum(a["wall_s"] for a in attempts), 1), **read_val_metrics(run_dir / "metrics.jsonl")}
+    metrics = read_val_metrics(run_dir / "metrics.jsonl")
+    max_steps = max_steps_of(run_dir)
+    if max_steps is not None and metrics.get("final_step") != max_steps:
+        log.error("stopped early (a signal?) at step %s of %d: %s, seed %d; run again to continue it",
+                  metrics.get("final_step", 0), max_steps, row.name, seed)
+        return False
+    done = {"row": row.name, "seed": seed, "command": command, "config_sha256": file_sha256(row.config),
+            "wall_s": round(sum(a["wall_s"] for a in attempts), 1),
+            "attempts_wall_s": [a["wall_s"] for a in attempts], **metrics}
     atomic_write_text(run_dir / DONE_FILE, json.dumps(done, indent=1) + "\n")
     log.info("done: %s, seed %d in %.0f s: final mIoU %.4f, best %.4f (step %s)", row.name, seed, wall,
-             done.get("final_mIoU", float("nan")), done.get("best_mIoU", float("nan")), done.get("best_step"))
+             _or_nan(done.get("final_mIoU")), _or_nan(done.get("best_mIoU")), done.get("best_step"))
     return True
+
+
+def _or_nan(value: Optional[float]) -> float:
+    return float("nan") if value is None else value
 
 
 # ------------------------------------------------------------------------------ table
@@ -196,7 +347,7 @@ def collect_results(grid: Grid, out: Path) -> dict[str, Any]:
     rows = []
     for row in grid.rows:
         runs = []
-        for seed in grid.seeds:
+        for seed in grid.seeds_of(row):
             path = run_dir_for(out, row, seed) / DONE_FILE
             if path.is_file():
                 done = json.loads(path.read_text(encoding="utf-8"))
@@ -204,7 +355,8 @@ def collect_results(grid: Grid, out: Path) -> dict[str, Any]:
                              **{k: done.get(k) for k in ("final_mIoU", "best_mIoU", "best_step", "final_step", "wall_s")}})
         final_mean, final_std = _mean_std([r["final_mIoU"] for r in runs if r["final_mIoU"] is not None])
         best_mean, best_std = _mean_std([r["best_mIoU"] for r in runs if r["best_mIoU"] is not None])
-        rows.append({"name": row.name, "config": row.config, "overrides": row.overrides, "n": len(runs),
+        rows.append({"name": row.name, "config": row.config, "overrides": row.overrides,
+                     "seeds": grid.seeds_of(row), "n": len(runs),
                      "final_mean": final_mean, "final_std": final_std, "best_mean": best_mean, "best_std": best_std,
                      "wall_mean_s": statistics.fmean([r["wall_s"] for r in runs]) if runs else None, "runs": runs})
     total = sum(r["wall_s"] or 0 for row in rows for r in row["runs"])
@@ -215,7 +367,7 @@ def collect_results(grid: Grid, out: Path) -> dict[str, Any]:
 def _points(mean: Optional[float], std: Optional[float]) -> str:
     if mean is None:
         return "-"
-    return f"{100 * mean:.1f} ± {100 * std:.1f}" if std is not None else f"{100 * mean:.1f}"
+    return f"{100 * mean:.1f} ± {100 * std:.1f}" if std is not None else f"{100 * mean:.1f} ± -"
 
 
 def markdown_table(results: dict[str, Any]) -> str:
@@ -224,17 +376,20 @@ def markdown_table(results: dict[str, Any]) -> str:
         f"Grid `{results['grid']}`, seeds {', '.join(map(str, seeds))}; total wall time "
         f"{results['total_wall_s'] / 60:.1f} min. val mIoU in points (mean ± sample std over seeds).",
         "",
-        "| row | n | final mIoU | best mIoU | per-seed final | wall (s, mean) |",
+        "| row | n | final mIoU (mean ± std) | best mIoU (mean ± std) | per-seed final | wall (s, mean) |",
         "|---|---|---|---|---|---|",
     ]
     for row in results["rows"]:
         by_seed = {r["seed"]: r for r in row["runs"]}
+        row_seeds = row.get("seeds", seeds)
         per_seed = " / ".join(
             f"{100 * by_seed[s]['final_mIoU']:.1f}" if s in by_seed and by_seed[s]["final_mIoU"] is not None else "missing"
-            for s in seeds
+            for s in row_seeds
         )
+        if row_seeds != seeds:
+            per_seed += f" (seed{'s' if len(row_seeds) > 1 else ''} {', '.join(map(str, row_seeds))})"
         wall = f"{row['wall_mean_s']:.0f}" if row["wall_mean_s"] is not None else "-"
-        lines.append(f"| {row['name']} | {row['n']}/{len(seeds)} | {_points(row['final_mean'], row['final_std'])} | "
+        lines.append(f"| {row['name']} | {row['n']}/{len(row_seeds)} | {_points(row['final_mean'], row['final_std'])} | "
                      f"{_points(row['best_mean'], row['best_std'])} | {per_seed} | {wall} |")
     return "\n".join(lines) + "\n"
 
@@ -251,6 +406,14 @@ def write_table(grid: Grid, out: Path) -> str:
 # ------------------------------------------------------------------------------ CLI
 
 
+def dry_run_line(grid: Grid, row: Row, seed: int, run_dir: Path) -> str:
+    command = command_for(grid, row, seed, run_dir)
+    if not (run_dir / DONE_FILE).is_file():
+        return " ".join(command)
+    stale = stale_reason(json.loads((run_dir / DONE_FILE).read_text(encoding="utf-8")), row, command)
+    return f"done (but {stale})" if stale else "done"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="experiment", description=__doc__.split("\n\n")[0])
     parser.add_argument("grid", type=Path, help="the grid YAML")
@@ -265,17 +428,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     grid = load_grid(args.grid)
-    if args.seeds:
-        grid.seeds = list(args.seeds)
+    if args.seeds:  # every row, those with seeds of their own included
+        grid.seeds = check_seeds(list(args.seeds), "--seeds")
+        for row in grid.rows:
+            row.seeds = None
     out = args.out or Path("runs") / "experiments" / grid.name
     failed = []
     if not args.table_only:
         for row in grid.rows:
-            for seed in grid.seeds:
+            for seed in grid.seeds_of(row):
                 run_dir = run_dir_for(out, row, seed)
                 if args.dry_run:
-                    state = "done" if (run_dir / DONE_FILE).is_file() else " ".join(command_for(grid, row, seed, run_dir))
-                    sys.stdout.write(f"{row.name}, seed {seed}: {state}\n")
+                    sys.stdout.write(f"{row.name}, seed {seed}: {dry_run_line(grid, row, seed, run_dir)}\n")
                 elif not run_one(grid, row, seed, out):
                     failed.append(f"{row.name} (seed {seed})")
     if args.dry_run:

@@ -125,6 +125,9 @@ class OptimizerConfig(Section):
     weight_decay: float = 0.0
     betas: list[float] = [0.9, 0.999]
     poly_power: float = 0.9  # lr = base_lr * (1 - step / max_steps) ** poly_power
+    # torch's update kernels: auto = torch's choice (foreach on CUDA, a per-tensor loop on the
+    # CPU); foreach = one multi-tensor op per group; fused = one fused kernel (CPU and CUDA).
+    implementation: Literal["auto", "for_loop", "foreach", "fused"] = "auto"
 
 
 class OptimConfig(Section):
@@ -198,6 +201,11 @@ class TrainConfig(Section):
     deterministic: bool = False
     # linear: multiply both learning rates by the world size (DDP: the global batch grows with it).
     lr_scaling: Literal["none", "linear"] = "none"
+    # Both networks' weights (and so their activations) in channels_last memory format.
+    channels_last: bool = False
+    # Precise per-phase timing: synchronise the device around every phase of the step (costs a
+    # sync per phase on CUDA). Off: CUDA events, read at log time (segadv/monitor/profile.py).
+    profile: bool = False
 
 
 class CheckpointConfig(Section):

@@ -58,7 +58,14 @@ class AmpOptimizer:
 
     def backward_and_step(self, loss: torch.Tensor) -> None:
         """Scaled backward, optimizer step (skipped on inf/nan gradients), scale update, LR step."""
+        self.backward(loss)
+        self.step()
+
+    def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
+
+    def step(self) -> None:
+        """Optimizer step (skipped on inf/nan gradients), scale update, gradients cleared, LR step."""
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)

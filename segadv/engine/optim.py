@@ -12,15 +12,19 @@ from segadv.config.schema import OptimizerConfig
 log = logging.getLogger(__name__)
 
 
+IMPLEMENTATIONS = {"auto": {}, "for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+
+
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
+    kernels = IMPLEMENTATIONS[cfg.implementation]
     if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **kernels)
     betas = (cfg.betas[0], cfg.betas[1])
     if cfg.name == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
+        return torch.optim.Adam(params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay, **kernels)
     if cfg.name == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay, **kernels)
     raise KeyError(f"unknown optimizer {cfg.name!r}; valid: ['adam', 'adamw', 'sgd']")
 
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from segadv.engine.amp_optimizer import AmpOptimizer
 from segadv.engine.losses import masked_bce_with_logits, one_hot_labels
+from segadv.monitor.profile import PhaseTimer, transfer_device
 from segadv.parallel.device_map import DeviceMap
 from segadv.parallel.placement import to_device, unwrap
 
@@ -81,6 +82,7 @@ class AdversarialStep:
         ignore_index: int,
         lambda_adv: float,
         adv_warmup_steps: int = 0,
+        phases: PhaseTimer | None = None,
     ) -> None:
         self.generator = generator
         self.discriminator = discriminator
@@ -91,6 +93,8 @@ class AdversarialStep:
         self.ignore_index = ignore_index
         self.lambda_adv = lambda_adv
         self.adv_warmup_steps = adv_warmup_steps
+        # Per-phase time (segadv/monitor/profile.py); methods built on this step share it.
+        self.phases = phases if phases is not None else PhaseTimer()
 
     def adversarial_active(self, step: int) -> bool:
         return self.lambda_adv > 0 and step >= self.adv_warmup_steps
@@ -98,9 +102,12 @@ class AdversarialStep:
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> StepLosses:
         """One G update then one D update. ``step`` counts completed steps before this one."""
         g_dev, d_dev = self.device_map.generator, self.device_map.discriminator
-        images = to_device(images, g_dev)
-        labels_g = to_device(labels, g_dev)
-        labels_d = labels_g if d_dev == g_dev else to_device(labels, d_dev)
+        # The loader's batch to the devices (host-to-device copies run on the target's stream).
+        with self.phases.phase("input_copy", transfer_device(images.device, g_dev)):
+            images = to_device(images, g_dev)
+            labels_g = to_device(labels, g_dev)
+        with self.phases.phase("input_copy", transfer_device(labels.device, d_dev)):
+            labels_d = labels_g if d_dev == g_dev else to_device(labels, d_dev)
         valid_d = labels_d != self.ignore_index
         self.generator.train()
         self.discriminator.train()
@@ -117,31 +124,42 @@ class AdversarialStep:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Returns G's detached probabilities on D's device, the CE loss and the adversarial loss
         (None while the adversarial term is off)."""
-        logits = generator_logits(self.generator, self.opt_g, images)
-        loss_seg = F.cross_entropy(logits, labels, ignore_index=self.ignore_index)
-        probs_d = to_device(logits.softmax(dim=1), self.device_map.discriminator)
-        loss = loss_seg
-        loss_adv = None
-        if self.adversarial_active(step):
-            d_out = discriminator_view(self.discriminator, self.opt_d, probs_d)
-            loss_adv = masked_bce_with_logits(d_out, REAL, valid_d)
-            # G's scaler also scales this term when D runs in float16 (build.py): unscaled, its
-            # per-pixel gradient underflows to zero in D's float16 backward.
-            loss = loss_seg + self.lambda_adv * to_device(loss_adv, loss_seg.device)
-        self.opt_g.backward_and_step(loss)
+        g_dev, d_dev = self.device_map.generator, self.device_map.discriminator
+        with self.phases.phase("g_fwd_bwd", g_dev):
+            logits = generator_logits(self.generator, self.opt_g, images)
+            loss_seg = F.cross_entropy(logits, labels, ignore_index=self.ignore_index)
+            probs = logits.softmax(dim=1)
+        with self.phases.phase("transfer", transfer_device(g_dev, d_dev)):
+            probs_d = to_device(probs, d_dev)
+        with self.phases.phase("g_fwd_bwd", g_dev):
+            loss = loss_seg
+            loss_adv = None
+            if self.adversarial_active(step):
+                d_out = discriminator_view(self.discriminator, self.opt_d, probs_d)
+                loss_adv = masked_bce_with_logits(d_out, REAL, valid_d)
+                # G's scaler also scales this term when D runs in float16 (build.py): unscaled, its
+                # per-pixel gradient underflows to zero in D's float16 backward.
+                loss = loss_seg + self.lambda_adv * to_device(loss_adv, loss_seg.device)
+            self.opt_g.backward(loss)
+        with self.phases.phase("optimizer", g_dev):
+            self.opt_g.step()
         return probs_d.detach(), loss_seg.detach(), None if loss_adv is None else loss_adv.detach()
 
     def update_discriminator(
         self, probs_d: torch.Tensor, labels_d: torch.Tensor, valid_d: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns D's loss and its (detached) logits on the fake maps."""
-        real_maps = one_hot_labels(labels_d, self.num_classes, valid_d)
-        # One forward over fake and real together: DDP expects one forward per backward, and D
-        # has no batch statistics, so this equals two separate forwards.
-        with self.opt_d.autocast():
-            fake_logits, real_logits = self.discriminator(torch.cat([probs_d, real_maps])).chunk(2)
-        loss_d = masked_bce_with_logits(fake_logits, FAKE, valid_d) + masked_bce_with_logits(
-            real_logits, REAL, valid_d
-        )
-        self.opt_d.backward_and_step(loss_d)
+        d_dev = self.device_map.discriminator
+        with self.phases.phase("d_fwd_bwd", d_dev):
+            real_maps = one_hot_labels(labels_d, self.num_classes, valid_d)
+            # One forward over fake and real together: DDP expects one forward per backward, and D
+            # has no batch statistics, so this equals two separate forwards.
+            with self.opt_d.autocast():
+                fake_logits, real_logits = self.discriminator(torch.cat([probs_d, real_maps])).chunk(2)
+            loss_d = masked_bce_with_logits(fake_logits, FAKE, valid_d) + masked_bce_with_logits(
+                real_logits, REAL, valid_d
+            )
+            self.opt_d.backward(loss_d)
+        with self.phases.phase("optimizer", d_dev):
+            self.opt_d.step()
         return loss_d.detach(), fake_logits.detach()

@@ -4,45 +4,31 @@ from __future__ import annotations
 
 from typing import Callable
 
-from torch import nn
-
 from segadv.config import Config
-from segadv.engine.amp_optimizer import AmpOptimizer
 from segadv.engine.step import AdversarialStep
 from segadv.methods.advsemiseg import AdvSemiSeg
 from segadv.methods.base import Method
 from segadv.methods.supervised import Supervised
-from segadv.parallel.device_map import DeviceMap
 
 
-def _supervised(cfg: Config, step: AdversarialStep, *_: object) -> Method:
+def _supervised(cfg: Config, step: AdversarialStep) -> Method:
     return Supervised(step)
 
 
-def _advsemiseg(
-    cfg: Config, step: AdversarialStep, generator: nn.Module, discriminator: nn.Module,
-    opt_g: AmpOptimizer, opt_d: AmpOptimizer, device_map: DeviceMap,
-) -> Method:
-    return AdvSemiSeg(
-        generator, discriminator, opt_g, opt_d, device_map,
-        num_classes=cfg.data.num_classes, ignore_index=cfg.data.ignore_index,
-        lambda_adv=cfg.loss.lambda_adv, adv_warmup_steps=cfg.loss.adv_warmup_steps,
-        settings=cfg.method.advsemiseg,
-    )
+def _advsemiseg(cfg: Config, step: AdversarialStep) -> Method:
+    return AdvSemiSeg(step, cfg.method.advsemiseg)
 
 
 METHODS: dict[str, Callable[..., Method]] = {"supervised": _supervised, "advsemiseg": _advsemiseg}
 
 
-def build_method(
-    cfg: Config, step: AdversarialStep, generator: nn.Module, discriminator: nn.Module,
-    opt_g: AmpOptimizer, opt_d: AmpOptimizer, device_map: DeviceMap,
-) -> Method:
-    """``step``: the supervised step over the same (wrapped) networks and optimizers."""
+def build_method(cfg: Config, step: AdversarialStep) -> Method:
+    """``step``: the supervised step; its (wrapped) networks, optimizers and device map are the
+    ones every method trains."""
     name = cfg.method.name
     if name not in METHODS:
         raise KeyError(f"unknown method {name!r}; methods: {', '.join(sorted(METHODS))}")
-    return METHODS[name](cfg, step, generator, discriminator, opt_g, opt_d, device_map)
+    return METHODS[name](cfg, step)
 
 
 def passes_generator_loss_through_discriminator(cfg: Config) -> bool:

@@ -23,10 +23,15 @@ def activate(device_map: DeviceMap) -> None:
         torch.cuda.set_device(cuda[0])
 
 
-def place_networks(generator: nn.Module, discriminator: nn.Module, device_map: DeviceMap) -> None:
+def place_networks(
+    generator: nn.Module, discriminator: nn.Module, device_map: DeviceMap, channels_last: bool = False
+) -> None:
+    """``channels_last``: 4-D weights in NHWC order, so convolutions take and give NHWC
+    activations (faster convolutions on recent GPUs and oneDNN CPUs; inputs convert on the way in)."""
     activate(device_map)
-    generator.to(device_map.generator)
-    discriminator.to(device_map.discriminator)
+    memory_format = torch.channels_last if channels_last else torch.preserve_format
+    generator.to(device_map.generator, memory_format=memory_format)
+    discriminator.to(device_map.discriminator, memory_format=memory_format)
     log.info(
         "placement: G on %s (%s params), D on %s (%s params)",
         device_map.generator, f"{count_parameters(generator):,}",

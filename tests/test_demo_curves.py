@@ -1,0 +1,36 @@
+"""tools/demo_curves.py: accuracy against training time from metrics.jsonl."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("demo_curves", ROOT / "tools" / "demo_curves.py")
+demo_curves = importlib.util.module_from_spec(spec)
+sys.modules["demo_curves"] = demo_curves
+spec.loader.exec_module(demo_curves)
+
+
+def write_run(run_dir: Path, points) -> Path:
+    run_dir.mkdir(parents=True)
+    lines = [json.dumps({"step": 1, "train/loss_seg": 1.0})]  # not an evaluation
+    lines += [json.dumps({"step": step, "val/mIoU": miou, "perf/train_seconds": t}) for t, step, miou in points]
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return run_dir
+
+
+def test_time_to_threshold_is_the_first_evaluation_at_or_above_it(tmp_path, capsys):
+    a = write_run(tmp_path / "a", [(50.0, 100, 0.6), (100.0, 200, 0.80), (150.0, 300, 0.79), (200.0, 400, 0.86)])
+    b = write_run(tmp_path / "b", [(60.0, 100, 0.5), (130.0, 200, 0.81), (210.0, 300, 0.85)])
+    c = write_run(tmp_path / "c", [(70.0, 100, 0.5), (140.0, 200, 0.7)])
+    assert demo_curves.main([str(a), str(b), str(c), "--threshold", "0.8"]) == 0
+    out = capsys.readouterr().out
+    assert "a: mIoU >= 0.80 at 100 s (step 200, mIoU 0.800); final 0.860 at 200 s (step 400)" in out
+    assert "c: mIoU >= 0.80 at never" in out
+    assert "median 130 s, worst inf s over 3 run(s)" in out
+
+
+def test_a_dir_without_metrics_exits_2(tmp_path, capsys):
+    assert demo_curves.main([str(tmp_path / "nothing")]) == 2
+    assert "metrics.jsonl: no such file" in capsys.readouterr().err

@@ -1,0 +1,103 @@
+"""The time profile: every phase's time lands in that phase, the table accounts for the whole wall
+time, and timing never syncs the device per step (CUDA: events read at log time)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from segadv.build import build_training
+from segadv.monitor.profile import STEP_PHASES, PhaseTimer, RunProfile, transfer_device
+from segadv.parallel import parse_device_map, unwrap
+from segadv.train import train
+
+from test_step import batch
+
+SLEEP = 0.05
+
+
+def test_time_lands_in_its_phase(tiny_cfg, monkeypatch):
+    """Slow down exactly one phase's work; the added time shows in that phase and no other."""
+    parts = build_training(tiny_cfg, parse_device_map("cpu"))
+    images, labels = batch(tiny_cfg)
+    parts.step(images, labels, step=0)  # first-call costs out of the way
+    base = PhaseTimer()
+    parts.step.phases = base
+    for step in range(3):
+        parts.step(images, labels, step=step)
+
+    slowed = PhaseTimer()
+    parts.step.phases = slowed
+    real_step = parts.opt_d.step
+
+    def slow_step():
+        time.sleep(SLEEP)
+        real_step()
+
+    monkeypatch.setattr(parts.opt_d, "step", slow_step)
+    for step in range(3):
+        parts.step(images, labels, step=step)
+    assert set(STEP_PHASES) == set(slowed.seconds) == set(base.seconds)
+    added = {name: slowed.seconds[name] - base.seconds[name] for name in STEP_PHASES}
+    assert added["optimizer"] >= 3 * SLEEP
+    # The other phases did the same work (noise on a shared 2-core machine: well under the sleeps).
+    assert all(abs(added[name]) < 3 * SLEEP for name in STEP_PHASES if name != "optimizer"), added
+
+
+def test_run_profile_accounts_for_the_wall_time():
+    profile = RunProfile(PhaseTimer())
+    with profile.host_phase("evaluation"):
+        time.sleep(SLEEP)
+    profile.phases.add("data/labeled", 0.01)
+    wall, seconds = profile.table()
+    assert seconds["evaluation"] >= SLEEP and seconds["data/labeled"] == 0.01
+    assert sum(seconds.values()) == pytest.approx(wall)
+
+
+def test_a_finished_run_logs_the_profile_table(tiny_cfg, caplog):
+    caplog.set_level("INFO", logger="segadv.train")
+    result = train(tiny_cfg)
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    final = {k: v for r in records if r["step"] == 4 for k, v in r.items()}
+    phases = [*STEP_PHASES, "data/labeled", "evaluation", "checkpoint", "logging", "other"]
+    shares = {name: final[f"perf/share/{name}"] for name in phases}
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert not {k for k in final if k.startswith("perf/share/")} - {f"perf/share/{n}" for n in phases}
+    assert shares["g_fwd_bwd"] > 0 and shares["d_fwd_bwd"] > 0 and shares["evaluation"] > 0
+    assert final["perf/time/wall"] > 0 and final["perf/peak_mem_gib/cpu"] > 0
+    assert "time profile" in caplog.text and "g_fwd_bwd" in caplog.text
+
+
+def test_channels_last_places_both_networks_in_nhwc(tiny_cfg):
+    tiny_cfg.train.channels_last = True
+    parts = build_training(tiny_cfg, parse_device_map("cpu"))
+    for network in (parts.generator, parts.discriminator):
+        convs = [p for p in unwrap(network).parameters() if p.dim() == 4 and p.shape[-1] > 1]
+        assert convs and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
+
+
+def test_copies_are_timed_on_the_stream_that_runs_them():
+    cpu, cuda0, cuda1 = torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 1)
+    assert transfer_device(cpu, cuda0) == cuda0  # host-to-device: the target's stream
+    assert transfer_device(cuda1, cuda0) == cuda1  # peer copy: the source's stream
+    assert transfer_device(cuda0, cpu) == cuda0
+    assert transfer_device(cpu, cpu) == cpu
+
+
+@pytest.mark.cuda
+def test_cuda_phases_record_events_and_read_them_at_log_time():
+    device = torch.device("cuda", 0)
+    timer = PhaseTimer()
+    x = torch.randn(2048, 2048, device=device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            with timer.phase("g_fwd_bwd", device):
+                x = (x @ x).tanh()
+    names = [e.name for e in prof.events()]
+    assert not [n for n in names if n in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")]
+    assert timer.seconds.get("g_fwd_bwd", 0.0) == 0.0  # nothing read yet
+    timer.resolve()
+    assert timer.seconds["g_fwd_bwd"] > 0

@@ -1,0 +1,106 @@
+#!/usr/bin/env python
+"""Accuracy against training time of one or more runs: the numbers as text, the curves as a PNG.
+
+Reads each run dir's ``metrics.jsonl``: ``val/mIoU`` and ``perf/train_seconds`` (the training
+loop's wall time when that evaluation began) at every evaluation.
+
+    python tools/demo_curves.py RUN_DIR [RUN_DIR ...] [--threshold 0.80] [--png FILE]
+
+Prints per run the first evaluation at or above the threshold (seconds, step) and the final one,
+then the median and worst time to the threshold. ``--png`` needs matplotlib
+(``pip install -e ".[plot]"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from segadv.errors import UserError, cli_entry
+
+
+@dataclass
+class Curve:
+    run: str
+    points: list[tuple[float, int, float]]  # (train seconds, step, val mIoU)
+
+    def first_at(self, threshold: float) -> Optional[tuple[float, int, float]]:
+        return next((p for p in self.points if p[2] >= threshold), None)
+
+
+def read_curve(run_dir: Path) -> Curve:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise UserError(f"{path}: no such file (is {run_dir} a run dir?)")
+    points = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "val/mIoU" in record and "perf/train_seconds" in record:
+            points.append((float(record["perf/train_seconds"]), int(record["step"]), float(record["val/mIoU"])))
+    if not points:
+        raise UserError(f"{path}: no evaluation with perf/train_seconds (a run from before it was logged?)")
+    return Curve(str(run_dir), sorted(points))
+
+
+def report(curves: list[Curve], threshold: float) -> str:
+    lines = []
+    reached = []
+    for curve in curves:
+        first, (t_end, step_end, miou_end) = curve.first_at(threshold), curve.points[-1]
+        passed = f"{first[0]:.0f} s (step {first[1]}, mIoU {first[2]:.3f})" if first else "never"
+        lines.append(f"{curve.run}: mIoU >= {threshold:.2f} at {passed}; final {miou_end:.3f} at "
+                     f"{t_end:.0f} s (step {step_end})")
+        reached.append(first[0] if first else float("inf"))
+    lines.append(f"time to mIoU >= {threshold:.2f}: median {statistics.median(reached):.0f} s, "
+                 f"worst {max(reached):.0f} s over {len(curves)} run(s)")
+    return "\n".join(lines)
+
+
+def plot(curves: list[Curve], threshold: float, png: Path, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError('--png needs matplotlib: pip install -e ".[plot]"') from None
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+    for curve in curves:
+        seconds, _, miou = zip(*curve.points)
+        ax.plot(seconds, miou, marker="o", markersize=3, label=Path(curve.run).name)
+    ax.axhline(threshold, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xlabel("training wall time (s)")
+    ax.set_ylabel("val mIoU")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png)
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="demo_curves.py", description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories")
+    parser.add_argument("--threshold", type=float, default=0.80)
+    parser.add_argument("--png", type=Path, help="write the curves here")
+    parser.add_argument("--title", default="make demo: val mIoU against training time")
+    args = parser.parse_args(argv)
+    curves = [read_curve(run) for run in args.runs]
+    sys.stdout.write(report(curves, args.threshold) + "\n")
+    if args.png:
+        plot(curves, args.threshold, args.png, args.title)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
