@@ -16,7 +16,7 @@ from segadv.train import train
 
 from test_step import batch
 
-SLEEP = 0.05
+SLEEP = 0.2
 
 
 def test_time_lands_in_its_phase(tiny_cfg, monkeypatch):
@@ -41,19 +41,20 @@ def test_time_lands_in_its_phase(tiny_cfg, monkeypatch):
     for step in range(3):
         parts.step(images, labels, step=step)
     assert set(STEP_PHASES) == set(slowed.seconds) == set(base.seconds)
-    added = {name: slowed.seconds[name] - base.seconds[name] for name in STEP_PHASES}
-    assert added["optimizer"] >= 3 * SLEEP
-    # The other phases did the same work (noise on a shared 2-core machine: well under the sleeps).
-    assert all(abs(added[name]) < 3 * SLEEP for name in STEP_PHASES if name != "optimizer"), added
+    assert slowed.seconds["optimizer"] >= 3 * SLEEP  # the sleeps are inside the phase
+    # ... and in no other: those did the same work as before (noise on a shared 2-core machine
+    # stays well under the 0.6 s of sleeps).
+    added = {name: slowed.seconds[name] - base.seconds[name] for name in STEP_PHASES if name != "optimizer"}
+    assert all(value < 1.5 * SLEEP for value in added.values()), added
 
 
 def test_run_profile_accounts_for_the_wall_time():
     profile = RunProfile(PhaseTimer())
     with profile.host_phase("evaluation"):
         time.sleep(SLEEP)
-    profile.phases.add("data/labeled", 0.01)
+    time.sleep(SLEEP / 2)  # in no phase
     wall, seconds = profile.table()
-    assert seconds["evaluation"] >= SLEEP and seconds["data/labeled"] == 0.01
+    assert seconds["evaluation"] >= SLEEP and seconds["other"] >= SLEEP / 2
     assert sum(seconds.values()) == pytest.approx(wall)
 
 
