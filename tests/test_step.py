@@ -88,7 +88,7 @@ def test_generator_update_leaves_d_alone_and_d_update_leaves_g_alone(tiny_cfg):
 
 def generator_grads(parts, images, labels, step):
     """G's gradients from one G update, captured before the optimizer step."""
-    parts.opt_g.backward_and_step = lambda loss: loss.backward()
+    parts.opt_g.step = lambda: None  # keep the gradients (the step would apply and clear them)
     torch.manual_seed(1)  # same dropout masks as the reference forward
     valid = labels != parts.step.ignore_index
     parts.step.update_generator(images, labels, valid, step=step)
