@@ -47,6 +47,7 @@ class TrainResult:
     step: int
     val_metrics: dict[str, object]
     stopped_by: str | None = None  # the signal that ended the run early, if any
+    best: dict[str, float] | None = None  # the best evaluation: {"mIoU", "step"} (checkpoints/best.pt)
 
 
 def train(
@@ -73,6 +74,7 @@ def train(
     loaders, val_loader = build_stream_loaders(
         cfg.data, parts.method.streams, seed=cfg.train.seed, pin_memory=device_map.generator.type == "cuda",
         run_dir=run_dir, rank=env.rank, world_size=env.world_size, batch_sizes=stream_batch_sizes(cfg),
+        target=cfg.target_data,
     )
     streams = Streams({name: Stream(name, loader) for name, loader in loaders.items()})
     panel_images = first_images(streams[parts.method.panel_stream], cfg.log.num_images) \
@@ -82,10 +84,14 @@ def train(
     checkpointer = Checkpointer(run_dir, cfg.checkpoint.every, cfg.checkpoint.keep_last)
     if env.is_main:
         checkpointer.remove_stale_temp_files()
-    step, resumed_from = (0, None) if resume is None else resume_training(
+    step, resumed_from, best = (0, None, None) if resume is None else resume_training(
         resume, checkpointer, parts, streams, trusted)
     if env.is_main:
         checkpointer.archive_later_checkpoints(step, resumed_from)
+    if best is not None and not checkpointer.best_path.is_file():
+        log.warning("best.pt (val mIoU %.4f at step %d) is gone (abandoned or removed): the next evaluation "
+                    "writes a new one", best["mIoU"], best["step"])
+        best = None
     distributed.barrier()  # everyone has read the checkpoint before rank 0 writes anything
     if env.is_main:
         dump_config(cfg, run_dir / "config.yaml")
@@ -94,13 +100,18 @@ def train(
         writer = NullWriter(run_dir)
     config_dict = config_to_dict(cfg)
 
-    def save(at_step: int) -> None:
+    def save(at_step: int, as_best: bool = False) -> None:
         rng = distributed.gather_objects(capture_rng_state(device_map.devices))  # one per rank
         if env.is_main:
-            checkpointer.save(at_step, training_state(
+            state = training_state(
                 at_step, parts.generator, parts.discriminator, parts.opt_g, parts.opt_d, config_dict, rng=rng,
-                data_streams=streams.state_dict(),
-            ))
+                data_streams=streams.state_dict(), aux_discriminator=parts.aux_discriminator,
+                opt_d_aux=parts.opt_d_aux, best=best,
+            )
+            if as_best:
+                checkpointer.save_best(at_step, state, best)
+            else:
+                checkpointer.save(at_step, state)
         distributed.barrier()  # nobody races ahead of (or exits before) the write
 
     max_steps = cfg.train.max_steps
@@ -136,6 +147,12 @@ def train(
                                                      train_seconds=profile.elapsed())
                         if panel_images is not None:
                             log_method_panel(cfg, parts, panel_images, writer, step)
+                    if best is None or val_metrics["mIoU"] > best["mIoU"]:
+                        # The same metrics on every rank (all-reduced), so every rank agrees.
+                        best = {"mIoU": float(val_metrics["mIoU"]), "step": step}
+                        with profile.host_phase("checkpoint"):
+                            save(step, as_best=True)
+                    writer.scalars(step, {"val/best_mIoU": best["mIoU"]})
                 if checkpointer.due(step, final) or interrupted:
                     with profile.host_phase("checkpoint"):
                         save(step)
@@ -151,15 +168,16 @@ def train(
     if stopped_by and step < max_steps:
         log.info("stopped (%s) at step %d/%d; checkpoint: %s", stopped_by, step, max_steps, checkpointer.last_path)
         log.info("resume with: segadv-train --run-dir %s --resume auto", run_dir)
-        return TrainResult(run_dir, step, val_metrics, stopped_by)
+        return TrainResult(run_dir, step, val_metrics, stopped_by, best)
     log.info(
-        "done: %d steps, final val mIoU %.4f, pixel accuracy %.4f",
+        "done: %d steps, final val mIoU %.4f, pixel accuracy %.4f; best val mIoU %.4f at step %d",
         step, val_metrics.get("mIoU", float("nan")), val_metrics.get("pixel_acc", float("nan")),
+        best["mIoU"] if best else float("nan"), best["step"] if best else -1,
     )
-    log.info("checkpoint: %s", checkpointer.last_path)
+    log.info("checkpoints: %s (final), %s (best)", checkpointer.last_path, checkpointer.best_path)
     if cfg.log.tensorboard:
         log.info("TensorBoard logs: %s  (view: tensorboard --logdir %s)", writer.tensorboard_dir, writer.tensorboard_dir)
-    return TrainResult(run_dir, step, val_metrics)
+    return TrainResult(run_dir, step, val_metrics, best=best)
 
 
 def log_time_profile(writer: MetricWriter, profile: RunProfile, devices: list[torch.device], step: int) -> None:
@@ -189,18 +207,20 @@ def initialise_weights(cfg: Config, parts: Training, trusted: bool) -> None:
 
 def resume_training(
     resume: str, checkpointer: Checkpointer, parts: Training, streams: Streams, trusted: bool
-) -> tuple[int, Path | None]:
+) -> tuple[int, Path | None, dict | None]:
     """Restore networks, optimizers, schedulers, scalers, data stream positions and RNGs; returns
-    the step to continue from and the file it came from (None: nothing to resume, a fresh start)."""
+    the step to continue from, the file it came from (None: nothing to resume, a fresh start) and
+    the best evaluation so far."""
     if resume == "auto":
         found = checkpointer.newest_loadable(trusted)
         if found is None:
             log.info("--resume auto: no checkpoint in %s, starting fresh", checkpointer.directory)
-            return 0, None
+            return 0, None, None
         path, ckpt = found
     else:
         path, ckpt = Path(resume), read_checkpoint(resume, trusted=trusted)
-    step = restore_training_state(ckpt, parts.generator, parts.discriminator, parts.opt_g, parts.opt_d)
+    step = restore_training_state(ckpt, parts.generator, parts.discriminator, parts.opt_g, parts.opt_d,
+                                  parts.aux_discriminator, parts.opt_d_aux)
     streams.load_state_dict(ckpt.get("data_streams"), step)
     rng = ckpt.get("rng")
     if isinstance(rng, list):  # one state per rank
@@ -212,7 +232,7 @@ def resume_training(
     elif rng:
         restore_rng_state(rng)
     log.info("resumed from %s at step %d", path, step)
-    return step, path
+    return step, path, ckpt.get("best")
 
 
 def log_training(
@@ -228,6 +248,8 @@ def log_training(
         "amp/scale_d": parts.opt_d.loss_scale(),
         **perf,
     })
+    if parts.opt_d_aux is not None:
+        scalars.update({"train/lr_d_aux": parts.opt_d_aux.lr, "amp/scale_d_aux": parts.opt_d_aux.loss_scale()})
     writer.scalars(step, scalars)
     progress.update(step, losses)
 

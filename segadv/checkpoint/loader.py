@@ -24,6 +24,7 @@ from torch import nn
 
 from segadv.checkpoint.io import read_checkpoint
 from segadv.errors import UserError
+from segadv.models.generator import AUX_HEAD_PREFIX
 from segadv.parallel.placement import unwrap
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ def load_weights(
     target = unwrap(model)
     expected = target.state_dict()
     location, flat = find_state_dict(obj, role)
+    flat, dropped_aux = drop_training_only_head(flat, expected)
     skipped = sorted(k for k in expected if any(fnmatch.fnmatchcase(k, p) for p in exclude))
     required = {k: v for k, v in expected.items() if k not in skipped}
     if not required:
@@ -84,7 +86,22 @@ def load_weights(
     target.load_state_dict(state)  # strict: every key present, none extra
     report = LoadReport(name, location, prefix, sorted(set(expected) - set(skipped)), skipped, other)
     _log_report(report, role)
+    if dropped_aux:
+        log.info("%s: the file's aux head (%d tensors, training only) is not part of this model: left out",
+                 role, dropped_aux)
     return report
+
+
+def drop_training_only_head(
+    flat: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], int]:
+    """A multi-level G's aux head (``aux_head.*``, segadv/models/generator.py) exists only for
+    training: into a model without one (evaluation, export, predict, convert) its keys are left
+    out, and every other key still loads strictly. Returns the kept keys and how many were left."""
+    if any(k.startswith(AUX_HEAD_PREFIX) for k in expected):
+        return dict(flat), 0
+    kept = {k: v for k, v in flat.items() if not ("." + k).count("." + AUX_HEAD_PREFIX)}
+    return kept, len(flat) - len(kept)
 
 
 def find_state_dict(obj: Mapping[str, Any], role: str) -> tuple[str, dict[str, torch.Tensor]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -15,6 +16,7 @@ from segadv import __version__
 from segadv.checkpoint.io import read_checkpoint, save_checkpoint
 from segadv.engine.amp_optimizer import AmpOptimizer
 from segadv.errors import UserError
+from segadv.fsutil import atomic_write_text
 from segadv.parallel.placement import unwrap
 
 log = logging.getLogger(__name__)
@@ -23,6 +25,7 @@ FORMAT = "segadv"
 FORMAT_VERSION = 1
 ABANDONED_DIR = "abandoned"
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+BEST_RECORD = "best.json"
 
 
 def training_state(
@@ -34,9 +37,18 @@ def training_state(
     config: dict[str, Any],
     rng: dict[str, Any] | None = None,
     data_streams: dict[str, Any] | None = None,
+    aux_discriminator: nn.Module | None = None,
+    opt_d_aux: AmpOptimizer | None = None,
+    best: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything needed to resume; network weights are unwrapped (never a ``module.`` prefix).
-    ``data_streams``: each data stream's position (``Streams.state_dict()``)."""
+    ``data_streams``: each data stream's position (``Streams.state_dict()``). ``aux_discriminator``:
+    the aux output's D, where the run has one. ``best``: the best evaluation so far
+    (``{"mIoU", "step"}``), so a resumed run keeps ``best.pt`` honest."""
+    extra: dict[str, Any] = {}
+    if aux_discriminator is not None and opt_d_aux is not None:
+        extra = {"discriminator_aux": unwrap(aux_discriminator).state_dict(),
+                 "optim_discriminator_aux": opt_d_aux.state_dict()}
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -48,7 +60,9 @@ def training_state(
         "optim_discriminator": opt_d.state_dict(),
         "rng": rng or {},
         "data_streams": data_streams,  # None: positions unknown, resume assumes one batch a step
+        "best": best,
         "config": config,
+        **extra,
     }
 
 
@@ -62,6 +76,8 @@ def restore_training_state(
     discriminator: nn.Module,
     opt_g: AmpOptimizer,
     opt_d: AmpOptimizer,
+    aux_discriminator: nn.Module | None = None,
+    opt_d_aux: AmpOptimizer | None = None,
 ) -> int:
     """Load every piece strictly; returns the step the checkpoint was taken at."""
     from segadv.checkpoint.loader import load_weights  # the same strict loader as everywhere
@@ -73,6 +89,15 @@ def restore_training_state(
     load_weights(ckpt, discriminator, role="discriminator", name="checkpoint")
     opt_g.load_state_dict(ckpt["optim_generator"])
     opt_d.load_state_dict(ckpt["optim_discriminator"])
+    saved_aux = "discriminator_aux" in ckpt
+    if (aux_discriminator is not None) != saved_aux:
+        raise UserError(
+            "the checkpoint " + ("has" if saved_aux else "has no") + " aux discriminator and this run "
+            + ("has none" if saved_aux else "has one")
+            + " (model.generator.aux_head or method.name differ from the run that saved it)")
+    if aux_discriminator is not None and opt_d_aux is not None:
+        load_weights(ckpt["discriminator_aux"], aux_discriminator, role="discriminator", name="checkpoint aux D")
+        opt_d_aux.load_state_dict(ckpt["optim_discriminator_aux"])
     return int(ckpt["step"])
 
 
@@ -91,6 +116,27 @@ class Checkpointer:
     @property
     def last_path(self) -> Path:
         return self.directory / "last.pt"
+
+    @property
+    def best_path(self) -> Path:
+        """The checkpoint of the best evaluation (by val mIoU); ``best.json`` beside it says which."""
+        return self.directory / "best.pt"
+
+    def save_best(self, step: int, state: dict[str, Any], best: dict[str, Any]) -> Path:
+        """``best.pt`` (a full training state), then ``best.json`` (its step and mIoU), each atomic:
+        a kill between them leaves a best.json one evaluation behind best.pt, never ahead of it."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        save_checkpoint(state, self.best_path)
+        atomic_write_text(self.directory / BEST_RECORD, json.dumps({"step": step, **best}) + "\n")
+        log.info("best val mIoU so far (%.4f at step %d): %s", best["mIoU"], step, self.best_path.name)
+        return self.best_path
+
+    def best_step(self) -> int | None:
+        """The step of ``best.pt`` per ``best.json`` (None: no record)."""
+        try:
+            return int(json.loads((self.directory / BEST_RECORD).read_text())["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def due(self, step: int, final: bool) -> bool:
         return final or step % self.every == 0
@@ -125,6 +171,9 @@ class Checkpointer:
         last = self.last_path
         if last.is_file() and (resumed_from is None or resumed_from.resolve() != last.resolve()):
             later.append(last)
+        best_step = self.best_step()
+        if self.best_path.is_file() and (best_step is None or best_step > start_step or start_step == 0):
+            later += [p for p in (self.best_path, self.directory / BEST_RECORD) if p.is_file()]
         if not later:
             return None
         base = self.directory / ABANDONED_DIR / f"from_step_{start_step}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -27,6 +27,10 @@ class GeneratorConfig(Section):
     # ASPP dilations. (12, 24, 36) suit ~512 px crops; on small images the feature map is only a
     # few cells wide and large rates sample mostly padding.
     decoder_atrous_rates: list[int] = [12, 24, 36]
+    # A second, auxiliary output from the encoder's second-to-last stage (a small classifier
+    # there, upsampled to the input): AdaptSegNet's and ADVENT's multi-level adaptation. Training
+    # only: evaluation, export, predict and segadv-ckpt convert use the main output.
+    aux_head: bool = False
 
 
 class DiscriminatorConfig(Section):
@@ -37,6 +41,8 @@ class DiscriminatorConfig(Section):
 class ModelConfig(Section):
     generator: GeneratorConfig = GeneratorConfig()
     discriminator: DiscriminatorConfig = DiscriminatorConfig()
+    # The auxiliary output's D (multi-level domain adaptation); None: the same settings as D's.
+    discriminator_aux: Optional[DiscriminatorConfig] = None
 
 
 class SyntheticDataConfig(Section):
@@ -44,6 +50,9 @@ class SyntheticDataConfig(Section):
     train_size: int = Field(2000, gt=0)
     val_size: int = Field(200, gt=0)
     seed: int = 0
+    # The look of the images (same shapes and classes): "source", or "target", a second domain
+    # with other textures, colour statistics, blur, noise and lighting (domain adaptation).
+    domain: Literal["source", "target"] = "source"
 
 
 # Dataset kinds and their layouts: README "Datasets". Relative paths inside the data section are
@@ -135,6 +144,7 @@ class OptimConfig(Section):
         name="sgd", lr=2.5e-4, momentum=0.9, weight_decay=5e-4
     )
     discriminator: OptimizerConfig = OptimizerConfig(name="adam", lr=1e-4, betas=[0.9, 0.99])
+    discriminator_aux: Optional[OptimizerConfig] = None  # None: D's settings (its own instance)
 
 
 class LossConfig(Section):
@@ -158,16 +168,44 @@ class AdvSemiSegConfig(Section):
     unlabeled_batch_size: Optional[int] = Field(None, gt=0)  # None: data.batch_size
 
 
+class DomainAdaptationConfig(Section):
+    """Unsupervised domain adaptation from the labeled source (``data``) to the unlabeled target
+    (``target_data``). Levels: main, and aux when ``model.generator.aux_head`` (multi-level).
+    Defaults: AdaptSegNet's multi-level weights (README "Domain adaptation")."""
+
+    lambda_seg_aux: float = Field(0.1, ge=0)  # source CE of the aux output
+    lambda_adv_main: float = Field(0.001, ge=0)  # target maps made to look like source, main level
+    lambda_adv_aux: float = Field(0.0002, ge=0)
+    lambda_ent_main: float = Field(0.0, ge=0)  # mean normalised target entropy (MinEnt)
+    lambda_ent_aux: float = Field(0.0, ge=0)
+    gan: Literal["bce", "ls"] = "bce"  # least squares: MSE on D's logits
+    target_batch_size: Optional[int] = Field(None, gt=0)  # None: data.batch_size
+
+
+class MinEntConfig(DomainAdaptationConfig):
+    """ADVENT's MinEnt: no discriminator, the target's entropy minimised."""
+
+    lambda_adv_main: float = Field(0.0, ge=0)
+    lambda_adv_aux: float = Field(0.0, ge=0)
+    lambda_ent_main: float = Field(0.001, ge=0)
+    lambda_ent_aux: float = Field(0.0002, ge=0)
+
+
 class MethodConfig(Section):
     """What one training iteration does (README "Methods").
 
     supervised: CE + lambda_adv * adversarial on labeled images, D on G's maps vs the same batch's
     labels (``loss.lambda_adv: 0`` is the CE-only baseline). advsemiseg: AdvSemiSeg's iteration
     with three data streams (labeled, unlabeled, and a labeled batch D sees as real).
+    adaptsegnet / advent / minent: domain adaptation, source and target streams (D on softmax
+    maps / on self-information maps / no D).
     """
 
-    name: Literal["supervised", "advsemiseg"] = "supervised"
+    name: Literal["supervised", "advsemiseg", "adaptsegnet", "advent", "minent"] = "supervised"
     advsemiseg: AdvSemiSegConfig = AdvSemiSegConfig()
+    adaptsegnet: DomainAdaptationConfig = DomainAdaptationConfig()
+    advent: DomainAdaptationConfig = DomainAdaptationConfig()
+    minent: MinEntConfig = MinEntConfig()
 
 
 class NetworkAmpConfig(Section):
@@ -179,6 +217,7 @@ class NetworkAmpConfig(Section):
 class AmpConfig(Section):
     generator: NetworkAmpConfig = NetworkAmpConfig()
     discriminator: NetworkAmpConfig = NetworkAmpConfig()
+    discriminator_aux: Optional[NetworkAmpConfig] = None  # None: D's setting (its own GradScaler)
 
 
 class ParallelConfig(Section):
@@ -190,6 +229,7 @@ class ParallelConfig(Section):
 
     generator: Literal["auto", "none", "dp", "ddp"] = "auto"
     discriminator: Literal["auto", "none", "dp", "ddp"] = "auto"
+    discriminator_aux: Optional[Literal["auto", "none", "dp", "ddp"]] = None  # None: D's
     sync_bn: bool = False  # convert G's BatchNorm to SyncBatchNorm under DDP
 
 
@@ -240,6 +280,9 @@ class Config(Section):
     run_dir: Optional[str] = None  # None: runs/<config name>-<timestamp>
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
+    # Domain adaptation's unlabeled target domain: its train images (masks never read) and its
+    # val split, on which val/* is then measured (data's val becomes val_source/*).
+    target_data: Optional[DataConfig] = None
     optim: OptimConfig = OptimConfig()
     loss: LossConfig = LossConfig()
     method: MethodConfig = MethodConfig()

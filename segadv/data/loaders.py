@@ -334,7 +334,8 @@ def _probe(dataset: Any, key: str) -> None:
 
 def _synthetic(cfg: DataConfig, train_tf: Any, val_tf: Any) -> DataBundle:
     syn = cfg.synthetic
-    common: dict[str, Any] = dict(image_size=syn.image_size, num_classes=cfg.num_classes, seed=syn.seed)
+    common: dict[str, Any] = dict(image_size=syn.image_size, num_classes=cfg.num_classes, seed=syn.seed,
+                                  domain=syn.domain)
     train = SyntheticShapes("train", syn.train_size, transform=train_tf, **common)
     val = SyntheticShapes("val", syn.val_size, transform=val_tf, **common)
     labeled, unlabeled, problems, record = split_labeled([str(i) for i in range(len(train))], cfg, None)
@@ -425,7 +426,7 @@ def build_val_dataset(cfg: DataConfig) -> Dataset:
     if cfg.kind == "synthetic":
         syn = cfg.synthetic
         val = SyntheticShapes("val", syn.val_size, transform=val_tf, image_size=syn.image_size,
-                              num_classes=cfg.num_classes, seed=syn.seed)
+                              num_classes=cfg.num_classes, seed=syn.seed, domain=syn.domain)
     else:
         root = data_root(cfg)
         listing = LISTERS[cfg.kind](cfg, root, "val")
@@ -439,6 +440,37 @@ def build_val_dataset(cfg: DataConfig) -> Dataset:
         val = SegmentationFiles("val", samples, LABEL_SPECS[cfg.kind](cfg), val_tf, cfg.on_error)
     _probe(val, _VAL_KEY)
     return val
+
+
+def build_target_data(cfg: DataConfig) -> tuple[Dataset, Dataset]:
+    """Domain adaptation's target (``target_data``): its train split as images only, with the
+    train pipeline (masks are neither listed as needed nor opened, and may be absent), and its
+    val split with the val pipeline."""
+    check_config(cfg)
+    train_tf = build_transform(cfg.train_transforms, cfg.mean, cfg.std, "target_data.train_transforms",
+                               ignore_index=cfg.ignore_index)
+    if cfg.kind == "synthetic":
+        syn = cfg.synthetic
+        images: Dataset = _ImagesOnly(SyntheticShapes(
+            "train", syn.train_size, transform=train_tf, image_size=syn.image_size, num_classes=cfg.num_classes,
+            seed=syn.seed, domain=syn.domain))
+    else:
+        root = data_root(cfg)
+        listing = LISTERS[cfg.kind](cfg, root, "train")
+        samples, bad = scan_headers(listing.samples, "target", with_masks=False)
+        problems = [*listing.problems, *bad]
+        if problems and cfg.on_error == "raise":
+            raise_problems(problems)
+        SkipRecorder().add(problems)
+        if not samples:
+            raise UserError(f"target_data: {empty_split_message('train', listing.source, len(bad))}")
+        images = UnlabeledImages("target", samples, train_tf, cfg.on_error)
+    try:
+        val = build_val_dataset(cfg)
+    except UserError as err:
+        raise UserError(f"target_data: {err}") from None
+    log.info("target data: %s; train %d images (labels not read), val %d", cfg.kind, len(images), len(val))
+    return images, val
 
 
 def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
@@ -562,7 +594,8 @@ def build_dataloaders(
 
 # Each stream's shuffle and augmentation seeds derive from the training seed and its own word, so
 # the streams are independent of each other; labeled keeps the training seed itself.
-STREAM_SEED_WORDS = {"labeled": None, "unlabeled": 1, "gt": 2}
+# Domain adaptation's source stream is the labeled stream under another name.
+STREAM_SEED_WORDS = {"labeled": None, "unlabeled": 1, "gt": 2, "source": None, "target": 3}
 
 
 def stream_seed(seed: int, stream: str) -> int:
@@ -580,12 +613,15 @@ def build_stream_loaders(
     rank: int = 0,
     world_size: int = 1,
     batch_sizes: Optional[dict[str, int]] = None,
+    target: Optional[DataConfig] = None,
 ) -> tuple[dict[str, DataLoader], DataLoader]:
     """A training loader per named stream, and the val loader.
 
     Streams: ``labeled`` (images and masks of the labeled split), ``unlabeled`` (images of the
-    unlabeled pool; their masks are never read) and ``gt`` (the labeled split again, in its own
-    order: the labels D sees as real). Each shuffles deterministically from its own seed, is
+    unlabeled pool; their masks are never read), ``gt`` (the labeled split again, in its own
+    order: the labels D sees as real), and for domain adaptation ``source`` (the labeled split)
+    and ``target`` (``target``'s train images, labels never read). With ``target`` the val loader
+    is the target's val split. Each shuffles deterministically from its own seed, is
     sharded per rank and (with ``data.drop_last``) drops its last partial batch (D and BatchNorm
     prefer full batches). ``batch_sizes``: per stream, default ``data.batch_size``.
 
@@ -594,8 +630,13 @@ def build_stream_loaders(
     rank 0 writes ``data_split.json`` / ``skipped.json`` (other ranks log their skips).
     """
     bundle = build_data(cfg, run_dir=run_dir if rank == 0 else None)
-    sources = {"labeled": bundle.train, "gt": bundle.train, "unlabeled": bundle.unlabeled}
+    sources = {"labeled": bundle.train, "gt": bundle.train, "unlabeled": bundle.unlabeled, "source": bundle.train}
     val = bundle.val
+    if target is not None:
+        sources["target"], val = build_target_data(target)
+    elif "target" in streams:
+        raise UserError("target_data: the method adapts to a target domain; give target_data (README "
+                        "\"Domain adaptation\")")
     loaders: dict[str, DataLoader] = {}
     for name in streams:
         if name not in sources:
@@ -635,6 +676,8 @@ def _check_batch_size(cfg: DataConfig, dataset: Dataset, stream: str, batch_size
         return
     if stream == "unlabeled":
         key, source = "method.advsemiseg.unlabeled_batch_size", f"{len(dataset)} unlabeled samples"
+    elif stream == "target":
+        key, source = "method.<name>.target_batch_size", f"{len(dataset)} target images"
     else:
         key = "data.batch_size"
         source = (f"data.synthetic.train_size = {len(dataset)}" if isinstance(dataset, SyntheticShapes)

@@ -15,6 +15,12 @@ Design choices that keep the task honest but learnable:
 * later shapes paint over earlier ones in both image and mask, so image and mask always agree.
 
 Drawing uses numpy only (no OpenCV) and costs well under 2 ms for a 128x128 sample.
+
+A second domain, ``domain="target"``, draws the same classes and shapes with another look (for
+domain adaptation): a strong checkerboard over the background (edges a source-trained network
+takes for shapes), a colour cast with less saturation, uneven lighting, slight blur and more
+noise. Its samples are drawn from their own
+random streams (not restyled copies of the source's).
 """
 
 from __future__ import annotations
@@ -209,17 +215,62 @@ def _paint_shape(
     mask[y0:y1, x0:x1][inside] = class_id
 
 
+DOMAINS = ("source", "target")
+
+
+def _checker_texture(rng: np.random.Generator, size: int) -> np.ndarray:
+    """The target domain's background texture: a rotated checkerboard of random cell size."""
+    coords = np.arange(size, dtype=np.float32)
+    cell = rng.uniform(3.0, 8.0)
+    angle = rng.uniform(0.0, math.pi / 2)
+    u = (coords[None, :] * math.cos(angle) + coords[:, None] * math.sin(angle)) / cell
+    v = (-coords[None, :] * math.sin(angle) + coords[:, None] * math.cos(angle)) / cell
+    checker = (np.floor(u) + np.floor(v)) % 2 * 2.0 - 1.0
+    return (checker * np.float32(rng.uniform(25.0, 45.0))).astype(np.float32)
+
+
+def _blur(image: np.ndarray, sigma: float) -> np.ndarray:
+    """Separable Gaussian blur of an HxWx3 float image (edges replicated)."""
+    radius = max(1, int(math.ceil(2.5 * sigma)))
+    taps = np.exp(-0.5 * (np.arange(-radius, radius + 1, dtype=np.float32) / sigma) ** 2)
+    taps /= taps.sum()
+    padded = np.pad(image, ((radius, radius), (radius, radius), (0, 0)), mode="edge")
+    rows = sum(w * padded[i : i + image.shape[0]] for i, w in enumerate(taps))
+    return sum(w * rows[:, i : i + image.shape[1]] for i, w in enumerate(taps)).astype(np.float32)
+
+
+def _restyle_target(rng: np.random.Generator, image: np.ndarray) -> np.ndarray:
+    """The target domain's camera: colour cast and less saturation, uneven lighting, blur."""
+    size = image.shape[0]
+    grey = image.mean(axis=2, keepdims=True)
+    saturation = np.float32(rng.uniform(0.5, 0.8))
+    image = grey + saturation * (image - grey)
+    image = image * rng.uniform(0.75, 1.15, size=3).astype(np.float32) + rng.uniform(-15.0, 15.0, size=3).astype(
+        np.float32)
+    # Lighting: a bright spot somewhere, falling off to a darker rim.
+    coords = np.linspace(-1.0, 1.0, size, dtype=np.float32)
+    cy, cx = rng.uniform(-0.8, 0.8, size=2)
+    dist2 = (coords[:, None] - cy) ** 2 + (coords[None, :] - cx) ** 2
+    light = np.float32(rng.uniform(1.0, 1.2)) - np.float32(rng.uniform(0.1, 0.3)) * dist2
+    image = image * np.clip(light, 0.5, 1.5)[..., None]
+    return _blur(image, float(rng.uniform(0.4, 0.7)))
+
+
 def generate_sample(
-    rng: np.random.Generator, image_size: int, num_classes: int
+    rng: np.random.Generator, image_size: int, num_classes: int, domain: str = "source"
 ) -> tuple[np.ndarray, np.ndarray]:
     """Draw one ``(image uint8 HxWx3, mask uint8 HxW)`` pair from ``rng``."""
     image = _background(rng, image_size)
+    if domain == "target":
+        image += _checker_texture(rng, image_size)[..., None]
     mask = np.zeros((image_size, image_size), dtype=np.uint8)
     n_shapes = int(rng.integers(MIN_SHAPES, MAX_SHAPES + 1))
     for class_id in rng.integers(1, num_classes, size=n_shapes):
         _paint_shape(rng, image, mask, int(class_id), SHAPE_CLASSES[int(class_id)])
+    if domain == "target":
+        image = _restyle_target(rng, image)
     noise = rng.standard_normal(image.shape, dtype=np.float32)
-    noise *= np.float32(rng.uniform(4.0, 14.0))
+    noise *= np.float32(rng.uniform(4.0, 14.0) if domain == "source" else rng.uniform(8.0, 16.0))
     image += noise
     np.clip(image, 0.0, 255.0, out=image)
     return image.astype(np.uint8), mask
@@ -244,7 +295,10 @@ class SyntheticShapes(Dataset):
         num_classes: int,
         seed: int,
         transform: Optional[Transform] = None,
+        domain: str = "source",
     ) -> None:
+        if domain not in DOMAINS:
+            raise ValueError(f"domain must be one of {DOMAINS}, got {domain!r}")
         if not 2 <= num_classes <= len(SHAPE_CLASSES):
             raise ValueError(
                 f"num_classes must be in [2, {len(SHAPE_CLASSES)}] for synthetic shapes, "
@@ -260,8 +314,10 @@ class SyntheticShapes(Dataset):
         self.num_classes = num_classes
         self.seed = seed
         self.transform = transform
-        # numpy seeds must be non-negative; wrapping keeps distinct int64 seeds distinct.
-        self._entropy = (seed % 2**64, split_id(split))
+        self.domain = domain
+        # numpy seeds must be non-negative; wrapping keeps distinct int64 seeds distinct. The
+        # target domain draws from its own streams; the source keeps the original ones.
+        self._entropy = (seed % 2**64, split_id(split)) + ((split_id(domain),) if domain != "source" else ())
 
     @property
     def class_names(self) -> list[str]:
@@ -282,7 +338,7 @@ class SyntheticShapes(Dataset):
         """The untransformed ``(image uint8 HxWx3, mask uint8 HxW)`` pair for sample ``i``."""
         i = self._index(i)
         rng = np.random.default_rng([*self._entropy, i])
-        return generate_sample(rng, self.image_size, self.num_classes)
+        return generate_sample(rng, self.image_size, self.num_classes, self.domain)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         image, mask = self.raw(i)
@@ -294,7 +350,8 @@ class SyntheticShapes(Dataset):
     def __repr__(self) -> str:
         return (
             f"SyntheticShapes(split={self.split!r}, length={self.length}, "
-            f"image_size={self.image_size}, num_classes={self.num_classes}, seed={self.seed})"
+            f"image_size={self.image_size}, num_classes={self.num_classes}, seed={self.seed}"
+            + (f", domain={self.domain!r})" if self.domain != "source" else ")")
         )
 
 

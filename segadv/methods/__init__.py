@@ -9,9 +9,11 @@ from segadv.methods.base import Method, PanelMaps
 from segadv.methods.registry import (
     METHODS,
     build_method,
+    check_method_config,
+    has_aux_discriminator,
     passes_generator_loss_through_discriminator,
     stream_batch_sizes,
 )
 
-__all__ = ["METHODS", "Method", "PanelMaps", "build_method", "passes_generator_loss_through_discriminator",
-           "stream_batch_sizes"]
+__all__ = ["METHODS", "Method", "PanelMaps", "build_method", "check_method_config", "has_aux_discriminator",
+           "passes_generator_loss_through_discriminator", "stream_batch_sizes"]

@@ -2,45 +2,94 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
+
+from torch import nn
 
 from segadv.config import Config
+from segadv.config.schema import DomainAdaptationConfig
+from segadv.engine.amp_optimizer import AmpOptimizer
 from segadv.engine.step import AdversarialStep
+from segadv.errors import UserError
 from segadv.methods.advsemiseg import AdvSemiSeg
 from segadv.methods.base import Method
+from segadv.methods.domain_adaptation import DomainAdaptation, self_information
 from segadv.methods.supervised import Supervised
 
+DOMAIN_ADAPTATION = ("adaptsegnet", "advent", "minent")
+# What D sees, per domain adaptation method (None: no D).
+DISCRIMINATOR_INPUTS = {"adaptsegnet": lambda logits: logits.softmax(dim=1), "advent": self_information,
+                        "minent": None}
 
-def _supervised(cfg: Config, step: AdversarialStep) -> Method:
+
+def _supervised(cfg: Config, step: AdversarialStep, aux_d: Optional[nn.Module], opt_d_aux: Optional[AmpOptimizer]) -> Method:
     return Supervised(step)
 
 
-def _advsemiseg(cfg: Config, step: AdversarialStep) -> Method:
+def _advsemiseg(cfg: Config, step: AdversarialStep, aux_d: Optional[nn.Module], opt_d_aux: Optional[AmpOptimizer]) -> Method:
     return AdvSemiSeg(step, cfg.method.advsemiseg)
 
 
-METHODS: dict[str, Callable[..., Method]] = {"supervised": _supervised, "advsemiseg": _advsemiseg}
+def _domain_adaptation(cfg: Config, step: AdversarialStep, aux_d: Optional[nn.Module],
+                       opt_d_aux: Optional[AmpOptimizer]) -> Method:
+    name = cfg.method.name
+    return DomainAdaptation(step, adaptation_settings(cfg), DISCRIMINATOR_INPUTS[name], aux_d, opt_d_aux,
+                            multi_level=cfg.model.generator.aux_head)
 
 
-def build_method(cfg: Config, step: AdversarialStep) -> Method:
+METHODS: dict[str, Callable[..., Method]] = {
+    "supervised": _supervised, "advsemiseg": _advsemiseg,
+    **{name: _domain_adaptation for name in DOMAIN_ADAPTATION},
+}
+
+
+def build_method(cfg: Config, step: AdversarialStep, aux_discriminator: Optional[nn.Module] = None,
+                 opt_d_aux: Optional[AmpOptimizer] = None) -> Method:
     """``step``: the supervised step; its (wrapped) networks, optimizers and device map are the
-    ones every method trains."""
+    ones every method trains. ``aux_discriminator``: the aux level's D, where the method has one."""
     name = cfg.method.name
     if name not in METHODS:
         raise KeyError(f"unknown method {name!r}; methods: {', '.join(sorted(METHODS))}")
-    return METHODS[name](cfg, step)
+    return METHODS[name](cfg, step, aux_discriminator, opt_d_aux)
+
+
+def check_method_config(cfg: Config) -> None:
+    """What the schema cannot check alone: the method's fit with the model and the data."""
+    name = cfg.method.name
+    if cfg.model.generator.aux_head and name not in DOMAIN_ADAPTATION:
+        raise UserError(f"model.generator.aux_head: the {name} method trains the main output only; the aux head "
+                        f"is for {', '.join(DOMAIN_ADAPTATION)} (multi-level adaptation)")
+    if name in DOMAIN_ADAPTATION and cfg.target_data is None:
+        raise UserError(f"target_data: method {name} adapts to a target domain; give target_data "
+                        "(README \"Domain adaptation\")")
+
+
+def adaptation_settings(cfg: Config) -> DomainAdaptationConfig:
+    return getattr(cfg.method, cfg.method.name)
+
+
+def has_aux_discriminator(cfg: Config) -> bool:
+    """Whether the run trains a second D, on the aux output (multi-level adversarial adaptation)."""
+    return cfg.model.generator.aux_head and DISCRIMINATOR_INPUTS.get(cfg.method.name) is not None
 
 
 def passes_generator_loss_through_discriminator(cfg: Config) -> bool:
-    """Whether G's loss has a term backpropagated through D (then a float16 D needs G's loss
+    """Whether G's loss has a term backpropagated through a D (then a float16 D needs G's loss
     scaled, see build.py)."""
+    name = cfg.method.name
+    if name in DOMAIN_ADAPTATION:
+        settings = adaptation_settings(cfg)
+        return DISCRIMINATOR_INPUTS[name] is not None and (
+            settings.lambda_adv_main > 0 or (cfg.model.generator.aux_head and settings.lambda_adv_aux > 0))
     if cfg.loss.lambda_adv > 0:
         return True
-    return cfg.method.name == "advsemiseg" and cfg.method.advsemiseg.lambda_semi_adv > 0
+    return name == "advsemiseg" and cfg.method.advsemiseg.lambda_semi_adv > 0
 
 
 def stream_batch_sizes(cfg: Config) -> dict[str, int]:
     """Per-stream batch sizes a method asks for (others: data.batch_size)."""
     if cfg.method.name == "advsemiseg" and cfg.method.advsemiseg.unlabeled_batch_size is not None:
         return {"unlabeled": cfg.method.advsemiseg.unlabeled_batch_size}
+    if cfg.method.name in DOMAIN_ADAPTATION and adaptation_settings(cfg).target_batch_size is not None:
+        return {"target": adaptation_settings(cfg).target_batch_size}
     return {}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import segmentation_models_pytorch as smp
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from segadv.config.schema import GeneratorConfig
@@ -17,10 +18,56 @@ from segadv.errors import UserError
 
 log = logging.getLogger(__name__)
 
+class AuxOutputMixin:
+    """A second, auxiliary output from the encoder's second-to-last stage (AdaptSegNet's
+    multi-level G): ``forward(x)`` is the unchanged smp forward (main logits only, so evaluation
+    and export never see the aux head); ``forward(x, return_aux=True)`` returns ``(main, aux)``,
+    both at the input's size, from one encoder pass. Through ``forward``, so DDP and DataParallel
+    wrappers see it. The head is ``aux_head``; its keys are the only ones added to smp's."""
+
+    aux_head: nn.Module
+
+    def forward(self, x: torch.Tensor, return_aux: bool = False):  # type: ignore[override]
+        if not return_aux:
+            return super().forward(x)  # type: ignore[misc]
+        if not (torch.jit.is_scripting() or torch.jit.is_tracing()):
+            self.check_input_shape(x)  # type: ignore[attr-defined]
+        features = self.encoder(x)  # type: ignore[attr-defined]
+        main = self.segmentation_head(self.decoder(features))  # type: ignore[attr-defined]
+        aux = F.interpolate(self.aux_head(features[-2]), size=x.shape[-2:], mode="bilinear", align_corners=False)
+        return main, aux
+
+
+class DeepLabV3Aux(AuxOutputMixin, smp.DeepLabV3):
+    pass
+
+
+class DeepLabV3PlusAux(AuxOutputMixin, smp.DeepLabV3Plus):
+    pass
+
+
 GENERATORS: dict[str, type[nn.Module]] = {
     "deeplabv3": smp.DeepLabV3,
     "deeplabv3plus": smp.DeepLabV3Plus,
 }
+WITH_AUX_HEAD: dict[str, type[nn.Module]] = {"deeplabv3": DeepLabV3Aux, "deeplabv3plus": DeepLabV3PlusAux}
+AUX_HEAD_PREFIX = "aux_head."
+AUX_HEAD_WIDTH = 128
+
+
+def aux_classifier(in_channels: int, num_classes: int) -> nn.Module:
+    """A small classifier on the aux stage: 3x3 conv, BatchNorm, ReLU, 1x1 conv to the classes."""
+    width = min(AUX_HEAD_WIDTH, in_channels)
+    return nn.Sequential(
+        nn.Conv2d(in_channels, width, kernel_size=3, padding=1, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(width, num_classes, kernel_size=1),
+    )
+
+
+def has_aux_head(model: nn.Module) -> bool:
+    return isinstance(model, AuxOutputMixin)
 
 
 def generator_class(arch: str) -> type[nn.Module]:
@@ -34,8 +81,11 @@ def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3
     """Build G; ``cfg.encoder_weights`` may name smp weights ("imagenet") or a local file."""
     local_weights = _local_weights_path(cfg.encoder_weights)
     smp_weights = None if local_weights is not None else cfg.encoder_weights
+    cls = generator_class(cfg.arch)
+    if cfg.aux_head:
+        cls = WITH_AUX_HEAD[cfg.arch]
     try:
-        model = generator_class(cfg.arch)(
+        model = cls(
             encoder_name=cfg.encoder,
             encoder_depth=cfg.encoder_depth,
             encoder_weights=smp_weights,
@@ -60,6 +110,9 @@ def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3
         dropped = drop_unused_stages(model, in_channels)
         log.info("model.generator.encoder_depth=%d: dropped the unused stages %s",
                  cfg.encoder_depth, ", ".join(dropped))
+    if cfg.aux_head:
+        # After the probe above (which runs the main output only, and would drop the head).
+        model.aux_head = aux_classifier(model.encoder.out_channels[-2], num_classes)
     return model
 
 
@@ -93,9 +146,10 @@ def drop_unused_stages(model: nn.Module, in_channels: int) -> list[str]:
 
 
 def build_generator_for_weights(cfg: GeneratorConfig, num_classes: int) -> nn.Module:
-    """G for loading a checkpoint into: the checkpoint brings every weight, so no pretrained
-    encoder weights are fetched or read first."""
-    return build_generator(cfg.model_copy(update={"encoder_weights": None}), num_classes)
+    """G for inference, to load a checkpoint into (eval, export, predict, convert): the
+    checkpoint brings every weight, so no pretrained encoder weights are fetched or read first,
+    and the training-only aux head is left out (the loader skips its keys)."""
+    return build_generator(cfg.model_copy(update={"encoder_weights": None, "aux_head": False}), num_classes)
 
 
 def _local_weights_path(value: str | None) -> Path | None:

@@ -1,7 +1,8 @@
 """The device map: which device(s) each network lives on, e.g. ``g:1,d:0`` or ``g:1+2,d:0``.
 
-Grammar: comma-separated ``ROLE:DEVICES`` entries. ROLE is ``g``/``generator`` or
-``d``/``discriminator``. DEVICES is one device (``cpu``, ``cuda``, ``cuda:N`` or a bare CUDA index
+Grammar: comma-separated ``ROLE:DEVICES`` entries. ROLE is ``g``/``generator``,
+``d``/``discriminator`` or ``d_aux``/``discriminator_aux`` (the auxiliary output's D of
+multi-level domain adaptation; left out, it shares D's devices). DEVICES is one device (``cpu``, ``cuda``, ``cuda:N`` or a bare CUDA index
 ``N``) or a DataParallel replica set of CUDA devices joined by ``+`` (``1+2`` = ``cuda:1+cuda:2``):
 the network is replicated on each and its outputs are gathered on the first. A role left out
 shares the other role's devices; a bare DEVICES (``cpu``, ``cuda:1``) puts both networks there.
@@ -20,13 +21,20 @@ import torch
 
 from segadv.errors import UserError
 
-ROLES = {"g": "generator", "generator": "generator", "d": "discriminator", "discriminator": "discriminator"}
+ROLES = {
+    "g": "generator", "generator": "generator",
+    "d": "discriminator", "discriminator": "discriminator",
+    "d_aux": "discriminator_aux", "discriminator_aux": "discriminator_aux",
+}
+SHORT_NAMES = {"generator": "g", "discriminator": "d", "discriminator_aux": "d_aux"}
 
 
 @dataclass(frozen=True)
 class DeviceMap:
     generator_devices: tuple[torch.device, ...]
     discriminator_devices: tuple[torch.device, ...]
+    # The aux D's devices when the map names them; None: D's (see ``aux_discriminator_devices_``).
+    named_aux_discriminator_devices: tuple[torch.device, ...] | None = None
 
     @property
     def generator(self) -> torch.device:
@@ -38,15 +46,27 @@ class DeviceMap:
         return self.discriminator_devices[0]
 
     @property
+    def aux_discriminator_devices(self) -> tuple[torch.device, ...]:
+        return self.named_aux_discriminator_devices or self.discriminator_devices
+
+    @property
+    def aux_discriminator(self) -> torch.device:
+        return self.aux_discriminator_devices[0]
+
+    @property
     def devices(self) -> tuple[torch.device, ...]:
         """Every distinct device named, generator's first."""
-        return tuple(dict.fromkeys([*self.generator_devices, *self.discriminator_devices]))
+        return tuple(dict.fromkeys([*self.generator_devices, *self.discriminator_devices,
+                                    *(self.named_aux_discriminator_devices or ())]))
 
     def __str__(self) -> str:
         def fmt(devices: tuple[torch.device, ...]) -> str:
             return "+".join(str(d) for d in devices)
 
-        return f"g:{fmt(self.generator_devices)},d:{fmt(self.discriminator_devices)}"
+        text = f"g:{fmt(self.generator_devices)},d:{fmt(self.discriminator_devices)}"
+        if self.named_aux_discriminator_devices is not None:
+            text += f",d_aux:{fmt(self.named_aux_discriminator_devices)}"
+        return text
 
 
 def parse_device_map(
@@ -73,11 +93,14 @@ def parse_device_map(
         role = ROLES.get(role_name.strip().lower())
         if role is None:
             raise UserError(
-                f"device map {spec!r}: unknown role {role_name!r}; roles are g (generator) and d (discriminator)"
+                f"device map {spec!r}: unknown role {role_name!r}; roles are g (generator), "
+                "d (discriminator) and d_aux (the aux output's discriminator)"
             )
         if role in chosen:
             raise UserError(f"device map {spec!r}: role {role_name!r} is given twice")
         chosen[role] = _parse_devices(device_text.strip(), role_name, spec)
+    if "generator" not in chosen and "discriminator" not in chosen:
+        raise UserError(f"device map {spec!r}: names only d_aux; give g or d as well (e.g. g:0,d:1,d_aux:1)")
     chosen.setdefault("generator", chosen.get("discriminator"))
     chosen.setdefault("discriminator", chosen["generator"])
     return _offset_and_check(spec, chosen, local_rank, visible)
@@ -114,7 +137,7 @@ def _offset_and_check(
 ) -> DeviceMap:
     cuda_indices = [d.index for devices in chosen.values() for d in devices if d.type == "cuda"]
     block = max(cuda_indices, default=-1) + 1
-    names = {"generator": "g", "discriminator": "d"}
+    names = SHORT_NAMES
     placed = {}
     for role, devices in chosen.items():
         moved = tuple(
@@ -128,4 +151,4 @@ def _offset_and_check(
                 where = f" (cuda:{original.index} shifted by local rank {local_rank})" if local_rank else ""
                 raise UserError(f"device map {spec!r}: {device} requested for {label or names[role]}{where}, but {seen}")
         placed[role] = moved
-    return DeviceMap(placed["generator"], placed["discriminator"])
+    return DeviceMap(placed["generator"], placed["discriminator"], placed.get("discriminator_aux"))

@@ -39,6 +39,12 @@ def place_networks(
     )
 
 
+def place_network(network: nn.Module, device: torch.device, label: str, channels_last: bool = False) -> None:
+    """One more network (the aux D) on its device, as ``place_networks`` places G and D."""
+    network.to(device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
+    log.info("placement: %s on %s (%s params)", label, device, f"{count_parameters(network):,}")
+
+
 def unwrap(module: nn.Module) -> nn.Module:
     """The bare network behind DataParallel / DistributedDataParallel / torch.compile wrappers
     (and segadv's own AutocastForward)."""
