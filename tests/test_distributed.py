@@ -120,7 +120,8 @@ def train_cli(run_dir, *extra):
 def test_cli_ddp_run_writes_one_checkpoint_set_and_one_event_file(tmp_path):
     run_dir = tmp_path / "ddp"
     result = run(train_cli(run_dir, "train.max_steps=6", "--nproc-per-node", "2"))
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.pt", "step_3.pt", "step_6.pt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best.json", "best.pt", "last.pt", "step_3.pt",
+                                                                          "step_6.pt"]
     assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 1
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
              if "train/loss_seg" in line]
@@ -142,6 +143,23 @@ def test_cli_ddp_advsemiseg_shards_and_checkpoints_its_three_streams(tmp_path):
     last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
             if "train/loss_semi" in line][-1]
     assert last["train/loss_semi"] > 0 and 0 <= last["train/semi_pixel_ratio"] <= 1
+
+
+def test_cli_ddp_multi_level_adaptation_wraps_each_of_three_networks(tmp_path):
+    """AdaptSegNet multi-level under DDP (gloo, 2 ranks): G, D and D_aux each in their own DDP;
+    source and target streams sharded and checkpointed; best.pt written once."""
+    from test_domain_adaptation import TARGET_DATA
+
+    run_dir = tmp_path / "ddp-uda"
+    result = run(train_cli(run_dir, "train.max_steps=3", TARGET_DATA, "method.name=adaptsegnet",
+                           "model.generator.aux_head=true", "--nproc-per-node", "2"))
+    table = [line for line in result.stderr.splitlines() if "DistributedDataParallel" in line]
+    assert sorted(line.split()[1] for line in table) == ["discriminator"] * 2 + ["discriminator_aux"] * 2 + \
+        ["generator"] * 2  # one row per rank and network
+    ckpt = read_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert ckpt["data_streams"] == {"source": {"batches": 3}, "target": {"batches": 3}}
+    assert "discriminator_aux" in ckpt and not any(k.startswith("module.") for k in ckpt["discriminator_aux"])
+    assert json.loads((run_dir / "checkpoints" / "best.json").read_text())["step"] == 3
 
 
 def test_ddp_without_a_multi_process_launch_is_a_user_error(tmp_path):

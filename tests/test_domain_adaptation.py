@@ -378,3 +378,24 @@ def test_the_synthetic_target_domain_draws_its_own_samples_with_the_same_classes
     def saturation(ds):
         return np.mean([np.ptp(ds.raw(i)[0].astype(float), axis=2).mean() for i in range(6)])
     assert saturation(target) < 0.8 * saturation(source)
+
+
+def test_segadv_eval_measures_a_multi_level_checkpoint_on_the_target_like_training(tmp_path, capsys):
+    from segadv.eval import main as eval_main
+
+    result = train(uda_cfg(tmp_path, "run", "train.max_steps=2", "log.tensorboard=false"))
+    capsys.readouterr()
+    assert eval_main(["--checkpoint", str(result.run_dir / "checkpoints" / "last.pt"), "--device", "cpu",
+                      "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["mIoU"] == pytest.approx(result.val_metrics["mIoU"], abs=1e-6)
+
+    # segadv-ckpt convert writes the inference G: main output only, no aux head.
+    from segadv.ckpt import main as ckpt_main
+
+    converted = tmp_path / "g.pt"
+    assert ckpt_main(["convert", str(result.run_dir / "checkpoints" / "last.pt"), "--output", str(converted)]) == 0
+    weights = torch.load(converted, weights_only=True)
+    weights = weights.get("generator", weights) if isinstance(weights.get("generator"), dict) else weights
+    assert weights and not any("aux_head" in k for k in weights)
+    assert any(k.startswith("segmentation_head.") for k in weights)

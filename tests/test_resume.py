@@ -93,7 +93,7 @@ def test_retention_keeps_newest_and_last(tmp_path):
     cfg = resume_cfg(tmp_path, "keep", "train.max_steps=5", "checkpoint.every=1", "checkpoint.keep_last=2")
     train(cfg)
     names = sorted(p.name for p in (tmp_path / "keep" / "checkpoints").iterdir())
-    assert names == ["last.pt", "step_4.pt", "step_5.pt"]
+    assert names == ["best.json", "best.pt", "last.pt", "step_4.pt", "step_5.pt"]  # best: the final evaluation
 
 
 def test_corrupt_newest_checkpoints_fall_back_to_previous(tmp_path, caplog):
@@ -204,11 +204,14 @@ def test_auto_resume_after_a_rewind_never_picks_the_abandoned_future(tmp_path):
     train(cfg(), stop_at=4)  # a fresh start in the same dir abandons the whole first run
     assert sorted(p.name for p in ckpt_dir.glob("*.pt")) == ["last.pt", "step_2.pt", "step_4.pt"]
     (first_archive,) = (ckpt_dir / "abandoned").iterdir()
-    assert sorted(p.name for p in first_archive.iterdir()) == ["last.pt", "step_4.pt", "step_6.pt", "step_8.pt"]
+    # best.pt (the first run's final evaluation, step 8) belongs to the abandoned run too.
+    assert sorted(p.name for p in first_archive.iterdir()) == ["best.json", "best.pt", "last.pt", "step_4.pt",
+                                                               "step_6.pt", "step_8.pt"]
 
     train(cfg(), resume="auto")  # on to 8: step_4, step_6, step_8 kept
     rewound = train(cfg(), resume=str(ckpt_dir / "step_4.pt"), stop_at=6)  # rewind to 4, preempted at 6
     assert rewound.step == 6 and not (ckpt_dir / "step_8.pt").exists()
+    assert not (ckpt_dir / "best.pt").exists()  # written at step 8: abandoned with it
     resumed = train(cfg(), resume="auto", stop_at=7)
     assert resumed.step == 7  # not 8
     assert read_checkpoint(ckpt_dir / "last.pt")["step"] == 7

@@ -35,7 +35,7 @@ def read_metrics(run_dir):
 def test_run_dir_holds_config_checkpoints_and_metrics(trained_run):
     assert (trained_run / "config.yaml").is_file()
     names = sorted(p.name for p in (trained_run / "checkpoints").iterdir())
-    assert names == ["last.pt", "step_2.pt", "step_4.pt"]
+    assert names == ["best.json", "best.pt", "last.pt", "step_2.pt", "step_4.pt"]
     records = read_metrics(trained_run)
     assert all("step" in r for r in records)
     tags = set().union(*records)

@@ -428,18 +428,24 @@ def build_val_dataset(cfg: DataConfig) -> Dataset:
         val = SyntheticShapes("val", syn.val_size, transform=val_tf, image_size=syn.image_size,
                               num_classes=cfg.num_classes, seed=syn.seed, domain=syn.domain)
     else:
-        root = data_root(cfg)
-        listing = LISTERS[cfg.kind](cfg, root, "val")
-        samples, bad = scan_headers(listing.samples, "val", with_masks=True)
-        problems = [*listing.problems, *bad]
-        if problems and cfg.on_error == "raise":
-            raise_problems(problems)
-        SkipRecorder().add(problems)  # logged; no run dir to list them in
-        if not samples:
-            raise UserError(f"data: {empty_split_message('val', listing.source, len(bad))}")
+        samples = _checked_split(cfg, "val", with_masks=True)
         val = SegmentationFiles("val", samples, LABEL_SPECS[cfg.kind](cfg), val_tf, cfg.on_error)
     _probe(val, _VAL_KEY)
     return val
+
+
+def _checked_split(cfg: DataConfig, split: str, with_masks: bool) -> list[Sample]:
+    """One split of a file dataset, listed and header-checked on its own (the other split is not
+    opened); bad samples follow ``data.on_error`` (logged: no run dir to list them in)."""
+    listing = LISTERS[cfg.kind](cfg, data_root(cfg), split)
+    samples, bad = scan_headers(listing.samples, split, with_masks=with_masks)
+    problems = [*listing.problems, *bad]
+    if problems and cfg.on_error == "raise":
+        raise_problems(problems)
+    SkipRecorder().add(problems)
+    if not samples:
+        raise UserError(f"data: {empty_split_message(split, listing.source, len(bad))}")
+    return samples
 
 
 def build_target_data(cfg: DataConfig) -> tuple[Dataset, Dataset]:
@@ -454,18 +460,10 @@ def build_target_data(cfg: DataConfig) -> tuple[Dataset, Dataset]:
         images: Dataset = _ImagesOnly(SyntheticShapes(
             "train", syn.train_size, transform=train_tf, image_size=syn.image_size, num_classes=cfg.num_classes,
             seed=syn.seed, domain=syn.domain))
-    else:
-        root = data_root(cfg)
-        listing = LISTERS[cfg.kind](cfg, root, "train")
-        samples, bad = scan_headers(listing.samples, "target", with_masks=False)
-        problems = [*listing.problems, *bad]
-        if problems and cfg.on_error == "raise":
-            raise_problems(problems)
-        SkipRecorder().add(problems)
-        if not samples:
-            raise UserError(f"target_data: {empty_split_message('train', listing.source, len(bad))}")
-        images = UnlabeledImages("target", samples, train_tf, cfg.on_error)
     try:
+        if cfg.kind != "synthetic":
+            images = UnlabeledImages("target", _checked_split(cfg, "train", with_masks=False), train_tf,
+                                     cfg.on_error)
         val = build_val_dataset(cfg)
     except UserError as err:
         raise UserError(f"target_data: {err}") from None
