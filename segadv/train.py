@@ -21,7 +21,7 @@ from segadv.cli_args import parse_args
 from segadv.build import Training, build_training, log_placement
 from segadv.checkpoint import Checkpointer, load_weights, read_checkpoint, restore_training_state, training_state
 from segadv.config import Config, config_to_dict, dump_config, load_config
-from segadv.data import build_stream_loaders, palette
+from segadv.data import build_stream_loaders, build_val_loader, palette
 from segadv.data.streams import Stream, Streams
 from segadv.engine.evaluate import evaluate
 from segadv.errors import UserError, cli_entry
@@ -77,6 +77,11 @@ def train(
         target=cfg.target_data,
     )
     streams = Streams({name: Stream(name, loader) for name, loader in loaders.items()})
+    source_val_loader = None
+    if cfg.train.eval_source and cfg.target_data is not None:
+        # Every rank evaluates the whole source val split (small; the confusion counts it
+        # all-reduces scale together, so the metrics are the single-process ones).
+        source_val_loader = build_val_loader(cfg.data, seed=cfg.train.seed, pin_memory=False)
     panel_images = first_images(streams[parts.method.panel_stream], cfg.log.num_images) \
         if parts.method.panel_stream and cfg.log.num_images else None
     initialise_weights(cfg, parts, trusted)
@@ -147,6 +152,8 @@ def train(
                                                      train_seconds=profile.elapsed())
                         if panel_images is not None:
                             log_method_panel(cfg, parts, panel_images, writer, step)
+                        if source_val_loader is not None:
+                            evaluate_source(cfg, parts, source_val_loader, writer, progress, step)
                     if best is None or val_metrics["mIoU"] > best["mIoU"]:
                         # The same metrics on every rank (all-reduced), so every rank agrees.
                         best = {"mIoU": float(val_metrics["mIoU"]), "step": step}
@@ -276,6 +283,15 @@ def run_evaluation(
         writer.image(step, "val/input_gt_pred", panel)
     progress.write(f"step {step}: val mIoU {metrics['mIoU']:.4f}, pixel accuracy {metrics['pixel_acc']:.4f}")
     return metrics
+
+
+def evaluate_source(cfg: Config, parts: Training, loader: Iterable, writer: MetricWriter, progress: Progress,
+                    step: int) -> None:
+    """Domain adaptation with ``train.eval_source``: the source's val split, as ``val_source/*``."""
+    metrics = evaluate(generator_for_evaluation(parts), loader, parts.device_map.generator, cfg.data.num_classes,
+                       autocast=parts.opt_g.autocast).metrics
+    writer.scalars(step, {"val_source/mIoU": metrics["mIoU"], "val_source/pixel_acc": metrics["pixel_acc"]})
+    progress.write(f"step {step}: source val mIoU {metrics['mIoU']:.4f}")
 
 
 def first_images(stream: Stream, count: int) -> torch.Tensor:

@@ -258,13 +258,19 @@ def test_the_aux_discriminator_sees_only_aux_maps_and_the_main_one_only_main_map
 
 def test_training_logs_per_discriminator_losses_and_scales_and_keeps_the_best_snapshot(tmp_path):
     cfg = uda_cfg(tmp_path, "run", "train.max_steps=4", "train.eval_every=1", "train.log_every=2",
-                  "log.tensorboard=false")
+                  "log.tensorboard=false", "train.eval_source=true")
     cfg.device_map = "g:cpu,d:cpu,d_aux:cpu"
     result = train(cfg)
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     logged = {k for r in records for k in r}
     assert {"train/loss_d", "train/loss_d_aux", "train/loss_adv_aux", "train/loss_seg_aux", "amp/scale_d_aux",
-            "train/lr_d_aux", "val/best_mIoU"} <= logged
+            "train/lr_d_aux", "val/best_mIoU", "val_source/mIoU"} <= logged
+    # val/* is the target's, val_source/* the source's: different images, different numbers.
+    last = [r for r in records if "val_source/mIoU" in r][-1]
+    source_eval = evaluate_on(result.run_dir, cfg.data)
+    assert last["val_source/mIoU"] == pytest.approx(source_eval, abs=1e-6)
+    last_target = [r for r in records if "val/mIoU" in r][-1]
+    assert last_target["val/mIoU"] == pytest.approx(evaluate_on(result.run_dir, cfg.target_data), abs=1e-6)
     evals = [(r["val/mIoU"], r["step"]) for r in records if "val/mIoU" in r]
     best_miou, best_step = max(evals, key=lambda e: (e[0], -e[1]))  # the first of equal bests
     record = json.loads((result.run_dir / "checkpoints" / "best.json").read_text())
@@ -272,6 +278,17 @@ def test_training_logs_per_discriminator_losses_and_scales_and_keeps_the_best_sn
     best = read_checkpoint(result.run_dir / "checkpoints" / "best.pt")
     assert best["step"] == best_step and "discriminator_aux" in best and "optim_discriminator_aux" in best
     assert any(k.startswith("aux_head.") for k in best["generator"])
+
+
+def evaluate_on(run_dir, data_cfg):
+    """The final G's mIoU on a data section's val split, computed apart from training."""
+    from segadv.data import build_val_loader
+    from segadv.engine.evaluate import evaluate
+
+    generator = build_generator_for_weights(load_config(None, UDA_OVERRIDES).model.generator, 5)
+    load_weights(run_dir / "checkpoints" / "last.pt", generator, role="generator")
+    loader = build_val_loader(data_cfg, seed=0, pin_memory=False)
+    return evaluate(generator, loader, torch.device("cpu"), 5).metrics["mIoU"]
 
 
 def test_target_labels_are_never_read(tmp_path):

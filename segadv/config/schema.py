@@ -243,6 +243,9 @@ class TrainConfig(Section):
     lr_scaling: Literal["none", "linear"] = "none"
     # Both networks' weights (and so their activations) in channels_last memory format.
     channels_last: bool = False
+    # With target_data: also evaluate data's (the source's) val split at each evaluation, logged
+    # as val_source/mIoU and val_source/pixel_acc (val/* stays the target's).
+    eval_source: bool = False
     # Precise per-phase timing: synchronise the device around every phase of the step (costs a
     # sync per phase on CUDA). Off: CUDA events, read at log time (segadv/monitor/profile.py).
     profile: bool = False
