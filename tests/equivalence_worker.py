@@ -3,7 +3,8 @@
     torchrun --standalone --nproc-per-node 2 tests/equivalence_worker.py OUT_DIR DEVICE_MAP [key=value ...]
 
 Each rank loads the reference's initial weights and takes its half of the batch; it saves its
-networks and the adversarial gradient G's update sent into D's input.
+networks and the adversarial gradient G's update sent into D's input. An input with target images
+runs the domain-adaptation method instead (and saves D_aux and its gradient too).
 """
 
 import sys
@@ -14,7 +15,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_equivalence import (  # noqa: E402
-    capture_adversarial_gradient, freeze_batch_statistics, harness_config, no_dropout,
+    FixedStream, capture_adversarial_gradient, freeze_batch_statistics, harness_config, no_dropout,
 )
 
 from segadv.build import build_training  # noqa: E402
@@ -45,13 +46,26 @@ def main(out: Path, device_map_spec: str, overrides: list[str]) -> None:
     freeze_batch_statistics(unwrap(parts.generator))
     grads: list[torch.Tensor] = []
     capture_adversarial_gradient(parts.discriminator, grads)
+    grads_aux: list[torch.Tensor] = []
+    if "d_aux" in data:
+        unwrap(parts.aux_discriminator).load_state_dict(data["d_aux"])
+        capture_adversarial_gradient(parts.aux_discriminator, grads_aux)
     scale = parts.opt_g.loss_scale()
     half = data["images"].shape[0] // env.world_size
     rows = slice(env.rank * half, (env.rank + 1) * half)
-    parts.step(data["images"][rows], data["labels"][rows], step=0)
-    torch.save({"g": {k: v.cpu() for k, v in unwrap(parts.generator).state_dict().items()},
-                "d": {k: v.cpu() for k, v in unwrap(parts.discriminator).state_dict().items()},
-                "adv_grad": grads[0] / scale}, out / f"rank{env.rank}.pt")
+    if "target" in data:
+        parts.method({"source": FixedStream((data["images"][rows], data["labels"][rows])),
+                      "target": FixedStream(data["target"][rows])}, step=0)
+    else:
+        parts.step(data["images"][rows], data["labels"][rows], step=0)
+    saved = {"g": unwrap(parts.generator), "d": unwrap(parts.discriminator)}
+    if "d_aux" in data:
+        saved["d_aux"] = unwrap(parts.aux_discriminator)
+    result = {name: {k: v.cpu() for k, v in net.state_dict().items()} for name, net in saved.items()}
+    result["adv_grad"] = grads[0] / scale
+    if grads_aux:
+        result["adv_grad_aux"] = grads_aux[0] / scale
+    torch.save(result, out / f"rank{env.rank}.pt")
     distributed.destroy_process_group()
 
 

@@ -40,6 +40,7 @@ on both sides where
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -230,6 +231,9 @@ class Outcome:
     g_update: dict[str, torch.Tensor]
     d_update: dict[str, torch.Tensor]
     adv_grad: torch.Tensor
+    # Multi-level domain adaptation: the aux D's update and the gradient G's aux term sent into it.
+    d_aux_update: dict[str, torch.Tensor] | None = None
+    adv_grad_aux: torch.Tensor | None = None
 
 
 def params(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -335,6 +339,12 @@ def assert_equivalent(case: Case, got: Outcome, ref: Outcome) -> dict[str, float
     assert flat(got.adv_grad).abs().max() > 0, "G's adversarial gradient is zero"
     pairs = {"G update": (got.g_update, ref.g_update), "D update": (got.d_update, ref.d_update),
              "adversarial gradient": (got.adv_grad, ref.adv_grad)}
+    assert (got.d_aux_update is None) == (ref.d_aux_update is None)
+    if ref.d_aux_update is not None:
+        assert got.d_aux_update.keys() == ref.d_aux_update.keys()
+        assert flat(got.adv_grad_aux).abs().max() > 0, "G's aux adversarial gradient is zero"
+        pairs.update({"D_aux update": (got.d_aux_update, ref.d_aux_update),
+                      "aux adversarial gradient": (got.adv_grad_aux, ref.adv_grad_aux)})
     if case.float32:
         rtol = FP32_SUMMED_ELSEWHERE_RTOL if case.summed_elsewhere else FP32_RTOL
         worst = {name: worst_relative_deviation(a, b) for name, (a, b) in pairs.items()}
@@ -497,3 +507,189 @@ def semi_iteration(parts, cfg) -> None:
 def test_advsemiseg_iteration_matches_the_plain_float32_loop(case, semi_references, no_tf32):
     got = segadv_outcome(case, *SEMI_OVERRIDES, run=semi_iteration)
     print(f"advsemiseg {case.name}: {assert_equivalent(case, got, semi_references(case.freeze_stats))}")
+
+
+# ----------------------------------------------------------------------------------- domain adaptation
+
+# Multi-level AdaptSegNet (and AdvEnt) under the same placements, wrappers and precisions, with the
+# aux D placed, wrapped and run in its own precision too. Both adversarial weights are LAMBDA_ADV
+# (see the module docstring); every term is on at step 0.
+UDA_OVERRIDES = (
+    "target_data={kind: synthetic, num_classes: 5, val_batch_size: 4, num_workers: 0, "
+    "synthetic: {image_size: 64, train_size: 8, val_size: 4, domain: target, seed: 1}}",
+    "model.generator.aux_head=true", "method.adaptsegnet.lambda_seg_aux=0.1",
+    f"method.adaptsegnet.lambda_adv_main={LAMBDA_ADV}", f"method.adaptsegnet.lambda_adv_aux={LAMBDA_ADV}",
+    f"method.advent.lambda_adv_main={LAMBDA_ADV}", f"method.advent.lambda_adv_aux={LAMBDA_ADV}",
+)
+D_AUX_APART = (*amp("discriminator", "bfloat16"), *amp("discriminator_aux", "float16"))
+UDA_CASES = [c for c in CASES if c.name in {
+    "cpu", "cpu-dataparallel", "cpu-channels_last", "both-bf16", "g-bf16-d-fp16", "g:cuda:0,d:cpu",
+    "g:cpu,d:cuda:0", "cuda-both-fp16", "g:1,d:0", "g:0+1,d:1"}] + [
+    Case("d-bf16-d_aux-fp16", overrides=D_AUX_APART),
+    Case("g:cpu,d:cpu,d_aux:cuda:0", "g:cpu,d:cpu,d_aux:cuda:0", marks=CUDA),
+    Case("g:cuda:0,d:cpu-bf16,d_aux:cuda:0-fp16", "g:cuda:0,d:cpu,d_aux:cuda:0", D_AUX_APART, marks=CUDA),
+    Case("g:1,d:0,d_aux:1", "g:1,d:0,d_aux:1", marks=CUDA2),
+]
+MAPS = {"adaptsegnet": lambda logits: logits.softmax(dim=1),
+        "advent": lambda logits: -logits.softmax(dim=1) * logits.log_softmax(dim=1) / math.log(logits.shape[1])}
+
+
+def make_uda_batches(cfg):
+    images_s, labels_s = make_batch(cfg)
+    images_t = torch.randn(images_s.shape, generator=torch.Generator().manual_seed(7))
+    return images_s, labels_s, images_t
+
+
+def initial_uda_networks(cfg):
+    """G, D and D_aux at initialisation, each D's output bias set to 2. Fresh D's give logits near 0
+    on both domains' (near-identical, freshly initialised) maps, so D's source (0) and target (1)
+    gradients cancel to about 1% of their size: (sigmoid - 0) / 2 + (sigmoid - 1) / 2 with sigmoid
+    about 0.5. In reduced precision the remainder is rounding (measured: D_aux update cosine
+    0.44-0.91 under bfloat16 / float16 D's). Biased, the halves no longer cancel, as after any
+    training, and the harness compares the wiring rather than the cancellation."""
+    torch.manual_seed(0)
+    g = no_dropout(build_generator(cfg.model.generator, cfg.data.num_classes))
+    d, d_aux = (build_discriminator(cfg.model.discriminator, cfg.data.num_classes) for _ in range(2))
+    with torch.no_grad():
+        for net in (d, d_aux):
+            net.classifier.bias.fill_(2.0)
+    return g, d, d_aux
+
+
+def bce(logits: torch.Tensor, target: float) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, target))
+
+
+def reference_uda_step(g, d, d_aux, images_s, labels_s, images_t, cfg, method: str) -> tuple[torch.Tensor, ...]:
+    """One multi-level adaptation iteration on the CPU in float32, plainly: source (0) and target
+    (1), D's parameters untouched by G's update. Returns the adversarial gradients at D's and
+    D_aux's inputs."""
+    settings, to_map = getattr(cfg.method, method), MAPS[method]
+    params_g = list(g.parameters())
+    opt_g = plain_optimizer(g, cfg.optim.generator)
+    opt_d, opt_d_aux = (plain_optimizer(net, cfg.optim.discriminator) for net in (d, d_aux))
+
+    main_s, aux_s = g(images_s, return_aux=True)
+    ignore = cfg.data.ignore_index
+    loss_s = F.cross_entropy(main_s, labels_s, ignore_index=ignore) + settings.lambda_seg_aux * F.cross_entropy(
+        aux_s, labels_s, ignore_index=ignore)
+    grads = torch.autograd.grad(loss_s, params_g)
+    main_t, aux_t = g(images_t, return_aux=True)
+    maps_t, maps_aux_t = to_map(main_t), to_map(aux_t)
+    loss_adv = settings.lambda_adv_main * bce(d(maps_t), 0.0)
+    loss_adv_aux = settings.lambda_adv_aux * bce(d_aux(maps_aux_t), 0.0)
+    adv_grad, adv_grad_aux = torch.autograd.grad(loss_adv + loss_adv_aux, [maps_t, maps_aux_t], retain_graph=True)
+    grads_t = torch.autograd.grad(loss_adv + loss_adv_aux, params_g, allow_unused=True)
+    for p, a, b in zip(params_g, grads, grads_t):
+        p.grad = a if b is None else a + b
+    opt_g.step()
+
+    for net, opt, source, target in ((d, opt_d, main_s, main_t), (d_aux, opt_d_aux, aux_s, aux_t)):
+        opt.zero_grad()
+        loss_d = 0.5 * (bce(net(to_map(source).detach()), 0.0) + bce(net(to_map(target).detach()), 1.0))
+        loss_d.backward()
+        opt.step()
+    return adv_grad, adv_grad_aux
+
+
+@pytest.fixture(scope="module")
+def uda_references():
+    cache = {}
+
+    def get(method: str, freeze_stats: bool) -> Outcome:
+        if (method, freeze_stats) not in cache:
+            cfg = harness_config(*UDA_OVERRIDES, f"method.name={method}")
+            g, d, d_aux = initial_uda_networks(cfg)
+            g.train()
+            if freeze_stats:
+                freeze_batch_statistics(g)
+            g0, d0, a0 = params(g), params(d), params(d_aux)
+            adv_grad, adv_grad_aux = reference_uda_step(g, d, d_aux, *make_uda_batches(cfg), cfg, method)
+            cache[method, freeze_stats] = Outcome(update(g0, g), update(d0, d), adv_grad, update(a0, d_aux),
+                                                  adv_grad_aux)
+        return cache[method, freeze_stats]
+
+    return get
+
+
+def uda_outcome(case: Case, method: str) -> Outcome:
+    """One segadv adaptation iteration under ``case`` from the reference's initial weights."""
+    cfg = harness_config(*UDA_OVERRIDES, f"method.name={method}", *case.overrides)
+    parts = build_training(cfg, parse_device_map(case.device_map))
+    for net, init in zip((parts.generator, parts.discriminator, parts.aux_discriminator),
+                         initial_uda_networks(cfg)):
+        unwrap(net).load_state_dict(init.state_dict())
+    no_dropout(parts.generator)
+    if case.freeze_stats:
+        freeze_batch_statistics(unwrap(parts.generator))
+    grads: list[torch.Tensor] = []
+    grads_aux: list[torch.Tensor] = []
+    capture_adversarial_gradient(parts.discriminator, grads)
+    capture_adversarial_gradient(parts.aux_discriminator, grads_aux)
+    before = [params(net) for net in (parts.generator, parts.discriminator, parts.aux_discriminator)]
+    scale = parts.opt_g.loss_scale()
+    images_s, labels_s, images_t = make_uda_batches(cfg)
+    parts.method({"source": FixedStream((images_s, labels_s)), "target": FixedStream(images_t)}, step=0)
+    assert len(grads) == len(grads_aux) == 1, "G's update must send one adversarial gradient through each D"
+    g_up, d_up, aux_up = (update(b, net) for b, net in
+                          zip(before, (parts.generator, parts.discriminator, parts.aux_discriminator)))
+    return Outcome(g_up, d_up, grads[0] / scale, aux_up, grads_aux[0] / scale)
+
+
+@pytest.mark.parametrize("method", ["adaptsegnet", "advent"])
+@pytest.mark.parametrize("case", [c.param() for c in UDA_CASES])
+def test_domain_adaptation_iteration_matches_the_plain_float32_loop(case, method, uda_references, no_tf32):
+    if method == "advent" and case.name not in {"cpu", "both-bf16", "g:1,d:0,d_aux:1"}:
+        pytest.skip("AdvEnt differs from AdaptSegNet only in D's input map: a few placements suffice")
+    got = uda_outcome(case, method)
+    print(f"{method} {case.name}: {assert_equivalent(case, got, uda_references(method, case.freeze_stats))}")
+
+
+def test_the_harness_sees_the_aux_discriminator_trained_on_the_wrong_level(uda_references, monkeypatch):
+    """A subtle miswiring: D_aux's own update fed the main level's maps. G's updates and both
+    adversarial gradients are untouched, so only the D_aux comparison can catch it."""
+    from segadv.methods.domain_adaptation import DomainAdaptation
+
+    real = DomainAdaptation.maps_for_discriminators
+
+    def main_maps_everywhere(self, logits, detach):
+        return real(self, {"main": logits["main"], "aux": logits["main"]}, detach)
+
+    monkeypatch.setattr(DomainAdaptation, "maps_for_discriminators", main_maps_everywhere)
+    with pytest.raises(AssertionError, match="D_aux update"):
+        assert_equivalent(Case("cpu"), uda_outcome(Case("cpu"), "adaptsegnet"), uda_references("adaptsegnet", False))
+
+
+UDA_DDP_CASES = [
+    pytest.param("cpu", (), id="ddp-gloo-cpu"),
+    pytest.param("cpu", (*amp("generator", "bfloat16"), *D_AUX_APART), id="ddp-gloo-cpu-amp"),
+    pytest.param("g:0,d:0", (), id="ddp-cuda", marks=pytest.mark.cuda),
+]
+
+
+@pytest.mark.parametrize("device_map, overrides", UDA_DDP_CASES)
+def test_ddp_domain_adaptation_on_two_processes_matches_the_plain_loop(tmp_path, uda_references, device_map,
+                                                                        overrides):
+    """G, D and D_aux each under their own DDP, each rank with half the source and half the target."""
+    cfg = harness_config(*UDA_OVERRIDES, "method.name=adaptsegnet", *overrides)
+    init_g, init_d, init_d_aux = initial_uda_networks(cfg)
+    images, labels, target = make_uda_batches(cfg)
+    torch.save({"g": init_g.state_dict(), "d": init_d.state_dict(), "d_aux": init_d_aux.state_dict(),
+                "images": images, "labels": labels, "target": target}, tmp_path / "input.pt")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(HERE / "equivalence_worker.py"), str(tmp_path), device_map, *UDA_OVERRIDES,
+           "method.name=adaptsegnet", *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    for net in ("g", "d", "d_aux"):  # DDP keeps the ranks identical
+        assert all(torch.equal(ranks[0][net][k], ranks[1][net][k]) for k in ranks[0][net]), net
+    starts = {net: params(init) for net, init in (("g", init_g), ("d", init_d), ("d_aux", init_d_aux))}
+    moved = {net: {k: ranks[0][net][k].float() - v for k, v in start.items()} for net, start in starts.items()}
+    # Each rank's adversarial losses are means over its half: the full batch's gradient is half of it.
+    got = Outcome(moved["g"], moved["d"], torch.cat([r["adv_grad"] for r in ranks]) / 2, moved["d_aux"],
+                  torch.cat([r["adv_grad_aux"] for r in ranks]) / 2)
+    case = Case("ddp", device_map, tuple(overrides), split_batch=True)
+    print(f"adaptsegnet ddp {device_map} {overrides}: {assert_equivalent(case, got, uda_references('adaptsegnet', True))}")
