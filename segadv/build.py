@@ -28,7 +28,6 @@ from segadv.methods import (
 from segadv.models import build_discriminator, build_generator
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel import DeviceMap, place_networks
-from segadv.parallel.placement import place_network
 from segadv.parallel.distributed import DistEnv
 from segadv.parallel.report import gather_rows, network_row, placement_table
 from segadv.parallel.wrap import check_batch_for_replicas, resolve_mode, wrap_network
@@ -83,11 +82,11 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
     num_classes = cfg.data.num_classes
     generator = build_generator(cfg.model.generator, num_classes)
     discriminator = build_discriminator(cfg.model.discriminator, num_classes)
-    place_networks(generator, discriminator, device_map, channels_last=cfg.train.channels_last)
     aux_discriminator = None
     if with_aux_d:
         aux_discriminator = build_discriminator(cfg.model.discriminator_aux or cfg.model.discriminator, num_classes)
-        place_network(aux_discriminator, device_map.aux_discriminator, "aux D", channels_last=cfg.train.channels_last)
+    place_networks(generator, discriminator, device_map, channels_last=cfg.train.channels_last,
+                   aux_discriminator=aux_discriminator)
 
     g_mode = resolve_mode(cfg.parallel.generator, "generator", device_map.generator_devices, env)
     d_mode = resolve_mode(cfg.parallel.discriminator, "discriminator", device_map.discriminator_devices, env)
@@ -141,7 +140,7 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
         adv_warmup_steps=cfg.loss.adv_warmup_steps,
         phases=PhaseTimer(precise=cfg.train.profile),
     )
-    method = build_method(cfg, step, wrapped_d_aux, opt_d_aux)
+    method = build_method(cfg, step, None if wrapped_d_aux is None else (wrapped_d_aux, opt_d_aux))
     return Training(wrapped_g, wrapped_d, opt_g, opt_d, step, method, device_map, env, wrapped_d_aux, opt_d_aux)
 
 

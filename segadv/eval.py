@@ -64,12 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     # The split training measured val/* on: the target's with domain adaptation, else data's.
     val_data = cfg.target_data if cfg.target_data is not None else cfg.data
     val_loader = build_val_loader(val_data, seed=cfg.train.seed, pin_memory=False)  # no train split needed
-    print_split = "target_data" if cfg.target_data is not None else "data"
     metrics = evaluate(generator, val_loader, device_map.generator, cfg.data.num_classes).metrics
     if args.json:
         print(json.dumps(metrics))
         return 0
-    print(f"checkpoint: {args.checkpoint} (step {ckpt.get('step', '?')}); val split of {print_split}")
+    print(f"checkpoint: {args.checkpoint} (step {ckpt.get('step', '?')}); val split of "
+          f"{'target_data' if cfg.target_data is not None else 'data'}")
     print(f"mIoU       {metrics['mIoU']:.4f}")
     print(f"pixel acc  {metrics['pixel_acc']:.4f}")
     for name, iou in zip(class_names(val_data), metrics["iou"]):

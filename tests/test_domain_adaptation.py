@@ -140,7 +140,7 @@ def make_adaptation(method, settings, multi_level=True, seed=0):
             for m, n in ((generator, "generator"), (d_main, "discriminator"), (d_aux, "discriminator_aux"))]
     base = AdversarialStep(generator, d_main, opts[0], opts[1], parse_device_map("g:cpu,d:cpu"),
                            num_classes=C, ignore_index=255, lambda_adv=0.0)
-    return DomainAdaptation(base, settings, DISCRIMINATOR_INPUTS[method], d_aux, opts[2], multi_level=multi_level)
+    return DomainAdaptation(base, settings, DISCRIMINATOR_INPUTS[method], (d_aux, opts[2]), multi_level=multi_level)
 
 
 def make_streams(seed=1, n_s=2, n_t=3, size=32):

@@ -645,17 +645,20 @@ def test_domain_adaptation_iteration_matches_the_plain_float32_loop(case, method
     print(f"{method} {case.name}: {assert_equivalent(case, got, uda_references(method, case.freeze_stats))}")
 
 
-def test_the_harness_sees_the_aux_discriminator_trained_on_the_wrong_level(uda_references, monkeypatch):
-    """A subtle miswiring: D_aux's own update fed the main level's maps. G's updates and both
-    adversarial gradients are untouched, so only the D_aux comparison can catch it."""
+def test_the_harness_sees_the_aux_discriminator_trained_on_the_wrong_maps(uda_references, monkeypatch):
+    """A subtle miswiring: D_aux's own update fed a uniform map as its source half. G's update and
+    both adversarial gradients are untouched, so only the D_aux comparison can catch it."""
     from segadv.methods.domain_adaptation import DomainAdaptation
 
-    real = DomainAdaptation.maps_for_discriminators
+    real = DomainAdaptation.discriminator_maps
 
-    def main_maps_everywhere(self, logits, detach):
-        return real(self, {"main": logits["main"], "aux": logits["main"]}, detach)
+    def wrong_aux_source(self, level, logits):
+        maps = real(self, level, logits)
+        if level.name == "aux" and not torch.is_grad_enabled():  # the source half, for D_aux's update
+            return torch.full_like(maps, 1.0 / maps.shape[1])
+        return maps
 
-    monkeypatch.setattr(DomainAdaptation, "maps_for_discriminators", main_maps_everywhere)
+    monkeypatch.setattr(DomainAdaptation, "discriminator_maps", wrong_aux_source)
     with pytest.raises(AssertionError, match="D_aux update"):
         assert_equivalent(Case("cpu"), uda_outcome(Case("cpu"), "adaptsegnet"), uda_references("adaptsegnet", False))
 

@@ -100,7 +100,7 @@ def drop_training_only_head(
     out, and every other key still loads strictly. Returns the kept keys and how many were left."""
     if any(k.startswith(AUX_HEAD_PREFIX) for k in expected):
         return dict(flat), 0
-    kept = {k: v for k, v in flat.items() if not ("." + k).count("." + AUX_HEAD_PREFIX)}
+    kept = {k: v for k, v in flat.items() if "." + AUX_HEAD_PREFIX not in "." + k}
     return kept, len(flat) - len(kept)
 
 

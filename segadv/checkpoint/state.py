@@ -91,10 +91,9 @@ def restore_training_state(
     opt_d.load_state_dict(ckpt["optim_discriminator"])
     saved_aux = "discriminator_aux" in ckpt
     if (aux_discriminator is not None) != saved_aux:
-        raise UserError(
-            "the checkpoint " + ("has" if saved_aux else "has no") + " aux discriminator and this run "
-            + ("has none" if saved_aux else "has one")
-            + " (model.generator.aux_head or method.name differ from the run that saved it)")
+        has = {True: "has an aux discriminator", False: "has none"}
+        raise UserError(f"the checkpoint {has[saved_aux]} and this run {has[aux_discriminator is not None]} "
+                        "(model.generator.aux_head or method.name differ from the run that saved it)")
     if aux_discriminator is not None and opt_d_aux is not None:
         load_weights(ckpt["discriminator_aux"], aux_discriminator, role="discriminator", name="checkpoint aux D")
         opt_d_aux.load_state_dict(ckpt["optim_discriminator_aux"])

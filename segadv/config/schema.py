@@ -284,7 +284,7 @@ class Config(Section):
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     # Domain adaptation's unlabeled target domain: its train images (masks never read) and its
-    # val split, on which val/* is then measured (data's val becomes val_source/*).
+    # val split, on which val/* is then measured (train.eval_source adds data's as val_source/*).
     target_data: Optional[DataConfig] = None
     optim: OptimConfig = OptimConfig()
     loss: LossConfig = LossConfig()

@@ -332,12 +332,15 @@ def _probe(dataset: Any, key: str) -> None:
         )
 
 
-def _synthetic(cfg: DataConfig, train_tf: Any, val_tf: Any) -> DataBundle:
+def synthetic_split(cfg: DataConfig, split: str, transform: Any) -> SyntheticShapes:
+    """The embedded dataset's ``train`` or ``val`` split as ``data.synthetic`` describes it."""
     syn = cfg.synthetic
-    common: dict[str, Any] = dict(image_size=syn.image_size, num_classes=cfg.num_classes, seed=syn.seed,
-                                  domain=syn.domain)
-    train = SyntheticShapes("train", syn.train_size, transform=train_tf, **common)
-    val = SyntheticShapes("val", syn.val_size, transform=val_tf, **common)
+    return SyntheticShapes(split, syn.train_size if split == "train" else syn.val_size, transform=transform,
+                           image_size=syn.image_size, num_classes=cfg.num_classes, seed=syn.seed, domain=syn.domain)
+
+
+def _synthetic(cfg: DataConfig, train_tf: Any, val_tf: Any) -> DataBundle:
+    train, val = synthetic_split(cfg, "train", train_tf), synthetic_split(cfg, "val", val_tf)
     labeled, unlabeled, problems, record = split_labeled([str(i) for i in range(len(train))], cfg, None)
     if problems:
         raise_problems(problems)  # a labeled_list naming ids that do not exist: no file to skip
@@ -424,9 +427,7 @@ def build_val_dataset(cfg: DataConfig) -> Dataset:
     check_config(cfg)
     val_tf = build_transform(cfg.val_transforms, cfg.mean, cfg.std, _VAL_KEY, ignore_index=cfg.ignore_index)
     if cfg.kind == "synthetic":
-        syn = cfg.synthetic
-        val = SyntheticShapes("val", syn.val_size, transform=val_tf, image_size=syn.image_size,
-                              num_classes=cfg.num_classes, seed=syn.seed, domain=syn.domain)
+        val = synthetic_split(cfg, "val", val_tf)
     else:
         samples = _checked_split(cfg, "val", with_masks=True)
         val = SegmentationFiles("val", samples, LABEL_SPECS[cfg.kind](cfg), val_tf, cfg.on_error)
@@ -455,15 +456,12 @@ def build_target_data(cfg: DataConfig) -> tuple[Dataset, Dataset]:
     check_config(cfg)
     train_tf = build_transform(cfg.train_transforms, cfg.mean, cfg.std, "target_data.train_transforms",
                                ignore_index=cfg.ignore_index)
-    if cfg.kind == "synthetic":
-        syn = cfg.synthetic
-        images: Dataset = _ImagesOnly(SyntheticShapes(
-            "train", syn.train_size, transform=train_tf, image_size=syn.image_size, num_classes=cfg.num_classes,
-            seed=syn.seed, domain=syn.domain))
     try:
-        if cfg.kind != "synthetic":
-            images = UnlabeledImages("target", _checked_split(cfg, "train", with_masks=False), train_tf,
-                                     cfg.on_error)
+        if cfg.kind == "synthetic":
+            images: Dataset = _ImagesOnly(synthetic_split(cfg, "train", train_tf))
+        else:
+            samples = _checked_split(cfg, "train", with_masks=False)
+            images = UnlabeledImages("target", samples, train_tf, cfg.on_error)
         val = build_val_dataset(cfg)
     except UserError as err:
         raise UserError(f"target_data: {err}") from None

@@ -19,8 +19,7 @@ Drawing uses numpy only (no OpenCV) and costs well under 2 ms for a 128x128 samp
 A second domain, ``domain="target"``, draws the same classes and shapes with another look (for
 domain adaptation): a strong checkerboard over the background (edges a source-trained network
 takes for shapes), a colour cast with less saturation, uneven lighting, slight blur and more
-noise. Its samples are drawn from their own
-random streams (not restyled copies of the source's).
+noise. Its samples are drawn from their own random streams (not restyled copies of the source's).
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ Each D does the same with its source and target halves.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
@@ -74,6 +73,11 @@ class Level:
     lambda_adv: float
     lambda_ent: float
 
+    @property
+    def suffix(self) -> str:
+        """Of its loss names: loss_adv, loss_adv_aux."""
+        return "" if self.name == "main" else "_aux"
+
 
 class DomainAdaptation:
     streams = ("source", "target")
@@ -84,29 +88,32 @@ class DomainAdaptation:
         base: AdversarialStep,
         settings: DomainAdaptationConfig,
         discriminator_input: Optional[Callable[[torch.Tensor], torch.Tensor]],
-        aux_discriminator: Optional[nn.Module] = None,
-        opt_d_aux: Optional[AmpOptimizer] = None,
+        aux_discriminator: Optional[tuple[nn.Module, AmpOptimizer]] = None,
         multi_level: bool = False,
     ) -> None:
         """``discriminator_input``: the map D sees, from G's logits (softmax for AdaptSegNet,
         self-information for ADVENT); None: no D (MinEnt). ``base``: the supervised step, whose
-        G, main D, optimizers and device map this method trains."""
+        G, main D, optimizers and device map this method trains. ``aux_discriminator``: the aux
+        level's D and its optimizer (multi-level with a D)."""
         self.base = base
         self.settings = settings
         self.discriminator_input = discriminator_input
         self.generator, self.opt_g = base.generator, base.opt_g
         self.device_map = base.device_map
         self.multi_level = multi_level
-        adversarial = discriminator_input is not None
-        self.levels = [Level("main", base.discriminator if adversarial else None, base.opt_d if adversarial else None,
-                             self.device_map.discriminator if adversarial else self.device_map.generator,
-                             settings.lambda_adv_main if adversarial else 0.0, settings.lambda_ent_main)]
+        g_dev = self.device_map.generator
+        if discriminator_input is None:  # MinEnt: entropy terms only
+            self.levels = [Level("main", None, None, g_dev, 0.0, settings.lambda_ent_main)]
+            if multi_level:
+                self.levels.append(Level("aux", None, None, g_dev, 0.0, settings.lambda_ent_aux))
+            return
+        self.levels = [Level("main", base.discriminator, base.opt_d, self.device_map.discriminator,
+                             settings.lambda_adv_main, settings.lambda_ent_main)]
         if multi_level:
-            if adversarial and (aux_discriminator is None or opt_d_aux is None):
+            if aux_discriminator is None:
                 raise ValueError("multi-level adversarial adaptation needs the aux discriminator")
-            self.levels.append(Level("aux", aux_discriminator if adversarial else None, opt_d_aux if adversarial else None,
-                                     self.device_map.aux_discriminator if adversarial else self.device_map.generator,
-                                     settings.lambda_adv_aux if adversarial else 0.0, settings.lambda_ent_aux))
+            self.levels.append(Level("aux", *aux_discriminator, self.device_map.aux_discriminator,
+                                     settings.lambda_adv_aux, settings.lambda_ent_aux))
 
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
         base, s = self.base, self.settings
@@ -119,9 +126,9 @@ class DomainAdaptation:
             images_s = to_device(images_s, g_dev)
             images_t = to_device(images_t, g_dev)
         self.generator.train()
-        for level in self.levels:
-            if level.discriminator is not None:
-                level.discriminator.train()
+        adversarial = [level for level in self.levels if level.discriminator is not None]
+        for level in adversarial:
+            level.discriminator.train()
         losses: dict[str, torch.Tensor] = {}
 
         # ---- G, with every D frozen. Source, then target, each forward followed by its backward
@@ -135,31 +142,29 @@ class DomainAdaptation:
                 loss_seg_aux = F.cross_entropy(logits["aux"], labels_s, ignore_index=base.ignore_index)
                 losses["loss_seg_aux"] = loss_seg_aux.detach()
                 loss = loss + s.lambda_seg_aux * loss_seg_aux
-            source_maps = self.maps_for_discriminators(logits, detach=True)
+        with torch.no_grad():  # D's source half, from G before its step
+            source_maps = {level.name: self.discriminator_maps(level, logits[level.name]) for level in adversarial}
+        with phase("g_fwd_bwd", g_dev):
             self.opt_g.backward(loss)
             logits = self.generator_levels(images_t)
-            # Zero-weighted so every parameter takes part even when no target term is on (DDP).
-            loss = 0.0 * logits["main"].sum()
+            # Zero-weighted outputs, so every parameter takes part even when no target term is on (DDP).
+            loss = 0.0 * sum(level_logits.sum() for level_logits in logits.values())
         target_maps = {}
         for level in self.levels:
-            suffix = "" if level.name == "main" else "_aux"
             if level.lambda_ent > 0:
                 with phase("g_fwd_bwd", g_dev):
                     loss_ent = mean_entropy(logits[level.name])
-                    losses[f"loss_ent{suffix}"] = loss_ent.detach()
+                    losses[f"loss_ent{level.suffix}"] = loss_ent.detach()
                     loss = loss + level.lambda_ent * loss_ent
             if level.discriminator is None:
                 continue
-            with phase("g_fwd_bwd", g_dev):
-                maps = self.discriminator_input(logits[level.name])
-            with phase("transfer", transfer_device(g_dev, level.device)):
-                maps = to_device(maps, level.device)
+            maps = self.discriminator_maps(level, logits[level.name])
             target_maps[level.name] = maps.detach()
-            with phase("g_fwd_bwd", g_dev):
-                if level.lambda_adv > 0:
+            if level.lambda_adv > 0:
+                with phase("g_fwd_bwd", g_dev):
                     d_out = discriminator_view(level.discriminator, level.opt_d, maps)
                     loss_adv = gan_loss(d_out, SOURCE, s.gan)  # target maps made to look like source
-                    losses[f"loss_adv{suffix}"] = loss_adv.detach()
+                    losses[f"loss_adv{level.suffix}"] = loss_adv.detach()
                     loss = loss + level.lambda_adv * to_device(loss_adv, g_dev)
         with phase("g_fwd_bwd", g_dev):
             self.opt_g.backward(loss)
@@ -167,10 +172,7 @@ class DomainAdaptation:
             self.opt_g.step()
 
         # ---- each D: source maps as SOURCE, target maps as TARGET, each half its own backward
-        for level in self.levels:
-            if level.discriminator is None:
-                continue
-            suffix = "" if level.name == "main" else "_aux"
+        for level in adversarial:
             with phase("d_fwd_bwd", level.device):
                 loss_d = 0.0
                 for maps, label in ((source_maps[level.name], SOURCE), (target_maps[level.name], TARGET)):
@@ -179,7 +181,7 @@ class DomainAdaptation:
                     half = 0.5 * gan_loss(d_out, label, s.gan)
                     level.opt_d.backward(half)
                     loss_d = loss_d + half.detach()
-                losses[f"loss_d{suffix}"] = loss_d
+                losses[f"loss_d{level.suffix}"] = loss_d
             with phase("optimizer", level.device):
                 level.opt_d.step()
         return losses
@@ -190,16 +192,13 @@ class DomainAdaptation:
             out = self.generator(images, return_aux=True) if self.multi_level else (self.generator(images),)
         return dict(zip(("main", "aux"), (o.float() for o in out)))
 
-    def maps_for_discriminators(self, logits: dict[str, torch.Tensor], detach: bool) -> dict[str, torch.Tensor]:
-        """Each level's D input, on that D's device."""
-        maps = {}
-        for level in self.levels:
-            if level.discriminator is not None:
-                with torch.no_grad() if detach else contextlib.nullcontext():
-                    level_maps = self.discriminator_input(logits[level.name])
-                with self.base.phases.phase("transfer", transfer_device(self.device_map.generator, level.device)):
-                    maps[level.name] = to_device(level_maps, level.device)
-        return maps
+    def discriminator_maps(self, level: Level, logits: torch.Tensor) -> torch.Tensor:
+        """The level's D input from G's logits, on that D's device."""
+        g_dev = self.device_map.generator
+        with self.base.phases.phase("g_fwd_bwd", g_dev):
+            maps = self.discriminator_input(logits)
+        with self.base.phases.phase("transfer", transfer_device(g_dev, level.device)):
+            return to_device(maps, level.device)
 
     def panel(self, images: torch.Tensor) -> Optional[PanelMaps]:
         return None

@@ -22,18 +22,21 @@ DISCRIMINATOR_INPUTS = {"adaptsegnet": lambda logits: logits.softmax(dim=1), "ad
                         "minent": None}
 
 
-def _supervised(cfg: Config, step: AdversarialStep, aux_d: Optional[nn.Module], opt_d_aux: Optional[AmpOptimizer]) -> Method:
+# A builder gets the config, the supervised step (G, the main D, their optimizers, the device map)
+# and, where the run has one, the aux D with its optimizer.
+AuxDiscriminator = Optional[tuple[nn.Module, AmpOptimizer]]
+
+
+def _supervised(cfg: Config, step: AdversarialStep, aux_d: AuxDiscriminator) -> Method:
     return Supervised(step)
 
 
-def _advsemiseg(cfg: Config, step: AdversarialStep, aux_d: Optional[nn.Module], opt_d_aux: Optional[AmpOptimizer]) -> Method:
+def _advsemiseg(cfg: Config, step: AdversarialStep, aux_d: AuxDiscriminator) -> Method:
     return AdvSemiSeg(step, cfg.method.advsemiseg)
 
 
-def _domain_adaptation(cfg: Config, step: AdversarialStep, aux_d: Optional[nn.Module],
-                       opt_d_aux: Optional[AmpOptimizer]) -> Method:
-    name = cfg.method.name
-    return DomainAdaptation(step, adaptation_settings(cfg), DISCRIMINATOR_INPUTS[name], aux_d, opt_d_aux,
+def _domain_adaptation(cfg: Config, step: AdversarialStep, aux_d: AuxDiscriminator) -> Method:
+    return DomainAdaptation(step, adaptation_settings(cfg), DISCRIMINATOR_INPUTS[cfg.method.name], aux_d,
                             multi_level=cfg.model.generator.aux_head)
 
 
@@ -43,14 +46,13 @@ METHODS: dict[str, Callable[..., Method]] = {
 }
 
 
-def build_method(cfg: Config, step: AdversarialStep, aux_discriminator: Optional[nn.Module] = None,
-                 opt_d_aux: Optional[AmpOptimizer] = None) -> Method:
+def build_method(cfg: Config, step: AdversarialStep, aux_d: AuxDiscriminator = None) -> Method:
     """``step``: the supervised step; its (wrapped) networks, optimizers and device map are the
-    ones every method trains. ``aux_discriminator``: the aux level's D, where the method has one."""
+    ones every method trains. ``aux_d``: the aux level's D and its optimizer, where the run has one."""
     name = cfg.method.name
     if name not in METHODS:
         raise KeyError(f"unknown method {name!r}; methods: {', '.join(sorted(METHODS))}")
-    return METHODS[name](cfg, step, aux_discriminator, opt_d_aux)
+    return METHODS[name](cfg, step, aux_d)
 
 
 def check_method_config(cfg: Config) -> None:

@@ -2,10 +2,10 @@
 
 Grammar: comma-separated ``ROLE:DEVICES`` entries. ROLE is ``g``/``generator``,
 ``d``/``discriminator`` or ``d_aux``/``discriminator_aux`` (the auxiliary output's D of
-multi-level domain adaptation; left out, it shares D's devices). DEVICES is one device (``cpu``, ``cuda``, ``cuda:N`` or a bare CUDA index
-``N``) or a DataParallel replica set of CUDA devices joined by ``+`` (``1+2`` = ``cuda:1+cuda:2``):
-the network is replicated on each and its outputs are gathered on the first. A role left out
-shares the other role's devices; a bare DEVICES (``cpu``, ``cuda:1``) puts both networks there.
+multi-level domain adaptation). DEVICES is one device (``cpu``, ``cuda``, ``cuda:N`` or a bare
+CUDA index ``N``) or a DataParallel replica set of CUDA devices joined by ``+`` (``1+2`` =
+``cuda:1+cuda:2``): the network is replicated on each and its outputs are gathered on the first.
+Of g and d, one left out shares the other's devices; d_aux left out shares d's; a bare DEVICES (``cpu``, ``cuda:1``) puts both networks there.
 An empty map means both on ``cuda:0`` when CUDA is available, else ``cpu``.
 
 Under a multi-process launch (torchrun) CUDA indices are relative to the process: local rank r
@@ -33,7 +33,7 @@ SHORT_NAMES = {"generator": "g", "discriminator": "d", "discriminator_aux": "d_a
 class DeviceMap:
     generator_devices: tuple[torch.device, ...]
     discriminator_devices: tuple[torch.device, ...]
-    # The aux D's devices when the map names them; None: D's (see ``aux_discriminator_devices_``).
+    # The aux D's devices when the map names them; None: it shares D's (``aux_discriminator_devices``).
     named_aux_discriminator_devices: tuple[torch.device, ...] | None = None
 
     @property

@@ -24,25 +24,21 @@ def activate(device_map: DeviceMap) -> None:
 
 
 def place_networks(
-    generator: nn.Module, discriminator: nn.Module, device_map: DeviceMap, channels_last: bool = False
+    generator: nn.Module, discriminator: nn.Module, device_map: DeviceMap, channels_last: bool = False,
+    aux_discriminator: nn.Module | None = None,
 ) -> None:
     """``channels_last``: 4-D weights in NHWC order, so convolutions take and give NHWC
-    activations (faster convolutions on recent GPUs and oneDNN CPUs; inputs convert on the way in)."""
+    activations (faster convolutions on recent GPUs and oneDNN CPUs; inputs convert on the way in).
+    ``aux_discriminator``: the aux output's D (multi-level domain adaptation), on ``d_aux``'s device."""
     activate(device_map)
     memory_format = torch.channels_last if channels_last else torch.preserve_format
-    generator.to(device_map.generator, memory_format=memory_format)
-    discriminator.to(device_map.discriminator, memory_format=memory_format)
-    log.info(
-        "placement: G on %s (%s params), D on %s (%s params)",
-        device_map.generator, f"{count_parameters(generator):,}",
-        device_map.discriminator, f"{count_parameters(discriminator):,}",
-    )
-
-
-def place_network(network: nn.Module, device: torch.device, label: str, channels_last: bool = False) -> None:
-    """One more network (the aux D) on its device, as ``place_networks`` places G and D."""
-    network.to(device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
-    log.info("placement: %s on %s (%s params)", label, device, f"{count_parameters(network):,}")
+    placed = [("G", generator, device_map.generator), ("D", discriminator, device_map.discriminator)]
+    if aux_discriminator is not None:
+        placed.append(("aux D", aux_discriminator, device_map.aux_discriminator))
+    for _, network, device in placed:
+        network.to(device, memory_format=memory_format)
+    log.info("placement: %s", ", ".join(f"{label} on {device} ({count_parameters(network):,} params)"
+                                        for label, network, device in placed))
 
 
 def unwrap(module: nn.Module) -> nn.Module:
