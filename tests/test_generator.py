@@ -30,3 +30,18 @@ def test_dropping_unused_stages_keeps_the_output():
                               decoder_atrous_rates=(1, 2, 3), classes=3).eval()
     x = torch.randn(1, 3, 64, 64)
     torch.testing.assert_close(kept(x), plain(x))
+
+
+@pytest.mark.parametrize("arch", ["deeplabv3", "deeplabv3plus"])
+def test_decoder_channels_sets_the_decoder_width(arch):
+    """model.generator.decoder_channels reaches smp: the classifier reads that many channels, and a
+    narrower decoder has fewer parameters."""
+    narrow = build_generator(GeneratorConfig(arch=arch, encoder="resnet18", encoder_depth=4, decoder_channels=32,
+                                             decoder_atrous_rates=[1, 2, 3]), num_classes=3)
+    wide = build_generator(GeneratorConfig(arch=arch, encoder="resnet18", encoder_depth=4, decoder_channels=64,
+                                           decoder_atrous_rates=[1, 2, 3]), num_classes=3)
+    assert narrow.segmentation_head[0].in_channels == 32
+    assert wide.segmentation_head[0].in_channels == 64
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(narrow) < count(wide)
+    assert narrow(torch.randn(2, 3, 64, 64)).shape == (2, 3, 64, 64)

@@ -27,6 +27,8 @@ class GeneratorConfig(Section):
     # ASPP dilations. (12, 24, 36) suit ~512 px crops; on small images the feature map is only a
     # few cells wide and large rates sample mostly padding.
     decoder_atrous_rates: list[int] = [12, 24, 36]
+    # Width of the decoder (ASPP and, for DeepLabV3+, the fusion convs); smp's default is 256.
+    decoder_channels: int = Field(256, gt=0)
     # A second, auxiliary output from the encoder's second-to-last stage (a small classifier
     # there, upsampled to the input): AdaptSegNet's and ADVENT's multi-level adaptation. Training
     # only: evaluation, export, predict and segadv-ckpt convert use the main output.

@@ -91,6 +91,7 @@ def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3
             encoder_weights=smp_weights,
             encoder_output_stride=cfg.output_stride,
             decoder_atrous_rates=tuple(cfg.decoder_atrous_rates),
+            decoder_channels=cfg.decoder_channels,
             in_channels=in_channels,
             classes=num_classes,
         )
