@@ -7,10 +7,11 @@ from torch import nn
 from segadv import ckpt as ckpt_cli
 from segadv import train as train_cli
 from segadv.checkpoint import load_weights
-from segadv.config.schema import GeneratorConfig
 from segadv.models import build_generator
 
 from conftest import TINY_OVERRIDES
+
+from segadv.config import load_config
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,8 @@ def run_dir(tmp_path_factory):
 
 def tiny_generator(num_classes=5, seed=0):
     torch.manual_seed(seed)
-    return build_generator(GeneratorConfig(encoder="mobilenet_v2"), num_classes)
+    # The G the tiny training runs build (the embedded default with TINY_OVERRIDES).
+    return build_generator(load_config(None, TINY_OVERRIDES).model.generator, num_classes)
 
 
 def test_inspect_segadv_checkpoint(run_dir, capsys):
