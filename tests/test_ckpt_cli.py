@@ -7,11 +7,10 @@ from torch import nn
 from segadv import ckpt as ckpt_cli
 from segadv import train as train_cli
 from segadv.checkpoint import load_weights
+from segadv.config import load_config
 from segadv.models import build_generator
 
 from conftest import TINY_OVERRIDES
-
-from segadv.config import load_config
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,5 @@ def test_decoder_channels_sets_the_decoder_width(arch):
                                            decoder_atrous_rates=[1, 2, 3]), num_classes=3)
     assert narrow.segmentation_head[0].in_channels == 32
     assert wide.segmentation_head[0].in_channels == 64
-    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
-    assert count(narrow) < count(wide)
+    assert sum(p.numel() for p in narrow.parameters()) < sum(p.numel() for p in wide.parameters())
     assert narrow(torch.randn(2, 3, 64, 64)).shape == (2, 3, 64, 64)

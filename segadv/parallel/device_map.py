@@ -5,8 +5,9 @@ Grammar: comma-separated ``ROLE:DEVICES`` entries. ROLE is ``g``/``generator``,
 multi-level domain adaptation). DEVICES is one device (``cpu``, ``cuda``, ``cuda:N`` or a bare
 CUDA index ``N``) or a DataParallel replica set of CUDA devices joined by ``+`` (``1+2`` =
 ``cuda:1+cuda:2``): the network is replicated on each and its outputs are gathered on the first.
-Of g and d, one left out shares the other's devices; d_aux left out shares d's; a bare DEVICES (``cpu``, ``cuda:1``) puts both networks there.
-An empty map means both on ``cuda:0`` when CUDA is available, else ``cpu``.
+Of g and d, one left out shares the other's devices; d_aux left out shares d's; a bare DEVICES
+(``cpu``, ``cuda:1``) puts every network there.
+An empty map means every network on ``cuda:0`` when CUDA is available, else ``cpu``.
 
 Under a multi-process launch (torchrun) CUDA indices are relative to the process: local rank r
 adds ``r * B`` to every index, where B = (highest index in the map) + 1. With ``g:0,d:1`` and two
