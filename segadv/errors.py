@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import sys
-from typing import Callable
+from typing import Callable, Optional
 
 log = logging.getLogger("segadv")
 
@@ -32,9 +33,33 @@ def cli_entry(main: Callable[[list[str] | None], int | None]) -> Callable[[list[
         except UserError as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_USER_ERROR
+        except RuntimeError as err:
+            message = input_shape_message(err)
+            if message is None:
+                raise
+            print(f"error: {message}", file=sys.stderr)
+            return EXIT_USER_ERROR
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
         return EXIT_OK if code is None else int(code)
 
     return wrapper
+
+
+# segmentation-models-pytorch checks G's input in its forward and raises a bare RuntimeError;
+# its shape comes from the data and its transforms, so it is the user's to fix.
+_SMP_INPUT_SHAPE = re.compile(
+    r"Wrong input shape height=(\d+), width=(\d+)\. Expected image height and width divisible by (\d+)"
+)
+
+
+def input_shape_message(err: RuntimeError) -> Optional[str]:
+    """The user-facing message for smp's input-size check, or None for any other error."""
+    match = _SMP_INPUT_SHAPE.search(str(err))
+    if match is None:
+        return None
+    height, width, divisor = match.groups()
+    return (f"images of {height}x{width} reach G, which needs height and width divisible by {divisor} "
+            "(its encoder's output stride): resize, crop or pad them to a multiple "
+            "(data.train_transforms / data.val_transforms, or the dataset's image size)")

@@ -101,3 +101,12 @@ def test_eval_on_a_missing_checkpoint_exits_2(tmp_path):
     result = run_cli("segadv.eval", "--checkpoint", str(tmp_path / "missing.pt"))
     assert result.returncode == 2
     assert "checkpoint not found" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_images_g_cannot_take_exit_2_naming_the_size(tmp_path):
+    # smp raises a bare RuntimeError from G's forward; the size comes from the user's transforms.
+    result = run_cli("segadv.train", "--run-dir", str(tmp_path / "r"), *TINY_OVERRIDES,
+                     "data.train_transforms=[{name: Resize, height: 56, width: 56}]")
+    assert result.returncode == 2, result.stderr
+    assert "images of 56x56 reach G, which needs height and width divisible by" in result.stderr
+    assert "data.train_transforms" in result.stderr and "Traceback" not in result.stderr
