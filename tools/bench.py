@@ -158,17 +158,17 @@ def build_parts(cfg):
 def compare_variants(args, batches, log_every: int) -> None:
     """segadv's step under each variant, against the first (fp32) in alternating rounds."""
     dtypes = {"fp32": [], "bf16": ["enabled=true", "dtype=bfloat16"], "fp16": ["enabled=true", "dtype=float16"]}
-    # The precision variants run in the default memory format whatever the config says, so that
-    # channels_last on/off is a comparison against the same fp32 base.
-    off, on = ["train.channels_last=false"], ["train.channels_last=true"]
-    variants: dict[str, list[str]] = {}
+    precision: dict[str, list[str]] = {}
     for g in dtypes:
-        variants[f"amp/g={g},d=fp32"] = [*off, *(f"amp.generator.{o}" for o in dtypes[g])]
+        precision[f"amp/g={g},d=fp32"] = [f"amp.generator.{o}" for o in dtypes[g]]
     for d in ("bf16", "fp16"):
-        variants[f"amp/g=fp32,d={d}"] = [*off, *(f"amp.discriminator.{o}" for o in dtypes[d])]
-    variants["amp/g=bf16,d=bf16"] = [*variants["amp/g=bf16,d=fp32"], *variants["amp/g=fp32,d=bf16"][1:]]
-    variants["channels_last/on,fp32"] = on
-    variants["channels_last/on,g=bf16"] = [*on, *variants["amp/g=bf16,d=fp32"][1:]]
+        precision[f"amp/g=fp32,d={d}"] = [f"amp.discriminator.{o}" for o in dtypes[d]]
+    precision["amp/g=bf16,d=bf16"] = [*precision["amp/g=bf16,d=fp32"], *precision["amp/g=fp32,d=bf16"]]
+    # The precision variants run channels_last off whatever the config says, so that channels_last
+    # on/off compares against the same fp32 base.
+    variants = {name: ["train.channels_last=false", *overrides] for name, overrides in precision.items()}
+    variants["channels_last/on,fp32"] = ["train.channels_last=true"]
+    variants["channels_last/on,g=bf16"] = ["train.channels_last=true", *precision["amp/g=bf16,d=fp32"]]
     runners = {}
     for name, overrides in variants.items():
         cfg = bench_config(args, *overrides)
