@@ -186,14 +186,27 @@ def compare_variants(args, batches, log_every: int) -> None:
         figure(f"{name}/speedup", base / seconds, "x", "vs amp/g=fp32,d=fp32")
 
 
+def count(minimum: int):
+    """argparse type: an integer >= ``minimum`` (argparse reports a bad one and exits 2)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.py", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="config file (default: the embedded default)")
     parser.add_argument("--device-map", help="e.g. g:cuda:0,d:cuda:0")
-    parser.add_argument("--steps", type=int, default=6, help="steps per round and side")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per side first")
+    parser.add_argument("--steps", type=count(1), default=6, help="steps per round and side")
+    parser.add_argument("--rounds", type=count(1), default=3, help="alternating rounds")
+    parser.add_argument("--warmup", type=count(0), default=2, help="untimed steps per side first")
     parser.add_argument("--no-variants", action="store_true",
                         help="only the segadv / bare ratio and the breakdown (skip AMP, channels_last, hop)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
@@ -217,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         return (time.perf_counter() - t0) / n
 
     run_segadv = segadv_runner(parts, batches, log_every)
-    run_segadv(args.warmup)
-    run_bare(args.warmup)
+    if args.warmup:
+        run_segadv(args.warmup)
+        run_bare(args.warmup)
     parts.phases.resolve()
     parts.phases.seconds.clear()  # the breakdown covers the timed rounds only
     times = alternate({"segadv": run_segadv, "bare": run_bare}, args.rounds, args.steps, 0)

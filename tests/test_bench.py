@@ -1,0 +1,53 @@
+"""tools/bench.py: one named figure per line, a breakdown inside the step it breaks down, and
+bad counts answered with exit 2."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_OVERRIDES
+from segadv.monitor.profile import STEP_PHASES
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("bench", ROOT / "tools" / "bench.py")
+bench = importlib.util.module_from_spec(spec)
+sys.modules["bench"] = bench
+spec.loader.exec_module(bench)
+
+
+def figures(out: str) -> dict[str, float]:
+    """``name value [unit] [# note]`` lines (the format scripts read) -> {name: value}."""
+    parsed = {}
+    for line in out.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, value = line.split()[:2]
+        parsed[name] = float(value)
+    return parsed
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_ratio_and_breakdown_figures_without_warmup(capsys):
+    # --warmup 0 used to divide by zero steps.
+    args = ["--no-variants", "--steps", "2", "--rounds", "1", "--warmup", "0",
+            "--device-map", "g:cpu,d:cpu", *TINY_OVERRIDES]
+    assert bench.main(args) == 0
+    found = figures(capsys.readouterr().out)
+    expected = {"bare/ms_per_step", "segadv/ms_per_step", "ratio"} | {f"breakdown/{p}/ms_per_step" for p in STEP_PHASES}
+    assert set(found) == expected
+    # The figures print 4 significant digits.
+    assert found["ratio"] == pytest.approx(found["bare/ms_per_step"] / found["segadv/ms_per_step"], rel=1e-3)
+    # The phases are timed inside segadv's step: together they cannot take longer than it.
+    breakdown = sum(found[f"breakdown/{p}/ms_per_step"] for p in STEP_PHASES)
+    assert 0 < breakdown <= found["segadv/ms_per_step"] * 1.01
+    assert found["breakdown/g_fwd_bwd/ms_per_step"] > 0 and found["breakdown/d_fwd_bwd/ms_per_step"] > 0
+
+
+@pytest.mark.parametrize("flag,value", [("--steps", "0"), ("--rounds", "0"), ("--warmup", "-1"), ("--steps", "two")])
+def test_bad_counts_exit_2_naming_the_flag(flag, value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main([flag, value])
+    assert exit_info.value.code == 2
+    assert flag in capsys.readouterr().err
