@@ -103,16 +103,26 @@ class Case:
     def freeze_stats(self) -> bool:
         return self.split_batch or not self.float32 or "train.channels_last=true" in self.overrides
 
+    @property
+    def model_overrides(self) -> tuple[str, ...]:
+        """The networks' own settings: the reference builds the same networks."""
+        return tuple(o for o in self.overrides if o.startswith("model."))
+
     def param(self):
         return pytest.param(self, id=self.name, marks=list(self.marks))
 
 
 DP = ("parallel.generator=dp", "parallel.discriminator=dp")
+# configs/default.yaml's G (resnet18 to layer2, stride 8, a 128-wide decoder) in channels_last.
+DEMO_G = ("model.generator.encoder=resnet18", "model.generator.encoder_depth=3", "model.generator.output_stride=8",
+          "model.generator.decoder_channels=128", "model.generator.decoder_atrous_rates=[1,2,3]",
+          "train.channels_last=true")
 CUDA, CUDA2 = (pytest.mark.cuda,), (pytest.mark.cuda2,)
 CASES = [
     Case("cpu"),
     Case("cpu-dataparallel", overrides=DP),
     Case("cpu-channels_last", overrides=("train.channels_last=true",)),
+    Case("cpu-demo-generator", overrides=DEMO_G),
     Case("g-bf16", overrides=amp("generator", "bfloat16")),
     Case("d-bf16", overrides=amp("discriminator", "bfloat16")),
     Case("both-bf16", overrides=(*amp("generator", "bfloat16"), *amp("discriminator", "bfloat16"))),
@@ -244,8 +254,8 @@ def update(before: dict, module: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v - before[k] for k, v in params(module).items()}
 
 
-def reference_outcome(freeze_stats: bool) -> Outcome:
-    cfg = harness_config()
+def reference_outcome(freeze_stats: bool, model_overrides: tuple[str, ...] = ()) -> Outcome:
+    cfg = harness_config(*model_overrides)
     g, d = initial_networks(cfg)
     g.train()
     if freeze_stats:
@@ -259,10 +269,11 @@ def reference_outcome(freeze_stats: bool) -> Outcome:
 def references():
     cache = {}
 
-    def get(freeze_stats: bool) -> Outcome:
-        if freeze_stats not in cache:
-            cache[freeze_stats] = reference_outcome(freeze_stats)
-        return cache[freeze_stats]
+    def get(freeze_stats: bool, model_overrides: tuple[str, ...] = ()) -> Outcome:
+        key = (freeze_stats, model_overrides)
+        if key not in cache:
+            cache[key] = reference_outcome(freeze_stats, model_overrides)
+        return cache[key]
 
     return get
 
@@ -358,7 +369,7 @@ def assert_equivalent(case: Case, got: Outcome, ref: Outcome) -> dict[str, float
 @pytest.mark.parametrize("case", [c.param() for c in CASES])
 def test_one_step_matches_the_plain_float32_loop(case, references, no_tf32):
     got = segadv_outcome(case)
-    figures = assert_equivalent(case, got, references(case.freeze_stats))
+    figures = assert_equivalent(case, got, references(case.freeze_stats, case.model_overrides))
     print(f"{case.name}: {figures}")
 
 
