@@ -1,5 +1,11 @@
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -56,3 +62,13 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def load_tool(name: str):
+    """tools/<name>.py as a module (tools/ is scripts, not a package). Registered in sys.modules
+    before it runs: dataclasses look their module up there."""
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -1,20 +1,12 @@
 """tools/bench.py: one named figure per line, a breakdown inside the step it breaks down, and
 bad counts answered with exit 2."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-from conftest import TINY_OVERRIDES
+from conftest import TINY_OVERRIDES, load_tool
 from segadv.monitor.profile import STEP_PHASES
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("bench", ROOT / "tools" / "bench.py")
-bench = importlib.util.module_from_spec(spec)
-sys.modules["bench"] = bench
-spec.loader.exec_module(bench)
+bench = load_tool("bench")
 
 
 def figures(out: str) -> dict[str, float]:

@@ -1,15 +1,11 @@
 """tools/demo_curves.py: accuracy against training time from metrics.jsonl."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("demo_curves", ROOT / "tools" / "demo_curves.py")
-demo_curves = importlib.util.module_from_spec(spec)
-sys.modules["demo_curves"] = demo_curves
-spec.loader.exec_module(demo_curves)
+from conftest import load_tool
+
+demo_curves = load_tool("demo_curves")
 
 
 def write_run(run_dir: Path, points) -> Path:

@@ -1,20 +1,15 @@
 """tools/experiment.py: a grid of configs x seeds, resumable, tabulated from metrics.jsonl."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import TINY_OVERRIDES
+from conftest import TINY_OVERRIDES, load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("experiment", ROOT / "tools" / "experiment.py")
-experiment = importlib.util.module_from_spec(spec)
-sys.modules["experiment"] = experiment  # dataclasses look their module up there
-spec.loader.exec_module(experiment)
+experiment = load_tool("experiment")
 
 
 def write_grid(path, rows, seeds=(0, 1), **extra):
