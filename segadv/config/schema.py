@@ -38,6 +38,9 @@ class GeneratorConfig(Section):
 class DiscriminatorConfig(Section):
     kind: Literal["fc"] = "fc"
     ndf: int = Field(64, gt=0)
+    # Stride-2 convolutions (the last one D's classifier): D's logit map is the training size
+    # halved this many times; 5 is the reference's (10x10 at 321 px, but 2x2 at 80 px: use 3 there).
+    num_downsamples: int = Field(5, ge=1)
 
 
 class ModelConfig(Section):
