@@ -91,6 +91,7 @@ def test_the_shipped_grid_is_valid(monkeypatch):
     grid = experiment.load_grid(ROOT / "configs" / "experiments" / "semi.yaml")
     assert [r.name for r in grid.rows][1:] == ["CE only", "+ adversarial", "+ adversarial + semi"]
     assert grid.seeds == [0, 1, 2] and all(grid.seeds_of(r) == [0, 1, 2] for r in grid.rows[1:])
+    assert [grid.baseline_of(r) for r in grid.rows] == ["CE only", None, "CE only", "CE only"]
 
 
 # ---------------------------------------------------------------- no training: a fake trainer
@@ -227,3 +228,93 @@ def test_a_row_may_run_its_own_seeds(tmp_path, monkeypatch, capsys):
     assert seeds_run == [("a", "train.seed=0"), ("a", "train.seed=1"), ("ref", "train.seed=0")]
     table = (out / "results.md").read_text()
     assert "| a | 2/2 |" in table and "| ref | 1/1 |" in table and "(seed 0)" in table
+
+
+# ---------------------------------------------------------------- statistics against a baseline row
+
+
+@pytest.mark.parametrize("t, df, p", [  # references: scipy.stats.t.sf(|t|, df) * 2
+    (2.0, 10, 0.07338803477074037), (1.1, 4, 0.33308364954755393), (0.5, 2.7, 0.6549470619957614),
+    (3.5, 7.3, 0.009343138528485555), (-2.2, 3.1, 0.11228259633520446), (10.0, 2, 0.00985245702332569),
+    (0.0, 5, 1.0), (1.96, 1000, 0.050273184955748736)])
+def test_two_sided_p_of_students_t(t, df, p):
+    assert experiment.student_t_p(t, df) == pytest.approx(p, abs=1e-9)
+
+
+@pytest.mark.parametrize("x, a, b, value", [  # references: scipy.special.betainc(a, b, x)
+    (0.3, 2.5, 0.5, 0.018927124071945658), (0.9, 0.5, 7.0, 0.9999999780702157), (0.45, 30.0, 40.0, 0.6447480085585666),
+    (0.37, 1.0, 1.0, 0.37), (0.6, 3.0, 1.0, 0.6**3), (0.0, 2.0, 3.0, 0.0), (1.0, 2.0, 3.0, 1.0)])
+def test_regularized_incomplete_beta(x, a, b, value):
+    assert experiment.regularized_incomplete_beta(x, a, b) == pytest.approx(value, abs=1e-12)
+    assert experiment.regularized_incomplete_beta(1 - x, b, a) == pytest.approx(1 - value, abs=1e-12)
+
+
+def write_done(out, row_slug, seed, final, best):
+    run_dir = out / row_slug / f"seed{seed}"
+    run_dir.mkdir(parents=True)
+    (run_dir / "experiment_done.json").write_text(json.dumps(
+        {"final_mIoU": final, "best_mIoU": best, "best_step": 4, "final_step": 4, "wall_s": 10.0}))
+
+
+def test_rows_are_compared_with_their_baseline(tmp_path, monkeypatch, caplog):
+    """Hand-made finished runs; reference numbers from scipy.stats.ttest_ind(equal_var=False) and ttest_rel."""
+    default = str(ROOT / "configs" / "default.yaml")
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "seeds": [0, 1, 2, 3], "baseline": "base", "rows": [
+        {"name": "base", "config": default}, {"name": "a", "config": default},
+        {"name": "c", "config": default, "seeds": [0], "baseline": "a"}]}))
+    out = tmp_path / "out"
+    for seed, (final, best) in enumerate([(0.58, 0.60), (0.59, 0.61), (0.60, 0.60), (0.57, 0.59)]):
+        write_done(out, "base", seed, final, best)
+    for seed, (final, best) in enumerate([(0.61, 0.65), (0.64, 0.66), (0.60, 0.62)]):  # seed 3 unfinished
+        write_done(out, "a", seed, final, best)
+    write_done(out, "c", 0, 0.70, 0.70)
+    monkeypatch.setattr(experiment.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
+    with caplog.at_level("WARNING"):
+        assert experiment.main([str(path), "--out", str(out), "--table-only"]) == 0
+    assert "row 'c' runs 1 seed(s); a comparison wants at least 3" in caplog.text
+    results = json.loads((out / "results.json").read_text())
+    base, a, c = results["rows"]
+    assert results["baseline"] == "base" and "diff" not in base
+    assert a["baseline"] == "base"
+    assert a["diff"] == pytest.approx(0.0316666666666667, abs=1e-12)
+    assert (a["t"], a["df"], a["p"]) == pytest.approx((2.321219442769802, 3.1457603363700075, 0.09890655608471415))
+    assert a["paired"]["seeds"] == [0, 1, 2]
+    assert (a["paired"]["diff"], a["paired"]["t"], a["paired"]["df"], a["paired"]["p"]) == pytest.approx(
+        (0.0266666666666667, 1.8353258709644942, 2, 0.20788196561866057))
+    assert (a["best_diff"], a["best_t"], a["best_df"], a["best_p"]) == pytest.approx(
+        (0.0433333333333333, 3.4139672543527926, 2.466275659824047, 0.056350658843505166))
+    assert (a["best_paired"]["t"], a["best_paired"]["p"]) == pytest.approx((4.0, 0.05719095841793663))
+    # |diff| 3.2 points is within two stds (2 x 2.1): 5 seeds wanted, and neither row has them.
+    assert a["seeds_wanted"] == 5 and a["seeds_note"] == "'a' vs 'base': 3 and 4 finished seeds, 5 wanted (Δ final within two standard deviations)"
+    # One seed against three: a difference, no test.
+    assert c["baseline"] == "a" and c["diff"] == pytest.approx(0.7 - 0.6166666666666667)
+    assert (c["t"], c["p"], c["paired"], c["seeds_wanted"]) == (None, None, None, 3)
+    assert "more seeds wanted: 'a' vs 'base'" in caplog.text and "more seeds wanted: 'c' vs 'a'" in caplog.text
+    table = (out / "results.md").read_text()
+    assert "| a | 3/4 | 61.7 ± 2.1 | 64.3 ± 2.1 | 61.0 / 64.0 / 60.0 / missing | 10 | base | +3.2 (t 2.32, p 0.099) | " \
+           "+2.7 (3 seeds, t 1.84, p 0.208) | +4.3 (t 3.41, p 0.056) |" in table
+    assert "| base | 4/4 |" in table and table.split("| base | 4/4 |")[1].split("\n")[0].endswith("| - | - | - | - |")
+    assert "| c | 1/1 |" in table and "| a | +8.3 (t -) | - | +5.7 (t -) |" in table
+    assert "- More seeds wanted: 'a' vs 'base': 3 and 4 finished seeds, 5 wanted" in table
+
+
+def test_paired_test_needs_two_common_seeds_and_a_spread():
+    assert experiment.paired_test({0: 0.5, 1: 0.6}, {1: 0.4, 2: 0.3}) is None
+    same = experiment.paired_test({0: 0.5, 1: 0.6}, {0: 0.4, 1: 0.5})
+    assert same["diff"] == pytest.approx(0.1) and (same["t"], same["p"]) == (None, None)
+    assert experiment.welch_test([0.5, 0.5], [0.4, 0.4]) == {"diff": pytest.approx(0.1), "t": None, "df": None, "p": None}
+
+
+@pytest.mark.parametrize("grid_text, message", [
+    ("name: t\nbaseline: b\nrows: [{name: a, config: configs/default.yaml}]\n", "baseline: no row is named 'b'; rows: 'a'"),
+    ("name: t\nrows: [{name: a, config: configs/default.yaml, baseline: z}]\n", "rows[0].baseline: no row is named 'z'"),
+    ("name: t\nrows: [{name: a, config: configs/default.yaml, baseline: a}]\n", "row 'a' names itself as its baseline"),
+    ("name: t\nbaseline: [a]\nrows: [{name: a, config: configs/default.yaml}]\n", "baseline: expected a row name"),
+])
+def test_bad_baselines_exit_2(tmp_path, capsys, monkeypatch, grid_text, message):
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "grid.yaml"
+    path.write_text(grid_text)
+    assert experiment.main([str(path), "--out", str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err

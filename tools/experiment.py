@@ -7,6 +7,7 @@ GRID.yaml:
 
     name: semi                       # default output: runs/experiments/<name>
     seeds: [0, 1, 2]
+    baseline: CE only                # optional: the row the others are compared with
     common_overrides: []             # appended to every run
     rows:
       - name: CE only
@@ -16,12 +17,22 @@ GRID.yaml:
         config: configs/semi.yaml
         overrides: [data.labeled_fraction=1.0]
         seeds: [0]                   # a row may run its own seeds (``--seeds`` overrides all)
+                                     # and name its own baseline (``baseline: <row name>``)
 
 Runs go one after another, each in ``OUT/<row>/seed<k>`` through ``segadv-train`` in a
 subprocess (its log in ``experiment.log`` there). A finished run (``experiment_done.json``) is
 never repeated; an interrupted one continues with ``--resume auto``. The table is written as
 ``OUT/results.md`` and ``OUT/results.json``: per run the final and the best ``val/mIoU`` (with
 its step) from ``metrics.jsonl``, per row their mean and sample std over seeds.
+
+Statistics: a row with a baseline (the grid's ``baseline``, or its own) is compared with that
+row on final and on best val mIoU: the difference of the means (``diff``, ``best_diff``),
+Welch's t (``t``, with Welch-Satterthwaite ``df``) and its two-sided p (``p``), and where both
+rows finished two or more of the same seeds the paired per-seed difference (``paired``: its
+seeds, mean difference, t, df and p; same seed = same initial weights and data order). Rows
+want at least 3 seeds, 5 where the difference is within two standard deviations (the larger of
+the two rows' sample stds): a row short of that is logged as a warning and noted under the
+table (no seed is added by itself: pass ``--seeds`` or give the row more).
 
 A run counts as finished only when it exits 0 *and* reached its ``train.max_steps`` (the trainer
 also exits 0 when a SIGTERM/SIGINT stops it early at a checkpoint). Ctrl-C lets the current run
@@ -63,8 +74,10 @@ log = logging.getLogger("segadv.experiment")
 DONE_FILE = "experiment_done.json"
 ATTEMPTS_FILE = "experiment_attempts.json"
 LOG_FILE = "experiment.log"
-GRID_KEYS = {"name", "seeds", "rows", "common_overrides"}
-ROW_KEYS = {"name", "config", "overrides", "seeds"}
+GRID_KEYS = {"name", "seeds", "rows", "common_overrides", "baseline"}
+ROW_KEYS = {"name", "config", "overrides", "seeds", "baseline"}
+MIN_SEEDS = 3  # seeds a compared row wants
+MIN_SEEDS_CLOSE = 5  # ... where its difference from the baseline is within two standard deviations
 
 
 @dataclass
@@ -73,6 +86,7 @@ class Row:
     config: str
     overrides: list[str] = field(default_factory=list)
     seeds: Optional[list[int]] = None  # None: the grid's (a reference row may run fewer)
+    baseline: Optional[str] = None  # the row it is compared with; None: the grid's
 
     @property
     def slug(self) -> str:
@@ -85,9 +99,15 @@ class Grid:
     seeds: list[int]
     rows: list[Row]
     common_overrides: list[str] = field(default_factory=list)
+    baseline: Optional[str] = None  # the row every other row is compared with
 
     def seeds_of(self, row: Row) -> list[int]:
         return self.seeds if row.seeds is None else row.seeds
+
+    def baseline_of(self, row: Row) -> Optional[str]:
+        """The name of the row ``row`` is compared with (None: not compared; never itself)."""
+        name = row.baseline or self.baseline
+        return None if name == row.name else name
 
 
 def _string_list(value: Any, what: str) -> list[str]:
@@ -144,7 +164,7 @@ def load_grid(path: Path) -> Grid:
             raise UserError(f"{where}: needs a name and a config")
         row_seeds = check_seeds(entry["seeds"], f"{where}.seeds") if "seeds" in entry else None
         row = Row(str(entry["name"]), str(entry["config"]), _string_list(entry.get("overrides"), f"{where}.overrides"),
-                  row_seeds)
+                  row_seeds, _row_name(entry.get("baseline"), f"{where}.baseline"))
         if not Path(row.config).is_file():
             raise UserError(f"{where}: config {row.config} does not exist")
         if any(r.name == row.name for r in rows):
@@ -153,7 +173,23 @@ def load_grid(path: Path) -> Grid:
         if clash is not None:
             raise UserError(f"{where}: row names {clash.name!r} and {row.name!r} share the run directory {row.slug}")
         rows.append(row)
-    return Grid(str(name), seeds, rows, _string_list(data.get("common_overrides"), f"grid {path}: common_overrides"))
+    names = [r.name for r in rows]
+    baseline = _row_name(data.get("baseline"), f"grid {path}: baseline")
+    for where, wanted in [(f"grid {path}: baseline", baseline),
+                          *((f"grid {path}: rows[{i}].baseline", r.baseline) for i, r in enumerate(rows))]:
+        if wanted is not None and wanted not in names:
+            raise UserError(f"{where}: no row is named {wanted!r}; rows: {', '.join(map(repr, names))}")
+    self_compared = next((r.name for r in rows if r.baseline == r.name), None)
+    if self_compared is not None:
+        raise UserError(f"grid {path}: row {self_compared!r} names itself as its baseline")
+    return Grid(str(name), seeds, rows, _string_list(data.get("common_overrides"), f"grid {path}: common_overrides"),
+                baseline)
+
+
+def _row_name(value: Any, what: str) -> Optional[str]:
+    if value is not None and not isinstance(value, str):
+        raise UserError(f"{what}: expected a row name")
+    return value
 
 
 # ------------------------------------------------------------------------------ metrics
@@ -334,6 +370,104 @@ def _or_nan(value: Optional[float]) -> float:
     return float("nan") if value is None else value
 
 
+# ------------------------------------------------------------------------------ statistics
+
+
+def _beta_continued_fraction(x: float, a: float, b: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes'
+    betacf), converging fast for x < (a + 1) / (a + b + 2)."""
+    tiny, eps = 1e-300, 1e-15
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 1000):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < eps:
+            return h
+    raise ArithmeticError(f"incomplete beta: no convergence for x={x}, a={a}, b={b}")
+
+
+def regularized_incomplete_beta(x: float, a: float, b: float) -> float:
+    """I_x(a, b) for 0 <= x <= 1 and a, b > 0."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _beta_continued_fraction(x, a, b) / a
+    return 1.0 - math.exp(log_front) * _beta_continued_fraction(1.0 - x, b, a) / b
+
+
+def student_t_p(t: float, df: float) -> float:
+    """Two-sided p of Student's t with ``df`` (real, > 0) degrees of freedom: P(|T| >= |t|)."""
+    return regularized_incomplete_beta(df / (df + t * t), df / 2.0, 0.5)
+
+
+def welch_test(a: list[float], b: list[float]) -> dict[str, Optional[float]]:
+    """mean(a) - mean(b), Welch's t, its Welch-Satterthwaite df and two-sided p. t, df and p are
+    None with fewer than two values on a side, or when both sides have no spread."""
+    diff = statistics.fmean(a) - statistics.fmean(b) if a and b else None
+    if len(a) < 2 or len(b) < 2:
+        return {"diff": diff, "t": None, "df": None, "p": None}
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    if va + vb == 0.0:
+        return {"diff": diff, "t": None, "df": None, "p": None}
+    t = diff / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return {"diff": diff, "t": t, "df": df, "p": student_t_p(t, df)}
+
+
+def paired_test(a: dict[int, float], b: dict[int, float]) -> Optional[dict[str, Any]]:
+    """The per-seed differences a[s] - b[s] over the seeds both have: their mean, the paired t
+    (df = n - 1) and its two-sided p. None with fewer than two common seeds; t and p None when
+    every difference is the same."""
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return None
+    diffs = [a[s] - b[s] for s in seeds]
+    mean, sd = statistics.fmean(diffs), statistics.stdev(diffs)
+    if sd == 0.0:
+        return {"seeds": seeds, "diff": mean, "t": None, "df": len(seeds) - 1, "p": None}
+    t = mean / (sd / math.sqrt(len(seeds)))
+    return {"seeds": seeds, "diff": mean, "t": t, "df": len(seeds) - 1, "p": student_t_p(t, len(seeds) - 1)}
+
+
+def seeds_wanted(diff: Optional[float], std: Optional[float], baseline_std: Optional[float]) -> int:
+    """At least MIN_SEEDS; MIN_SEEDS_CLOSE where |diff| is within two standard deviations (the
+    larger of the two rows'), or where a spread is not known yet."""
+    if diff is None or std is None or baseline_std is None:
+        return MIN_SEEDS
+    return MIN_SEEDS_CLOSE if abs(diff) <= 2 * max(std, baseline_std) else MIN_SEEDS
+
+
+def compare_rows(row: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
+    """The comparison keys of ``row`` against ``baseline`` (both collected result rows)."""
+    compared: dict[str, Any] = {"baseline": baseline["name"]}
+    for metric, prefix in (("final_mIoU", ""), ("best_mIoU", "best_")):
+        ours, theirs = _by_seed(row, metric), _by_seed(baseline, metric)
+        welch = welch_test(list(ours.values()), list(theirs.values()))
+        compared.update({prefix + key: value for key, value in welch.items()})
+        compared[prefix + "paired"] = paired_test(ours, theirs)
+    wanted = seeds_wanted(compared["diff"], row["final_std"], baseline["final_std"])
+    compared["seeds_wanted"] = wanted
+    short = [r for r in (row, baseline) if r["n"] < wanted]
+    compared["seeds_note"] = None if not short else (
+        f"{row['name']!r} vs {baseline['name']!r}: {row['n']} and {baseline['n']} finished seeds, {wanted} wanted"
+        + (" (Δ final within two standard deviations)" if wanted == MIN_SEEDS_CLOSE else ""))
+    return compared
+
+
+def _by_seed(row: dict[str, Any], metric: str) -> dict[int, float]:
+    return {r["seed"]: r[metric] for r in row["runs"] if r[metric] is not None}
+
+
 # ------------------------------------------------------------------------------ table
 
 
@@ -359,9 +493,14 @@ def collect_results(grid: Grid, out: Path) -> dict[str, Any]:
                      "seeds": grid.seeds_of(row), "n": len(runs),
                      "final_mean": final_mean, "final_std": final_std, "best_mean": best_mean, "best_std": best_std,
                      "wall_mean_s": statistics.fmean([r["wall_s"] for r in runs]) if runs else None, "runs": runs})
+    by_name = {r["name"]: r for r in rows}
+    for row, result in zip(grid.rows, rows):
+        baseline = grid.baseline_of(row)
+        if baseline is not None:
+            result.update(compare_rows(result, by_name[baseline]))
     total = sum(r["wall_s"] or 0 for row in rows for r in row["runs"])
     return {"grid": grid.name, "seeds": grid.seeds, "common_overrides": grid.common_overrides,
-            "total_wall_s": round(total, 1), "rows": rows}
+            "baseline": grid.baseline, "total_wall_s": round(total, 1), "rows": rows}
 
 
 def _points(mean: Optional[float], std: Optional[float]) -> str:
@@ -370,15 +509,26 @@ def _points(mean: Optional[float], std: Optional[float]) -> str:
     return f"{100 * mean:.1f} ± {100 * std:.1f}" if std is not None else f"{100 * mean:.1f} ± -"
 
 
+def _test_cell(test: Optional[dict[str, Any]], paired: bool = False) -> str:
+    if test is None or test["diff"] is None:
+        return "-"
+    n = f"{len(test['seeds'])} seeds, " if paired else ""
+    stats = f"t {test['t']:.2f}, p {test['p']:.3f}" if test["t"] is not None else "t -"
+    return f"{100 * test['diff']:+.1f} ({n}{stats})"
+
+
 def markdown_table(results: dict[str, Any]) -> str:
     seeds = results["seeds"]
+    compared = any("baseline" in row for row in results["rows"])
     lines = [
         f"Grid `{results['grid']}`, seeds {', '.join(map(str, seeds))}; total wall time "
         f"{results['total_wall_s'] / 60:.1f} min. val mIoU in points (mean ± sample std over seeds).",
         "",
-        "| row | n | final mIoU (mean ± std) | best mIoU (mean ± std) | per-seed final | wall (s, mean) |",
-        "|---|---|---|---|---|---|",
+        "| row | n | final mIoU (mean ± std) | best mIoU (mean ± std) | per-seed final | wall (s, mean) |"
+        + (" vs | Δ final (Welch) | Δ final (paired) | Δ best (Welch) |" if compared else ""),
+        "|---|---|---|---|---|---|" + ("---|---|---|---|" if compared else ""),
     ]
+    notes = []
     for row in results["rows"]:
         by_seed = {r["seed"]: r for r in row["runs"]}
         row_seeds = row.get("seeds", seeds)
@@ -389,8 +539,22 @@ def markdown_table(results: dict[str, Any]) -> str:
         if row_seeds != seeds:
             per_seed += f" (seed{'s' if len(row_seeds) > 1 else ''} {', '.join(map(str, row_seeds))})"
         wall = f"{row['wall_mean_s']:.0f}" if row["wall_mean_s"] is not None else "-"
-        lines.append(f"| {row['name']} | {row['n']}/{len(row_seeds)} | {_points(row['final_mean'], row['final_std'])} | "
-                     f"{_points(row['best_mean'], row['best_std'])} | {per_seed} | {wall} |")
+        line = (f"| {row['name']} | {row['n']}/{len(row_seeds)} | {_points(row['final_mean'], row['final_std'])} | "
+                f"{_points(row['best_mean'], row['best_std'])} | {per_seed} | {wall} |")
+        if compared and "baseline" in row:
+            best = {"diff": row["best_diff"], "t": row["best_t"], "p": row["best_p"]}
+            line += (f" {row['baseline']} | {_test_cell(row)} | {_test_cell(row['paired'], paired=True)} | "
+                     f"{_test_cell(best)} |")
+            if row["seeds_note"]:
+                notes.append(f"- More seeds wanted: {row['seeds_note']}.")
+        elif compared:
+            line += " - | - | - | - |"
+        lines.append(line)
+    if compared:
+        lines += ["", "Δ: difference of the means in points against the row named under vs, with Welch's t and "
+                  "its two-sided p; paired: the mean per-seed difference over the seeds both rows finished, paired "
+                  f"t and p. Rows want {MIN_SEEDS} seeds, {MIN_SEEDS_CLOSE} where Δ final is within two standard "
+                  "deviations.", *([""] + notes if notes else [])]
     return "\n".join(lines) + "\n"
 
 
@@ -400,7 +564,20 @@ def write_table(grid: Grid, out: Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
     atomic_write_text(out / "results.md", table)
+    for row in results["rows"]:
+        if row.get("seeds_note"):
+            log.warning("more seeds wanted: %s", row["seeds_note"])
     return table
+
+
+def warn_few_seeds(grid: Grid) -> None:
+    """Before running: a row in a comparison that will run fewer than MIN_SEEDS seeds."""
+    pairs = [(row.name, grid.baseline_of(row)) for row in grid.rows if grid.baseline_of(row) is not None]
+    compared = {name for pair in pairs for name in pair}
+    for row in grid.rows:
+        if row.name in compared and len(grid.seeds_of(row)) < MIN_SEEDS:
+            log.warning("row %r runs %d seed(s); a comparison wants at least %d (%d where the difference is "
+                        "within two standard deviations)", row.name, len(grid.seeds_of(row)), MIN_SEEDS, MIN_SEEDS_CLOSE)
 
 
 # ------------------------------------------------------------------------------ CLI
@@ -433,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in grid.rows:
             row.seeds = None
     out = args.out or Path("runs") / "experiments" / grid.name
+    warn_few_seeds(grid)
     failed = []
     if not args.table_only:
         for row in grid.rows:

@@ -38,6 +38,9 @@ class GeneratorConfig(Section):
 class DiscriminatorConfig(Section):
     kind: Literal["fc"] = "fc"
     ndf: int = Field(64, gt=0)
+    # Stride-2 convolutions (the last one D's classifier): D's logit map is the training size
+    # halved this many times; 5 is the reference's (10x10 at 321 px, but 2x2 at 80 px: use 3 there).
+    num_downsamples: int = Field(5, ge=1)
 
 
 class ModelConfig(Section):
@@ -277,6 +280,11 @@ class LogConfig(Section):
     tensorboard: bool = True
     num_images: int = Field(4, ge=0)  # val samples shown as image panels at each evaluation
     progress_bar: Optional[bool] = None  # None: a bar on a terminal, log lines otherwise
+    # "D wins outright" (segadv/monitor/diagnostics.py): one warning when D's loss stays below
+    # d_wins_loss at d_wins_steps consecutive log steps. The bound is on BCE's scale (healthy
+    # AdvSemiSeg runs sit at 0.2-0.5; chance is ln 2 = 0.69); None: no check.
+    d_wins_loss: Optional[float] = Field(0.2, gt=0)
+    d_wins_steps: int = Field(10, ge=1)
 
 
 class Config(Section):

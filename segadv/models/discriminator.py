@@ -13,12 +13,18 @@ from segadv.config.schema import DiscriminatorConfig
 
 
 class FCDiscriminator(nn.Module):
-    """Five 4x4 stride-2 convolutions, C -> ndf -> 2ndf -> 4ndf -> 8ndf -> 1, LeakyReLU(0.2),
-    no normalisation; the logit map is upsampled back to the input (label) size."""
+    """``num_downsamples`` 4x4 stride-2 convolutions, LeakyReLU(0.2) between them, no
+    normalisation. The reference's five: C -> ndf -> 2ndf -> 4ndf -> 8ndf -> 1; with fewer the
+    last ones go (three: C -> ndf -> 2ndf -> 1), with more the width stays at 8ndf.
 
-    def __init__(self, num_classes: int, ndf: int = 64) -> None:
+    Each convolution halves the size (rounded down), so D's logit map is the input halved
+    ``num_downsamples`` times (five: 10x10 at 321 px, 2x2 at 80 px; three: 10x10 at 80 px), and
+    each logit sees a window 1 + 3 * (2**num_downsamples - 1) pixels wide (five: 94). The map is
+    upsampled back to the input (label) size."""
+
+    def __init__(self, num_classes: int, ndf: int = 64, num_downsamples: int = 5) -> None:
         super().__init__()
-        widths = [num_classes, ndf, ndf * 2, ndf * 4, ndf * 8]
+        widths = [num_classes] + [ndf * 2 ** min(i, 3) for i in range(num_downsamples - 1)]
         self.features = nn.ModuleList(
             nn.Conv2d(c_in, c_out, kernel_size=4, stride=2, padding=1)
             for c_in, c_out in zip(widths[:-1], widths[1:])
@@ -41,4 +47,4 @@ def build_discriminator(cfg: DiscriminatorConfig, num_classes: int) -> nn.Module
         cls = DISCRIMINATORS[cfg.kind]
     except KeyError:
         raise KeyError(f"unknown discriminator {cfg.kind!r}; valid: {sorted(DISCRIMINATORS)}") from None
-    return cls(num_classes=num_classes, ndf=cfg.ndf)
+    return cls(num_classes=num_classes, ndf=cfg.ndf, num_downsamples=cfg.num_downsamples)

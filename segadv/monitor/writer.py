@@ -54,6 +54,11 @@ class MetricWriter:
         if self._tb is not None:
             self._tb.add_image(tag, image_chw_uint8, step, dataformats="CHW")
 
+    def histogram(self, step: int, tag: str, values: torch.Tensor) -> None:
+        """A TensorBoard histogram of ``values`` (any shape; copied to the CPU); not in metrics.jsonl."""
+        if self._tb is not None:
+            self._tb.add_histogram(tag, values.detach().float().cpu(), step)
+
     def flush(self) -> None:
         self._jsonl.flush()
         if self._tb is not None:
@@ -76,6 +81,9 @@ class NullWriter:
         pass
 
     def image(self, step: int, tag: str, image_chw_uint8: torch.Tensor) -> None:
+        pass
+
+    def histogram(self, step: int, tag: str, values: torch.Tensor) -> None:
         pass
 
     def flush(self) -> None:

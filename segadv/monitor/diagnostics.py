@@ -1,0 +1,69 @@
+"""What D's side of the game looks like: D's accuracy on real and fake maps, its confidence on
+unlabeled pixels (for a histogram), and a warning when D wins outright, the failure users of
+AdvSemiSeg's reference report (D's loss near zero; G's adversarial terms then teach little and
+self-training's confidence mask empties)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from segadv.config.schema import LogConfig
+
+log = logging.getLogger(__name__)
+
+
+def d_accuracy(logits: torch.Tensor, target: float, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Fraction of D's (N,1,H,W) logits on ``target``'s side of 0 (target 1: > 0, target 0: < 0)
+    over the (N,H,W) ``valid`` pixels (None: all). A 0-dim float32 tensor on the logits' device,
+    no host sync; 0 when no pixel is valid (like the masked losses, the count is clamped to 1)."""
+    logits = logits.squeeze(1).detach()
+    correct = logits > 0 if target > 0.5 else logits < 0
+    if valid is None:
+        return correct.float().mean()
+    weights = valid.float()
+    return (correct.float() * weights).sum() / weights.sum().clamp_min(1.0)
+
+
+def d_confidence(logits: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """D's confidence sigmoid(logits) at the (N,H,W) ``valid`` pixels of (N,1,H,W) logits (None:
+    every pixel), flat float32, for ``MetricWriter.histogram``. Selecting by a mask syncs with
+    the device: call it at log time, not every step."""
+    confidence = torch.sigmoid(logits.squeeze(1).detach().float())
+    return confidence.flatten() if valid is None else confidence[valid]
+
+
+class DWinsDetector:
+    """Warns once, with the numbers, when ``loss_d`` (its value at each log step) has been below
+    ``bound`` at ``steps`` consecutive log steps. Its count starts over on a resumed run."""
+
+    def __init__(self, bound: float, steps: int, name: str = "loss_d") -> None:
+        self.bound, self.steps, self.name = bound, steps, name
+        self._streak: list[tuple[int, float]] = []
+        self.warned = False
+
+    @classmethod
+    def from_config(cls, cfg: LogConfig, name: str = "loss_d") -> Optional["DWinsDetector"]:
+        """``log.d_wins_loss`` and ``log.d_wins_steps``; None when ``log.d_wins_loss`` is None."""
+        return None if cfg.d_wins_loss is None else cls(cfg.d_wins_loss, cfg.d_wins_steps, name)
+
+    def update(self, step: int, loss_d: float) -> bool:
+        """Takes one log step's value; True when this call warned."""
+        if self.warned:
+            return False
+        if not loss_d < self.bound:  # NaN too: not a win
+            self._streak.clear()
+            return False
+        self._streak.append((step, loss_d))
+        if len(self._streak) < self.steps:
+            return False
+        self.warned = True
+        values = [value for _, value in self._streak]
+        log.warning(
+            "D wins outright: %s below %g at %d consecutive log steps (steps %d-%d; min %.4f, now %.4f): D "
+            "tells G's maps from real ones almost surely, so G's adversarial terms carry little signal and "
+            "a confidence-masked self-training loss passes few pixels (log.d_wins_loss, log.d_wins_steps).",
+            self.name, self.bound, self.steps, self._streak[0][0], step, min(values), loss_d)
+        return True

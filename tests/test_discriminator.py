@@ -1,0 +1,55 @@
+"""D's depth: ``model.discriminator.num_downsamples`` stride-2 convolutions, the reference's five by default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from segadv.config import load_config
+from segadv.config.schema import DiscriminatorConfig
+from segadv.errors import UserError
+from segadv.models import FCDiscriminator, build_discriminator
+
+
+def logit_map(d: FCDiscriminator, size: int) -> tuple[torch.Size, torch.Size]:
+    """The shape of D's classifier output (before the upsampling) and of what D returns."""
+    seen = []
+    handle = d.classifier.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    out = d(torch.rand(2, 5, size, size).softmax(1))
+    handle.remove()
+    return seen[0], out.shape
+
+
+def test_the_default_is_the_references_five_layers():
+    d = build_discriminator(DiscriminatorConfig(ndf=64), num_classes=21)
+    shapes = [tuple(p.shape) for p in d.state_dict().values()]
+    assert shapes == [(64, 21, 4, 4), (64,), (128, 64, 4, 4), (128,), (256, 128, 4, 4), (256,),
+                      (512, 256, 4, 4), (512,), (1, 512, 4, 4), (1,)]
+    assert list(d.state_dict()) == list(FCDiscriminator(21, ndf=64).state_dict())
+    assert all(conv.stride == (2, 2) for conv in [*d.features, d.classifier])
+
+
+@pytest.mark.parametrize("size, num_downsamples, side", [(321, 5, 10), (80, 5, 2), (80, 3, 10), (48, 3, 6),
+                                                         (80, 1, 40), (512, 7, 4)])
+def test_the_logit_map_is_the_input_halved_num_downsamples_times(size, num_downsamples, side):
+    d = build_discriminator(DiscriminatorConfig(ndf=4, num_downsamples=num_downsamples), num_classes=5)
+    coarse, out = logit_map(d, size)
+    assert coarse == (2, 1, side, side) and out == (2, 1, size, size)
+    assert len(d.features) + 1 == num_downsamples
+
+
+def test_widths_double_up_to_eight_ndf():
+    widths = lambda d: [conv.out_channels for conv in [*d.features, d.classifier]]  # noqa: E731
+    assert widths(FCDiscriminator(5, ndf=4, num_downsamples=3)) == [4, 8, 1]
+    assert widths(FCDiscriminator(5, ndf=4, num_downsamples=7)) == [4, 8, 16, 32, 32, 32, 1]
+
+
+def test_num_downsamples_is_checked(tmp_path: Path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert load_config(empty, ["model.discriminator.num_downsamples=3"]).model.discriminator.num_downsamples == 3
+    with pytest.raises(UserError) as info:
+        load_config(empty, ["model.discriminator.num_downsamples=0"])
+    assert "model.discriminator.num_downsamples: must be greater than or equal to 1" in str(info.value)
