@@ -221,7 +221,10 @@ def test_unknown_transform_name_suggests_closest():
     [
         ({"name": "RandomScale", "scale_limit": "abc"}, "data.val_transforms[1] (RandomScale)"),
         ({"name": "HorizontalFlip", "p": 2}, "data.val_transforms[1] (HorizontalFlip)"),
-        ({"name": "RandomScale", "scale_limt": 0.2}, "did you mean 'scale_limit'?"),
+        ({"name": "RandomScale", "scale_limt": 0.2},
+         "data.val_transforms[1]: Argument(s) 'scale_limt' are not valid for transform RandomScale; "
+         "did you mean 'scale_limit'?"),
+        ({"name": "Rotate", "bogus": 1, "other": 2}, "'bogus, other' are not valid for transform Rotate"),
         ({"name": "Resize", "height": 8, "width": 8, "mask_interpolation": 1}, "nearest"),
         ({"p": 0.5}, "data.val_transforms[1]: missing 'name'"),
         ("HorizontalFlip", "data.val_transforms[1]: expected a mapping"),
