@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -9,9 +11,11 @@ import torch
 from segadv.config.schema import DataConfig, SyntheticDataConfig
 from segadv.data import (
     SHAPE_CLASSES,
+    StreamSpec,
     SyntheticShapes,
     build_dataloaders,
     build_datasets,
+    build_stream_loaders,
     build_transform,
     class_names,
     palette,
@@ -221,7 +225,10 @@ def test_unknown_transform_name_suggests_closest():
     [
         ({"name": "RandomScale", "scale_limit": "abc"}, "data.val_transforms[1] (RandomScale)"),
         ({"name": "HorizontalFlip", "p": 2}, "data.val_transforms[1] (HorizontalFlip)"),
-        ({"name": "RandomScale", "scale_limt": 0.2}, "did you mean 'scale_limit'?"),
+        ({"name": "RandomScale", "scale_limt": 0.2},
+         "data.val_transforms[1]: Argument(s) 'scale_limt' are not valid for transform RandomScale; "
+         "did you mean 'scale_limit'?"),
+        ({"name": "Rotate", "bogus": 1, "other": 2}, "'bogus, other' are not valid for transform Rotate"),
         ({"name": "Resize", "height": 8, "width": 8, "mask_interpolation": 1}, "nearest"),
         ({"p": 0.5}, "data.val_transforms[1]: missing 'name'"),
         ("HorizontalFlip", "data.val_transforms[1]: expected a mapping"),
@@ -354,3 +361,46 @@ def test_labeled_fraction_loads_with_per_sample_seeded_augmentation(num_workers)
     seeded = build_dataloaders(flipped, seed=3, pin_memory=False)[0].dataset
     key = (1, 12345)
     assert torch.equal(seeded[key][0], seeded[key][0])  # the same (index, seed), the same sample
+
+
+# --- streams as a method declares them -------------------------------------------------------
+
+
+def _order(loader) -> list[int]:
+    return [index for index, _ in loader.sampler]
+
+
+def test_streams_are_built_from_their_declarations_by_pool_and_seed_word():
+    cfg = small_cfg(labeled_fraction=0.5, batch_size=2)
+    specs = (StreamSpec("a", "labeled"), StreamSpec("b", "labeled", seed_word=2),
+             StreamSpec("c", "unlabeled", seed_word=1))
+    loaders, _ = build_stream_loaders(cfg, specs, seed=3, pin_memory=False, batch_sizes={"c": 3})
+    assert list(loaders) == ["a", "b", "c"]
+    labeled, _ = build_dataloaders(cfg, seed=3, pin_memory=False)
+    assert _order(loaders["a"]) == _order(labeled)  # no seed word: the training seed itself
+    assert sorted(_order(loaders["b"])) == sorted(_order(labeled)) != _order(loaders["b"])
+    assert (len(loaders["c"].dataset), loaders["c"].batch_size) == (6, 3)
+    assert next(iter(loaders["c"])).shape == (3, 3, 32, 32)  # the unlabeled pool: images only
+
+
+@pytest.mark.parametrize(
+    "overrides, spec, batch_sizes, message",
+    [
+        (dict(labeled_fraction=0.5), StreamSpec("u", "unlabeled", 1, "method.m.unlabeled_batch_size"), {"u": 7},
+         "method.m.unlabeled_batch_size: 7 is larger than the u set (6 unlabeled samples)"),
+        ({}, StreamSpec("g", "labeled", 2), {"g": 13},
+         "data.batch_size: 13 is larger than the g set (data.synthetic.train_size = 12)"),
+        ({}, StreamSpec("u", "unlabeled", 1), {}, "data.labeled_fraction: the method draws unlabeled images"),
+        ({}, StreamSpec("t", "target", 3), {}, "target_data: the method adapts to a target domain"),
+    ],
+)
+def test_stream_errors_name_the_declared_key(overrides, spec, batch_sizes, message):
+    with pytest.raises(UserError) as info:
+        build_stream_loaders(small_cfg(**overrides), (spec,), seed=0, pin_memory=False, batch_sizes=batch_sizes)
+    assert message in str(info.value)
+
+
+def test_data_imports_nothing_from_methods():
+    """Data knows streams only as the methods declare them (``StreamSpec``)."""
+    data_dir = Path(build_stream_loaders.__code__.co_filename).parent
+    assert [p.name for p in sorted(data_dir.glob("*.py")) if "segadv.methods" in p.read_text()] == []

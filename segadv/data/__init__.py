@@ -3,22 +3,17 @@ and loaders. README "Datasets" documents each layout."""
 
 from segadv.data.augment import build_transform
 from segadv.data.files import SampleError
-from segadv.data.loaders import (
-    DataBundle,
-    build_data,
-    build_dataloaders,
-    build_datasets,
-    build_stream_loaders,
-    build_val_loader,
-    check_config,
-    class_names,
-)
+from segadv.data.bundle import DataBundle, build_data, build_datasets
+from segadv.data.config_checks import check_config, class_names
+from segadv.data.loaders import build_dataloaders, build_stream_loaders, build_val_loader
+from segadv.data.streams import StreamSpec
 from segadv.data.synthetic import SHAPE_CLASSES, SyntheticShapes, palette
 
 __all__ = [
     "SHAPE_CLASSES",
     "DataBundle",
     "SampleError",
+    "StreamSpec",
     "SyntheticShapes",
     "build_transform",
     "build_data",

@@ -3,7 +3,8 @@
 Config writes ``[{name: HorizontalFlip, p: 0.5}, {name: RandomScale, scale_limit: 0.2}]``; this
 module turns that into an ``albumentations.Compose`` and appends ``Normalize`` and
 ``ToTensorV2``. It is strict on purpose: albumentations 2.x only *warns* about unknown keyword
-arguments, so a typo would silently do nothing; here it is a ``UserError`` naming the config key.
+arguments, so a typo would silently do nothing; ``Compose(strict=True)`` rejects them instead,
+and that becomes a ``UserError`` naming the config key, the transform and the argument.
 
 Masks are only ever resampled with nearest-neighbour interpolation: any other
 ``mask_interpolation`` would invent class ids on boundaries. Resize-based steps default to the
@@ -18,6 +19,7 @@ import inspect
 import logging
 import random
 import typing
+import warnings
 from typing import Any, Mapping, Optional, Sequence
 
 import albumentations as A
@@ -47,6 +49,9 @@ _EXCLUDED = {
     "ToTensorV2",
 }
 _APPENDED = {"Normalize", "ToTensorV2"}
+
+# albumentations' warning, and Compose(strict=True)'s error, for arguments a transform lacks.
+_UNKNOWN_ARGUMENTS = r"Argument\(s\) .* are not valid for transform"
 
 # Steps whose numeric ``fill_mask`` marks removed *content* as background on purpose, rather
 # than padding; these keep their own default instead of ``ignore_index``.
@@ -132,18 +137,8 @@ def _resolve(step: Any, where: str, i: int) -> tuple[str, type, dict[str, Any]]:
     return name, getattr(A, name), kwargs
 
 
-def _check_kwargs(cls: type, name: str, kwargs: dict[str, Any], key: str) -> None:
-    """Reject unknown keyword arguments and non-nearest mask interpolation."""
-    params = inspect.signature(cls.__init__).parameters
-    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    valid = [p for p in params if p != "self"]
-    if not accepts_any:
-        for arg in kwargs:
-            if arg not in params or arg == "self":
-                raise UserError(
-                    f"{key} ({name}): unknown argument '{arg}'{_suggest(arg, valid)} "
-                    f"(valid: {', '.join(valid)})"
-                )
+def _check_mask_interpolation(name: str, kwargs: dict[str, Any], key: str) -> None:
+    """Reject a non-nearest mask interpolation."""
     chosen = kwargs.get("mask_interpolation", _INTER_NEAREST)
     is_int = isinstance(chosen, int) and not isinstance(chosen, bool)
     if not is_int or chosen not in _NEAREST_INTERPOLATIONS:
@@ -203,16 +198,33 @@ def _with_exact_nearest(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
 def build_step(
     step: Any, where: str, i: int, ignore_index: Optional[int] = None
 ) -> BasicTransform:
-    """Build the ``i``-th step of ``where``, turning every user mistake into a ``UserError``."""
+    """Build the ``i``-th step of ``where``, turning every user mistake into a ``UserError``
+    (but unknown arguments, which the strict ``Compose`` of ``build_transform`` rejects)."""
     name, cls, kwargs = _resolve(step, where, i)
     key = f"{where}[{i}]"
-    _check_kwargs(cls, name, kwargs, key)
+    _check_mask_interpolation(name, kwargs, key)
     kwargs = _with_mask_fill(cls, name, kwargs, ignore_index)
     kwargs = _with_exact_nearest(cls, kwargs)
     try:
-        return cls(**kwargs)
+        with warnings.catch_warnings():
+            # Unknown arguments: the strict Compose of build_transform raises for them instead.
+            warnings.filterwarnings("ignore", message=_UNKNOWN_ARGUMENTS, category=UserWarning)
+            return cls(**kwargs)
     except (TypeError, ValueError) as err:  # pydantic's ValidationError is a ValueError
         raise UserError(f"{key} ({name}): {one_line(err)}") from err
+
+
+def _strict_compose(built: Sequence[BasicTransform], tail: Sequence[BasicTransform], where: str) -> A.Compose:
+    """``Compose(strict=True)``: albumentations rejects arguments a step does not take (it
+    checks the steps in order); the error names the first such entry of ``where`` and suggests
+    the closest argument the transform takes."""
+    try:
+        return A.Compose([*built, *tail], strict=True)
+    except ValueError as err:
+        i, step = next((i, t) for i, t in enumerate(built) if getattr(t, "invalid_args", None))
+        valid = [p for p in inspect.signature(type(step).__init__).parameters if p != "self"]
+        hint = _suggest(step.invalid_args[0], valid) if len(step.invalid_args) == 1 else ""
+        raise UserError(f"{where}[{i}]: {one_line(err)}{hint}") from err  # err names the transform
 
 
 def build_transform(
@@ -237,7 +249,7 @@ def build_transform(
         normalize = A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0)
     except (TypeError, ValueError) as err:
         raise UserError(f"{where}: Normalize(mean={mean}, std={std}): {one_line(err)}") from err
-    return A.Compose([*built, normalize, ToTensorV2()])
+    return _strict_compose(built, (normalize, ToTensorV2()), where)
 
 
 def seed_transform(transform: Any, seed: int) -> None:

@@ -25,9 +25,10 @@ from segadv.cli_args import parse_args
 from segadv.config import load_config
 from segadv.config.schema import DataConfig
 from segadv.data.augment import build_transform
+from segadv.data.config_checks import check_config, class_names
 from segadv.data.dataset import load_pair
 from segadv.data.files import Problem, Sample, SampleError, display, read_image
-from segadv.data.loaders import check_config, class_names, collect, empty_split_message
+from segadv.data.listing import collect, empty_split_message
 from segadv.data.splits import split_labeled
 from segadv.data.synthetic import SyntheticShapes
 from segadv.errors import UserError, cli_entry

@@ -6,7 +6,7 @@ a CUDA device-side assert.
 
 With ``data.on_error: skip`` a sample that fails to load is flagged in a small shared-memory
 array and replaced by the next good sample; the flags are visible to the main process, which
-lists the dropped samples in the run dir (``loaders.SkipRecorder``). Samples that fail the cheap
+lists the dropped samples in the run dir (``skips.SkipRecorder``). Samples that fail the cheap
 start-up scan (missing files, unreadable headers, size mismatches) never get here.
 """
 

@@ -2,7 +2,7 @@
 
 Every problem with one sample (a missing or unreadable file, a mask whose size differs from its
 image, mask values that are not class ids) is a :class:`SampleError` whose message names the
-file(s) and the problem. ``data.on_error`` decides what happens to it (``loaders.py``).
+file(s) and the problem. ``data.on_error`` decides what happens to it (``bundle.py``).
 
 Masks are read as 8-bit class ids: palette (mode ``P``) PNGs give their palette *indices* (the
 class ids, as in PASCAL VOC and GTA5), single-channel PNGs their values. A colour (RGB) mask is an

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from segadv.config.schema import AdvSemiSegConfig
-from segadv.data.streams import Stream
+from segadv.data.streams import Stream, StreamSpec
 from segadv.engine.losses import masked_bce_with_logits, masked_cross_entropy, one_hot_labels, pseudo_labels
 from segadv.engine.step import FAKE, REAL, AdversarialStep, discriminator_view, generator_logits
 from segadv.methods.base import PanelMaps
@@ -34,7 +34,12 @@ from segadv.parallel.placement import for_inference, to_device, unwrap
 
 
 class AdvSemiSeg:
-    streams = ("labeled", "unlabeled", "gt")
+    # Seed words 1 and 2: each stream shuffles and augments independently of the others.
+    streams = (
+        StreamSpec("labeled", "labeled"),
+        StreamSpec("unlabeled", "unlabeled", seed_word=1, batch_size_key="method.advsemiseg.unlabeled_batch_size"),
+        StreamSpec("gt", "labeled", seed_word=2),
+    )
     panel_stream = "unlabeled"
 
     def __init__(self, base: AdversarialStep, settings: AdvSemiSegConfig) -> None:

@@ -7,7 +7,7 @@ from typing import Mapping, Optional, Protocol
 
 import torch
 
-from segadv.data.streams import Stream
+from segadv.data.streams import Stream, StreamSpec
 
 
 @dataclass
@@ -22,7 +22,7 @@ class PanelMaps:
 
 
 class Method(Protocol):
-    streams: tuple[str, ...]  # the data streams it draws from (segadv/data/streams.py)
+    streams: tuple[StreamSpec, ...]  # the data streams it draws from (segadv/data/streams.py)
     panel_stream: Optional[str]  # the stream whose first images feed panel(), or None
 
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from segadv.config.schema import DomainAdaptationConfig
-from segadv.data.streams import Stream
+from segadv.data.streams import Stream, StreamSpec
 from segadv.engine.amp_optimizer import AmpOptimizer
 from segadv.engine.step import AdversarialStep, discriminator_view
 from segadv.methods.base import PanelMaps
@@ -80,7 +80,11 @@ class Level:
 
 
 class DomainAdaptation:
-    streams = ("source", "target")
+    # The source stream is the labeled split as the supervised method draws it (same seed).
+    streams = (
+        StreamSpec("source", "labeled"),
+        StreamSpec("target", "target", seed_word=3, batch_size_key="method.<name>.target_batch_size"),
+    )
     panel_stream = None
 
     def __init__(

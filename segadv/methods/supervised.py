@@ -7,13 +7,13 @@ from typing import Mapping, Optional
 
 import torch
 
-from segadv.data.streams import Stream
+from segadv.data.streams import Stream, StreamSpec
 from segadv.engine.step import AdversarialStep
 from segadv.methods.base import PanelMaps
 
 
 class Supervised:
-    streams = ("labeled",)
+    streams = (StreamSpec("labeled", "labeled"),)
     panel_stream = None
 
     def __init__(self, step: AdversarialStep) -> None:

@@ -1,0 +1,72 @@
+"""Cross-field checks of a ``DataConfig`` the schema cannot express, and what follows from them
+alone (class names, the dataset root), each error naming the key at fault."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from segadv.config.schema import DataConfig
+from segadv.data.files import display
+from segadv.data.layouts import FIXED_CLASSES, folder_class_names
+from segadv.data.synthetic import SHAPE_CLASSES
+from segadv.errors import UserError
+
+__all__ = ["check_config", "class_names", "data_root"]
+
+
+def check_config(cfg: DataConfig) -> None:
+    """Cross-field checks the schema cannot express, each naming the key at fault."""
+    kind = cfg.kind
+    if kind == "synthetic" and cfg.num_classes > len(SHAPE_CLASSES):
+        raise UserError(
+            f"data.num_classes: synthetic shapes have at most {len(SHAPE_CLASSES)} classes "
+            f"({', '.join(SHAPE_CLASSES)}), got {cfg.num_classes}"
+        )
+    if kind in FIXED_CLASSES and cfg.num_classes != len(FIXED_CLASSES[kind]):
+        raise UserError(
+            f"data.num_classes: data.kind={kind} has {len(FIXED_CLASSES[kind])} classes; set "
+            f"data.num_classes={len(FIXED_CLASSES[kind])} (got {cfg.num_classes})"
+        )
+    names = cfg.folder.class_names
+    if kind == "folder" and names is not None and len(names) != cfg.num_classes:
+        raise UserError(
+            f"data.folder.class_names: {len(names)} names for data.num_classes={cfg.num_classes}"
+        )
+    if 0 <= cfg.ignore_index < cfg.num_classes:
+        raise UserError(
+            f"data.ignore_index: {cfg.ignore_index} is a real class id "
+            f"(classes are 0..{cfg.num_classes - 1}); use e.g. 255"
+        )
+    if kind != "synthetic" and not cfg.num_classes <= cfg.ignore_index <= 255:
+        raise UserError(
+            f"data.ignore_index: masks on disk are 8-bit, so it must be in "
+            f"{cfg.num_classes}..255 for data.kind={kind}, got {cfg.ignore_index}"
+        )
+    for key, values in (("data.mean", cfg.mean), ("data.std", cfg.std)):
+        if len(values) != 3:
+            raise UserError(f"{key}: expected 3 values (one per RGB channel), got {len(values)}")
+    if any(s <= 0 for s in cfg.std):
+        raise UserError(f"data.std: every value must be > 0, got {cfg.std}")
+
+
+def class_names(cfg: DataConfig) -> list[str]:
+    """The class names for ``cfg``, index = class id."""
+    check_config(cfg)
+    if cfg.kind == "synthetic":
+        return list(SHAPE_CLASSES[: cfg.num_classes])
+    if cfg.kind == "folder":
+        return list(folder_class_names(cfg))
+    return list(FIXED_CLASSES[cfg.kind])
+
+
+def data_root(cfg: DataConfig) -> Path:
+    if cfg.root is None:
+        raise UserError(
+            f"data.root: required for data.kind={cfg.kind} (the dataset directory; "
+            "see README 'Datasets')"
+        )
+    root = Path(cfg.root).expanduser()
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "does not exist"
+        raise UserError(f"data.root: {display(root)} {what}")
+    return root

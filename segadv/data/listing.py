@@ -1,0 +1,110 @@
+"""Listing a file dataset and the cheap header scan of its files, before any file is decoded.
+
+``collect`` lists both splits and splits train into labeled / unlabeled; ``scan_headers`` opens
+every file's header (exists, readable, image and mask sizes agree). Problems found either way
+follow ``data.on_error``: ``raise_problems`` names them all in one error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from segadv.config.schema import DataConfig
+from segadv.data.config_checks import check_config, data_root
+from segadv.data.files import LabelSpec, Listing, Problem, Sample, SampleError, check_sizes, probe_image, probe_mask
+from segadv.data.layouts import LABEL_SPECS, LISTERS
+from segadv.data.skips import SKIPPED_FILE, SkipRecorder
+from segadv.data.splits import split_labeled
+from segadv.errors import UserError
+
+__all__ = ["Collected", "checked_split", "collect", "empty_split_message", "raise_problems", "scan_headers"]
+
+_MAX_SHOWN = 10
+
+
+@dataclass
+class Collected:
+    """A file dataset as listed and split, before any file is opened."""
+
+    kind: str
+    root: Path
+    spec: LabelSpec
+    train: Listing
+    val: Listing
+    labeled: list[Sample]
+    unlabeled: list[Sample]
+    problems: list[Problem]  # from listing (list files naming missing ids, duplicate ids)
+    split_record: dict
+
+
+def collect(cfg: DataConfig) -> Collected:
+    """List both splits of a file dataset and split train into labeled / unlabeled."""
+    check_config(cfg)
+    root = data_root(cfg)
+    spec = LABEL_SPECS[cfg.kind](cfg)
+    train = LISTERS[cfg.kind](cfg, root, "train")
+    val = LISTERS[cfg.kind](cfg, root, "val")
+    labeled_idx, unlabeled_idx, split_problems, record = split_labeled(
+        [s.id for s in train.samples], cfg, root
+    )
+    return Collected(
+        cfg.kind, root, spec, train, val,
+        labeled=[train.samples[i] for i in labeled_idx],
+        unlabeled=[train.samples[i] for i in unlabeled_idx],
+        problems=[*train.problems, *split_problems, *val.problems],
+        split_record=record,
+    )
+
+
+def scan_headers(
+    samples: Sequence[Sample], split: str, with_masks: bool
+) -> tuple[list[Sample], list[Problem]]:
+    """Open every file's header (no decoding): missing or unreadable files, colour masks and
+    image / mask size mismatches. Returns ``(good samples, problems)``."""
+    good, problems = [], []
+    for sample in samples:
+        try:
+            size = probe_image(sample.image)
+            if with_masks:
+                check_sizes(size, probe_mask(sample.mask), sample)
+        except SampleError as err:
+            files = sample.files() if with_masks else (str(sample.image),)
+            problems.append(Problem(split, sample.id, files, str(err)))
+        else:
+            good.append(sample)
+    return good, problems
+
+
+def raise_problems(problems: Sequence[Problem]) -> None:
+    """One UserError naming every problem (the first few, with a count of the rest)."""
+    hint = "data.on_error=skip drops bad samples; `segadv-data check` lists every problem"
+    if len(problems) == 1:
+        p = problems[0]
+        raise UserError(f"{p.message} ({p.split} split; {hint})")
+    lines = [f"  {p.split}: {p.message}" for p in problems[:_MAX_SHOWN]]
+    if len(problems) > _MAX_SHOWN:
+        lines.append(f"  ... and {len(problems) - _MAX_SHOWN} more")
+    raise UserError(f"{len(problems)} bad samples ({hint}):\n" + "\n".join(lines))
+
+
+def empty_split_message(split: str, listing_source: str, dropped: int) -> str:
+    if dropped:
+        return (f"the {split} split has no usable samples: all {dropped} were dropped as bad "
+                f"(data.on_error=skip; see {SKIPPED_FILE} in the run dir)")
+    return f"the {split} split is empty: no samples in {listing_source}"
+
+
+def checked_split(cfg: DataConfig, split: str, with_masks: bool) -> list[Sample]:
+    """One split of a file dataset, listed and header-checked on its own (the other split is not
+    opened); bad samples follow ``data.on_error`` (logged: no run dir to list them in)."""
+    listing = LISTERS[cfg.kind](cfg, data_root(cfg), split)
+    samples, bad = scan_headers(listing.samples, split, with_masks=with_masks)
+    problems = [*listing.problems, *bad]
+    if problems and cfg.on_error == "raise":
+        raise_problems(problems)
+    SkipRecorder().add(problems)
+    if not samples:
+        raise UserError(f"data: {empty_split_message(split, listing.source, len(bad))}")
+    return samples
