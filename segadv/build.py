@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from segadv.checkpoint import load_encoder_weights
 from segadv.config import Config
 from segadv.config.schema import NetworkAmpConfig, OptimizerConfig
 from segadv.engine.amp_optimizer import AmpOptimizer, uses_float16
@@ -81,6 +82,7 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
                         "(it needs model.generator.aux_head and method adaptsegnet or advent)")
     num_classes = cfg.data.num_classes
     generator = build_generator(cfg.model.generator, num_classes)
+    load_encoder_weights(generator, cfg.model.generator)
     discriminator = build_discriminator(cfg.model.discriminator, num_classes)
     aux_discriminator = None
     if with_aux_d:

@@ -1,7 +1,11 @@
 """segadv-ckpt: look inside a checkpoint, or turn it into a clean generator-only weights file.
 
-    segadv-ckpt inspect FILE [--trust-checkpoint]
-    segadv-ckpt convert FILE --output OUT [--safetensors] [--config FILE] [key=value ...]
+    segadv-ckpt inspect FILE|DIR [--trust-checkpoint]
+    segadv-ckpt convert FILE|DIR (--output OUT [--safetensors] | --smp DIR) [--config FILE] [key=value ...]
+
+``convert`` loads G through the one inference loader (segadv/checkpoint/inference.py), so it takes
+what segadv-eval and segadv-export take. ``--smp DIR`` writes smp's ``save_pretrained`` format,
+which ``smp.from_pretrained(DIR)`` opens (segadv/checkpoint/smp_dir.py).
 """
 
 from __future__ import annotations
@@ -17,13 +21,13 @@ import torch
 import yaml
 
 from segadv.cli_args import parse_args
+from segadv.checkpoint.inference import load_generator
 from segadv.checkpoint.io import read_checkpoint
-from segadv.checkpoint.loader import WRAPPER_SEGMENTS, describe_weights, find_state_dict, load_weights
+from segadv.checkpoint.loader import WRAPPER_SEGMENTS, describe_weights, find_state_dict
+from segadv.checkpoint.smp_dir import CONFIG_FILE, WEIGHTS_FILE, read_smp_config, save_smp_dir
 from segadv.checkpoint.state import is_segadv_checkpoint
-from segadv.config import config_from_dict, load_config
 from segadv.errors import UserError, cli_entry
 from segadv.fsutil import atomic_write_bytes
-from segadv.models import build_generator_for_weights
 from segadv.runtime import setup_logging
 
 
@@ -55,6 +59,10 @@ def wrapper_prefixes(keys: list[str]) -> Counter[str]:
 
 
 def inspect(path: str, trusted: bool) -> str:
+    if Path(path).is_dir():  # an smp save_pretrained directory: its weights, then its config
+        config = read_smp_config(Path(path))
+        return "\n".join([inspect(str(Path(path) / WEIGHTS_FILE), trusted), f"{CONFIG_FILE}:",
+                          *(f"  {key}: {value}" for key, value in config.items())])
     obj = read_checkpoint(path, trusted=trusted)
     lines = [f"file:      {path}", f"format:    {detect_format(obj)}"]
     if is_segadv_checkpoint(obj):
@@ -79,16 +87,9 @@ def inspect(path: str, trusted: bool) -> str:
 
 def convert(path: str, output: str, as_safetensors: bool, config: str | None, overrides: list[str], trusted: bool) -> str:
     """Load the generator strictly into a fresh model, then save its bare state dict."""
-    obj = read_checkpoint(path, trusted=trusted)
-    if config is not None:
-        cfg = load_config(config, overrides)
-    elif isinstance(obj.get("config"), dict):
-        cfg = config_from_dict(obj["config"], overrides=overrides, source=f"config in {path}")
-    else:
-        raise UserError(f"{path} carries no config: pass --config FILE to say which generator it holds")
-    generator = build_generator_for_weights(cfg.model.generator, cfg.data.num_classes)
-    load_weights(obj, generator, role="generator")
-    state = {k: v.contiguous() for k, v in generator.state_dict().items()}
+    loaded = load_generator(path, config, overrides, trusted=trusted)
+    cfg = loaded.cfg
+    state = {k: v.contiguous() for k, v in loaded.model.state_dict().items()}
     if as_safetensors:
         from safetensors.torch import save as safetensors_bytes
 
@@ -103,14 +104,23 @@ def convert(path: str, output: str, as_safetensors: bool, config: str | None, ov
     return f"wrote {output}: generator only, {len(state)} tensors, no wrapper prefixes"
 
 
+def convert_to_smp(path: str, directory: str, config: str | None, overrides: list[str], trusted: bool) -> str:
+    """Load the generator strictly into a fresh model, then write it as an smp directory."""
+    loaded = load_generator(path, config, overrides, trusted=trusted)
+    count = save_smp_dir(loaded.model, Path(directory))
+    return f"wrote {directory}: {type(loaded.model).__name__} for smp.from_pretrained, {count} tensors"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="segadv-ckpt", description="Inspect or convert checkpoints.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_inspect = sub.add_parser("inspect", help="format, wrapper prefixes, parameter counts, step, config")
     p_inspect.add_argument("file")
-    p_convert = sub.add_parser("convert", help="write a clean generator-only weights file")
-    p_convert.add_argument("file")
-    p_convert.add_argument("--output", required=True)
+    p_convert = sub.add_parser("convert", help="write a clean generator-only weights file, or an smp directory")
+    p_convert.add_argument("file", help="segadv checkpoint, raw state dict (needs --config) or smp directory")
+    target = p_convert.add_mutually_exclusive_group(required=True)
+    target.add_argument("--output", help="the weights file to write")
+    target.add_argument("--smp", metavar="DIR", help="write smp's save_pretrained format: smp.from_pretrained(DIR)")
     p_convert.add_argument("--safetensors", action="store_true", help="write safetensors instead of torch.save")
     p_convert.add_argument("--config", help="config saying which generator the file holds (raw state dicts)")
     p_convert.add_argument("overrides", nargs="*", metavar="key=value")
@@ -125,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     if args.command == "inspect":
         print(inspect(args.file, args.trust_checkpoint))
+    elif args.smp is not None:
+        if args.safetensors:
+            raise UserError("--safetensors applies to --output; --smp always writes model.safetensors")
+        print(convert_to_smp(args.file, args.smp, args.config, args.overrides, args.trust_checkpoint))
     else:
         print(convert(args.file, args.output, args.safetensors, args.config, args.overrides, args.trust_checkpoint))
     return 0

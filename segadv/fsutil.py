@@ -1,4 +1,4 @@
-"""Crash-safe file writes shared by config dumps and checkpoints.
+"""Crash-safe file writes shared by config dumps, checkpoints and exports, and a file's sha256.
 
 A run killed mid-write (OOM, Ctrl-C, power loss) must never leave a truncated ``config.yaml`` or
 checkpoint where a good one used to be: readers either see the old file or the complete new one.
@@ -6,8 +6,9 @@ checkpoint where a good one used to be: readers either see the old file or the c
 
 from __future__ import annotations
 
-import os
 import contextlib
+import hashlib
+import os
 from pathlib import Path
 from typing import Iterator, Union
 
@@ -55,6 +56,14 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(target.parent)
+
+
+def file_sha256(path: PathLike, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def atomic_write_text(path: PathLike, text: str, encoding: str = "utf-8") -> None:

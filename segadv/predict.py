@@ -155,7 +155,7 @@ class CheckpointBackend(_TorchBackend):
     def __init__(self, checkpoint: str, config: Optional[str], overrides: Sequence[str], device: Optional[str],
                  trusted: bool) -> None:
         from segadv.data import class_names, palette
-        from segadv.export.loading import load_generator
+        from segadv.checkpoint.inference import load_generator
         from segadv.export.wrapper import InferenceModel, export_metadata, size_divisor
 
         self._setup_device(device)
@@ -397,7 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Segment images with a checkpoint (PyTorch) or an exported model (ONNX / TorchScript).",
     )
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", help="segadv checkpoint or raw generator state dict (runs PyTorch eager)")
+    source.add_argument("--checkpoint", help="segadv checkpoint, raw generator state dict or smp save_pretrained "
+                        "directory (runs PyTorch eager)")
     source.add_argument("--model", help="a segadv-export file: .onnx (onnxruntime, no torch) or TorchScript")
     p.add_argument("--input", required=True, help="an image, a folder of images or a quoted glob")
     p.add_argument("--output", required=True, help="folder for the masks (created if missing)")

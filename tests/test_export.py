@@ -18,7 +18,8 @@ from segadv import __version__
 from segadv.config import config_to_dict, dump_config, load_config
 from segadv.data import class_names, palette
 from segadv.export import cli
-from segadv.export.sidecar import file_sha256, prepare_input, sidecar_path
+from segadv.export.sidecar import prepare_input, sidecar_path
+from segadv.fsutil import file_sha256
 from segadv.export.torchscript_export import load_torchscript
 from segadv.models import build_discriminator, build_generator
 

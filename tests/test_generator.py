@@ -44,3 +44,40 @@ def test_decoder_channels_sets_the_decoder_width(arch):
     assert wide.segmentation_head[0].in_channels == 64
     assert sum(p.numel() for p in narrow.parameters()) < sum(p.numel() for p in wide.parameters())
     assert narrow(torch.randn(2, 3, 64, 64)).shape == (2, 3, 64, 64)
+
+
+def test_local_encoder_weights_load_where_the_run_is_assembled(tiny_cfg, tmp_path):
+    """A full-depth encoder file (a plain smp encoder's) loads strictly into the G a run builds,
+    whose unused stages (encoder_depth 4) are dropped: their keys are left out, every other one fits."""
+    import segmentation_models_pytorch as smp
+
+    from segadv.build import build_training
+    from segadv.parallel import parse_device_map, unwrap
+
+    torch.manual_seed(5)
+    encoder = smp.DeepLabV3Plus(encoder_name="mobilenet_v2", encoder_weights=None).encoder
+    torch.save(encoder.state_dict(), tmp_path / "encoder.pth")
+    tiny_cfg.model.generator.encoder_weights = str(tmp_path / "encoder.pth")
+    generator = unwrap(build_training(tiny_cfg, parse_device_map("g:cpu,d:cpu")).generator)
+    full = encoder.state_dict()
+    own = generator.encoder.state_dict()
+    assert 0 < len(own) < len(full)
+    assert all(torch.equal(value, full[key]) for key, value in own.items())
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "model.generator.encoder_weights: file not found"),
+    ("other_encoder", "does not fit the encoder"),
+])
+def test_bad_local_encoder_weights_are_user_errors(tmp_path, case, message):
+    from segadv.checkpoint import load_encoder_weights
+    from segadv.errors import UserError
+
+    path = tmp_path / "encoder.pth"
+    if case == "other_encoder":
+        torch.save(build_generator(GeneratorConfig(encoder="resnet18"), 3).encoder.state_dict(), path)
+    cfg = GeneratorConfig(encoder="mobilenet_v2", encoder_depth=4, encoder_weights=str(path))
+    generator = build_generator(cfg.model_copy(update={"encoder_weights": None}), 3)
+    with pytest.raises(UserError, match=message) as err:
+        load_encoder_weights(generator, cfg)
+    assert str(err.value).startswith("model.generator.encoder_weights:")

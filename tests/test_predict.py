@@ -254,7 +254,7 @@ from segadv.predict import main
 codes = [main(argv) for argv in json.loads(sys.argv[1])]
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in {"torch", "torchvision", "segmentation_models_pytorch",
                "albumentations", "timm", "tensorboard"} or m in {"segadv.train", "segadv.models", "segadv.data",
-               "segadv.engine", "segadv.checkpoint", "segadv.build", "segadv.export.loading"})
+               "segadv.engine", "segadv.checkpoint", "segadv.build", "segadv.checkpoint.inference"})
 print(json.dumps({"codes": codes, "heavy": heavy}))
 """
 

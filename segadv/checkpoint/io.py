@@ -33,6 +33,9 @@ def read_checkpoint(path: str | Path, *, trusted: bool = False) -> dict[str, Any
     trusted, which runs whatever code the file holds.
     """
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"checkpoint {path} is a directory, not a file (an smp save_pretrained directory is "
+                        "read by segadv-eval, segadv-export, segadv-predict and segadv-ckpt convert)")
     if not path.is_file():
         raise UserError(f"checkpoint not found: {path}")
     if path.suffix == ".safetensors":

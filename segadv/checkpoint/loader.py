@@ -23,8 +23,9 @@ import torch
 from torch import nn
 
 from segadv.checkpoint.io import read_checkpoint
+from segadv.config.schema import GeneratorConfig
 from segadv.errors import UserError
-from segadv.models.generator import AUX_HEAD_PREFIX
+from segadv.models.generator import AUX_HEAD_PREFIX, DroppedStage, local_encoder_weights
 from segadv.parallel.placement import unwrap
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ def load_weights(
     expected = target.state_dict()
     location, flat = find_state_dict(obj, role)
     flat, dropped_aux = drop_training_only_head(flat, expected)
+    flat, dropped_stages = drop_unused_stage_keys(flat, target)
     skipped = sorted(k for k in expected if any(fnmatch.fnmatchcase(k, p) for p in exclude))
     required = {k: v for k, v in expected.items() if k not in skipped}
     if not required:
@@ -89,7 +91,22 @@ def load_weights(
     if dropped_aux:
         log.info("%s: the file's aux head (%d tensors, training only) is not part of this model: left out",
                  role, dropped_aux)
+    if dropped_stages:
+        log.info("%s: the file's %d tensors of encoder stages this encoder_depth never runs: left out",
+                 role, dropped_stages)
     return report
+
+
+def load_encoder_weights(generator: nn.Module, cfg: GeneratorConfig) -> None:
+    """Load the local file ``cfg.encoder_weights`` names (if it names one) into G's encoder,
+    strictly; ``build_generator`` fetches named smp sets ("imagenet") itself."""
+    path = local_encoder_weights(cfg)
+    if path is None:
+        return
+    try:
+        load_weights(path, unwrap(generator).encoder, role="encoder")
+    except UserError as err:
+        raise UserError(f"model.generator.encoder_weights: {err}") from None
 
 
 def drop_training_only_head(
@@ -101,6 +118,16 @@ def drop_training_only_head(
     if any(k.startswith(AUX_HEAD_PREFIX) for k in expected):
         return dict(flat), 0
     kept = {k: v for k, v in flat.items() if "." + AUX_HEAD_PREFIX not in "." + k}
+    return kept, len(flat) - len(kept)
+
+
+def drop_unused_stage_keys(flat: Mapping[str, torch.Tensor], target: nn.Module) -> tuple[dict[str, torch.Tensor], int]:
+    """A G built with a shallow ``encoder_depth`` has its unused encoder stages replaced by
+    :class:`DroppedStage` (segadv/models/generator.py); a full-depth file's keys for those stages
+    (a plain smp model's, a pretrained encoder's) are left out, and every other key still loads
+    strictly. Returns the kept keys and how many were left."""
+    dropped = [f".{name}." for name, module in target.named_modules() if isinstance(module, DroppedStage)]
+    kept = {k: v for k, v in flat.items() if not any(d in "." + k for d in dropped)}
     return kept, len(flat) - len(kept)
 
 

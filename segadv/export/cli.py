@@ -24,9 +24,9 @@ from segadv.cli_args import parse_args
 from segadv.data import class_names, palette
 from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
-from segadv.export.loading import LoadedGenerator, load_generator
-from segadv.export.sidecar import file_sha256, to_json, write_sidecar
-from segadv.fsutil import staged
+from segadv.checkpoint.inference import LoadedGenerator, load_generator
+from segadv.export.sidecar import to_json, write_sidecar
+from segadv.fsutil import file_sha256, staged
 from segadv.export.verify import DEFAULT_TOLERANCES, format_report, make_input, verify
 from segadv.export.wrapper import InferenceModel, export_metadata, input_dtype, input_kind, output_name, size_divisor
 from segadv.runtime import setup_logging
@@ -51,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="segadv-export",
         description="Export a checkpoint's generator to ONNX or TorchScript and verify it against PyTorch.",
     )
-    p.add_argument("--checkpoint", required=True, help="segadv checkpoint or a raw generator state dict (any wrapper prefix)")
+    p.add_argument("--checkpoint", required=True,
+                   help="segadv checkpoint, raw generator state dict (any wrapper prefix) or smp "
+                   "save_pretrained directory")
     p.add_argument("--output", required=True, help="file to write (its sidecar is OUTPUT.json)")
     p.add_argument("--format", choices=FORMATS, help="default: from the output suffix (.onnx; .pt/.ts/.torchscript)")
     p.add_argument("--config", help="config file; needed for a raw state dict (default: the checkpoint's own)")

@@ -11,7 +11,6 @@ it cannot go stale. The sidecar adds the verification numbers and the export's o
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any, Mapping
@@ -36,14 +35,6 @@ INPUT_KINDS = {
 def sidecar_path(model_path: str | Path) -> Path:
     model_path = Path(model_path)
     return model_path.with_name(model_path.name + SIDECAR_SUFFIX)
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def to_json(meta: Mapping[str, Any]) -> str:

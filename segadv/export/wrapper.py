@@ -90,7 +90,7 @@ def export_metadata(
     *,
     model_format: str,
     model_file: str,
-    loaded: Any,  # segadv.export.loading.LoadedGenerator
+    loaded: Any,  # segadv.checkpoint.inference.LoadedGenerator
     classes: Sequence[str],
     palette: Sequence[Sequence[int]],
     preprocess: Optional[str],

@@ -38,6 +38,12 @@ class AuxOutputMixin:
         return main, aux
 
 
+class DroppedStage(nn.Identity):
+    """What an encoder stage that a shallow ``encoder_depth`` never runs is replaced with
+    (:func:`drop_unused_stages`). Its own type, so loaders can tell a full-depth weight file's
+    keys for it from keys that do not fit."""
+
+
 class DeepLabV3Aux(AuxOutputMixin, smp.DeepLabV3):
     pass
 
@@ -78,9 +84,10 @@ def generator_class(arch: str) -> type[nn.Module]:
 
 
 def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
-    """Build G; ``cfg.encoder_weights`` may name smp weights ("imagenet") or a local file."""
-    local_weights = _local_weights_path(cfg.encoder_weights)
-    smp_weights = None if local_weights is not None else cfg.encoder_weights
+    """Build G; ``cfg.encoder_weights`` may name smp weights ("imagenet"), fetched here, or a local
+    file, which this leaves to the caller: ``segadv.checkpoint.load_encoder_weights`` (called where
+    the run is assembled, segadv/build.py) loads it into the built G."""
+    smp_weights = None if local_encoder_weights(cfg) is not None else cfg.encoder_weights
     cls = generator_class(cfg.arch)
     if cfg.aux_head:
         cls = WITH_AUX_HEAD[cfg.arch]
@@ -105,8 +112,6 @@ def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3
             f"{cfg.encoder!r} ({type(err).__name__}: {err}). Nothing can be downloaded here: "
             "give a local file path instead."
         ) from None
-    if local_weights is not None:
-        _load_encoder_weights(model.encoder, local_weights)
     if cfg.encoder_depth < 5:
         dropped = drop_unused_stages(model, in_channels)
         log.info("model.generator.encoder_depth=%d: dropped the unused stages %s",
@@ -118,14 +123,14 @@ def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3
 
 
 def drop_unused_stages(model: nn.Module, in_channels: int) -> list[str]:
-    """Replace the encoder stages a shallow ``encoder_depth`` never uses with ``nn.Identity``.
+    """Replace the encoder stages a shallow ``encoder_depth`` never uses with :class:`DroppedStage`.
 
     smp builds every stage of the encoder whatever its depth, and leaves the deeper ones unused
     (never run, or run with the result thrown away). Parameters that never get a gradient make DDP
     (``find_unused_parameters=False``) fail at its second step, take weight decay, and bloat the
     checkpoints. Which stages are unused is found by one probe backward, so this holds for every
-    encoder; it runs after the encoder weights are loaded, so a full-depth weight file still fits.
-    Returns the names of the modules dropped.
+    encoder. The strict loader leaves a full-depth weight file's keys for the dropped stages out, so
+    such a file still fits. Returns the names of the modules dropped.
     """
     was_training = model.training
     model.eval()  # no BatchNorm statistics move during the probe
@@ -141,7 +146,7 @@ def drop_unused_stages(model: nn.Module, in_channels: int) -> list[str]:
             name.startswith(f"{d}.") for d in dropped
         ):
             parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), child, nn.Identity())
+            setattr(model.get_submodule(parent_name), child, DroppedStage())
             dropped.append(name)
     return dropped
 
@@ -153,22 +158,14 @@ def build_generator_for_weights(cfg: GeneratorConfig, num_classes: int) -> nn.Mo
     return build_generator(cfg.model_copy(update={"encoder_weights": None, "aux_head": False}), num_classes)
 
 
-def _local_weights_path(value: str | None) -> Path | None:
-    if value is None:
+def local_encoder_weights(cfg: GeneratorConfig) -> Path | None:
+    """The local file ``cfg.encoder_weights`` names, or None (no weights, or a named smp set such
+    as "imagenet"). UserError for a path that does not exist."""
+    if cfg.encoder_weights is None:
         return None
-    path = Path(value).expanduser()
+    path = Path(cfg.encoder_weights).expanduser()
     if path.is_file():
         return path
-    if path.suffix in {".pt", ".pth", ".bin", ".safetensors"} or "/" in value:
-        raise UserError(f"model.generator.encoder_weights: file not found: {value}")
+    if path.suffix in {".pt", ".pth", ".bin", ".safetensors"} or "/" in cfg.encoder_weights:
+        raise UserError(f"model.generator.encoder_weights: file not found: {cfg.encoder_weights}")
     return None  # a named smp weight set such as "imagenet"
-
-
-def _load_encoder_weights(encoder: nn.Module, path: Path) -> None:
-    # Local import: the checkpoint package depends on models, not the other way round.
-    from segadv.checkpoint.loader import load_weights
-
-    try:
-        load_weights(path, encoder, role="encoder")
-    except UserError as err:
-        raise UserError(f"model.generator.encoder_weights: {err}") from None

@@ -1,0 +1,113 @@
+"""segmentation-models-pytorch's ``save_pretrained`` directory, read into and written from G.
+
+The directory holds ``config.json`` (the model class under ``_model_class`` and its init kwargs)
+and ``model.safetensors``; ``smp.from_pretrained(DIR)`` rebuilds the model from the one and loads
+the other strictly. segadv's inference G is that smp model (DeepLabV3 or DeepLabV3Plus, built with
+smp's defaults for every kwarg segadv does not set) with two differences, both handled here:
+
+- the encoder stages a shallow ``encoder_depth`` never runs are ``DroppedStage``s in G. Written,
+  they hold smp's initial values (seeded, so the file is reproducible; smp never runs them);
+  read, their keys are left out by the strict loader.
+- the training-only aux head (``model.generator.aux_head``) is never part of an inference G, so
+  it is not written (as ``segadv-export`` and ``segadv-ckpt convert`` leave it out).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from segadv.errors import UserError
+from segadv.fsutil import staged
+from segadv.models.generator import GENERATORS
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+CLASS_KEY = "_model_class"
+# smp init kwarg -> the segadv config key that sets it; smp's defaults hold for every other kwarg.
+CONFIG_KEYS = {
+    "encoder_name": "model.generator.encoder",
+    "encoder_depth": "model.generator.encoder_depth",
+    "encoder_output_stride": "model.generator.output_stride",
+    "decoder_channels": "model.generator.decoder_channels",
+    "decoder_atrous_rates": "model.generator.decoder_atrous_rates",
+    "classes": "data.num_classes",
+}
+# Says only where the encoder's pretraining came from: the weights file brings every weight.
+IGNORED_KEYS = ("encoder_weights",)
+ARCHS = {cls.__name__: arch for arch, cls in GENERATORS.items()}
+
+
+def read_smp_config(directory: Path) -> dict[str, Any]:
+    """``config.json`` of a ``save_pretrained`` directory holding a model segadv's G can be."""
+    missing = [name for name in (CONFIG_FILE, WEIGHTS_FILE) if not (directory / name).is_file()]
+    if missing:
+        raise UserError(f"{directory} is a directory, but not one written by smp's save_pretrained: "
+                        f"no {' or '.join(missing)} in it")
+    path = directory / CONFIG_FILE
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path}: not readable JSON ({err})") from None
+    if not isinstance(config, dict) or config.get(CLASS_KEY) not in ARCHS:
+        found = config.get(CLASS_KEY) if isinstance(config, dict) else None
+        raise UserError(f"{path}: {CLASS_KEY} is {found!r}; segadv's generator is one of {sorted(ARCHS)}")
+    return config
+
+
+def config_overrides(config: Mapping[str, Any]) -> list[str]:
+    """``key=value`` overrides giving a segadv config the generator ``config`` describes."""
+    overrides = [f"model.generator.arch={ARCHS[config[CLASS_KEY]]}"]
+    overrides += [f"{key}={json.dumps(config[name])}" for name, key in CONFIG_KEYS.items() if name in config]
+    return overrides
+
+
+def check_smp_config(config: Mapping[str, Any], generator: nn.Module, directory: Path, config_source: str) -> None:
+    """UserError unless ``generator`` (built from ``config_source``) is the model ``config``
+    describes: same class, and every kwarg the file gives is the one G was built with."""
+    built = _json_values({**generator.config, CLASS_KEY: type(generator).__name__})
+    differ = []
+    for name, value in config.items():
+        if name in IGNORED_KEYS or _json_values(value) == built.get(name):
+            continue
+        if name == CLASS_KEY:
+            where = "model.generator.arch"
+        else:
+            where = CONFIG_KEYS.get(name, "segadv's generator cannot set it")
+        differ.append(f"{name}: {value!r} in the directory, {built.get(name)!r} in the config ({where})")
+    if differ:
+        raise UserError(f"{directory / CONFIG_FILE} does not describe the generator of {config_source}:\n  "
+                        + "\n  ".join(differ))
+
+
+def save_smp_dir(generator: nn.Module, directory: Path) -> int:
+    """Write the inference ``generator`` as a directory ``smp.from_pretrained`` opens; each file
+    is replaced atomically. Returns the number of tensors written."""
+    if directory.exists() and not directory.is_dir():
+        raise UserError(f"--smp {directory}: exists and is not a directory")
+    directory.mkdir(parents=True, exist_ok=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = type(generator)(**generator.config)  # every stage, the dropped ones too
+    model.load_state_dict({**model.state_dict(), **generator.state_dict()})  # strict
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".staging-") as staging:
+        model.save_pretrained(staging)
+        for file in sorted(Path(staging).iterdir()):
+            with staged(directory / file.name) as stage:
+                os.replace(file, stage.path)
+                stage.commit()
+    return len(model.state_dict())
+
+
+def _json_values(value: Any) -> Any:
+    """As JSON holds it (tuples become lists), to compare a file's values with a model's."""
+    return json.loads(json.dumps(value))
