@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import torch
 import yaml
 
-from segadv.cli_args import parse_args
+from segadv.cli_args import add_config_arguments, parse_args
 from segadv.checkpoint.inference import load_generator
 from segadv.checkpoint.io import read_checkpoint
 from segadv.checkpoint.loader import WRAPPER_SEGMENTS, describe_weights, find_state_dict
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--output", help="the weights file to write")
     target.add_argument("--smp", metavar="DIR", help="write smp's save_pretrained format: smp.from_pretrained(DIR)")
     p_convert.add_argument("--safetensors", action="store_true", help="write safetensors instead of torch.save")
-    p_convert.add_argument("--config", help="config saying which generator the file holds (raw state dicts)")
+    add_config_arguments(p_convert, "says which generator the file holds (raw state dicts)")
     p_convert.add_argument("overrides", nargs="*", metavar="key=value")
     for p in (p_inspect, p_convert):
         p.add_argument("--trust-checkpoint", action="store_true", help="allow pickled code (off: weights only)")

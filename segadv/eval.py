@@ -14,7 +14,7 @@ import json
 import logging
 import sys
 
-from segadv.cli_args import parse_args
+from segadv.cli_args import add_config_arguments, parse_args
 from segadv.checkpoint.inference import load_generator
 from segadv.data import build_val_loader, class_names
 from segadv.engine.evaluate import evaluate
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="segadv-eval", description="Evaluate a generator checkpoint.")
     parser.add_argument("--checkpoint", required=True, help="segadv checkpoint (e.g. RUN/checkpoints/last.pt), "
                         "raw state dict (needs --config) or smp save_pretrained directory")
-    parser.add_argument("--config", help="config file (default: the one saved in the checkpoint)")
+    add_config_arguments(parser, "default: the one saved in the checkpoint")
     parser.add_argument("--device", help="cpu, cuda:N or N (default: cuda:0 if available, else cpu)")
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     parser.add_argument("--trust-checkpoint", action="store_true", help="allow pickled code (off: weights only)")

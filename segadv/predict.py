@@ -37,7 +37,7 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 from PIL import Image, ImageOps
 
-from segadv.cli_args import parse_args
+from segadv.cli_args import add_config_arguments, parse_args
 from segadv.errors import UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.export.sidecar import EMBED_FILE, EMBED_KEY, parse_metadata, prepare_input, read_sidecar
@@ -402,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--model", help="a segadv-export file: .onnx (onnxruntime, no torch) or TorchScript")
     p.add_argument("--input", required=True, help="an image, a folder of images or a quoted glob")
     p.add_argument("--output", required=True, help="folder for the masks (created if missing)")
-    p.add_argument("--config", help="config for a raw state dict (--checkpoint only)")
+    add_config_arguments(p, "for a raw state dict (--checkpoint only)")
     p.add_argument("--batch-size", type=int, default=4, help="images (or windows) per forward pass (default 4)")
     p.add_argument("--device", help="cpu, cuda, cuda:N or N (default: cuda:0 when available, else cpu)")
     p.add_argument("--overlay", action="store_true", help=f"also write {OVERLAY_DIR}/<stem>.png: image blended with the mask")

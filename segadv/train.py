@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from segadv.cli_args import parse_args
+from segadv.cli_args import add_config_arguments, parse_args
 from segadv.build import Training, build_training, log_placement
 from segadv.checkpoint import Checkpointer, load_weights, read_checkpoint, restore_training_state, training_state
 from segadv.config import Config, config_to_dict, dump_config, load_config
@@ -342,8 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="segadv-train",
         description="Train a DeepLab generator against a fully convolutional discriminator.",
     )
-    parser.add_argument("--config", help="YAML config (default: configs/default.yaml, the embedded demo; "
-                                         "when resuming, RUN_DIR/config.yaml)")
+    add_config_arguments(parser, "default: default, the embedded demo; when resuming, RUN_DIR/config.yaml")
     parser.add_argument("--device-map", help="where each network runs, e.g. g:1,d:0 or g:cuda:0,d:cpu")
     parser.add_argument("--run-dir", help="output directory (default: runs/<config>-<time>)")
     parser.add_argument("--resume", metavar="auto|PATH",

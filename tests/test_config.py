@@ -1,4 +1,5 @@
-"""Config loading: inheritance, overrides, error messages, round trips and atomic writes."""
+"""Config loading: inheritance, overrides, error messages, round trips and atomic writes; shipped
+configs by name and --list-configs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from segadv.config import (
     DEFAULT_CONFIG_PATH,
     Config,
     config_from_dict,
+    config_names,
     config_to_dict,
     dump_config,
     load_config,
@@ -141,6 +143,92 @@ def test_base_cycle_is_user_error(tmp_path: Path) -> None:
 def test_missing_base_names_both_files(tmp_path: Path) -> None:
     msg = load_error(write(tmp_path / "child.yaml", "_base_: gone.yaml\n"))
     assert "gone.yaml" in msg and "child.yaml" in msg
+
+
+# ----------------------------------------------------------------------------- shipped configs by name
+
+SHIPPED = ["adaptsegnet_gta5_cityscapes", "advent_gta5_cityscapes", "advsemiseg_voc", "cityscapes", "default",
+           "folder", "gta5", "semi", "synthetic", "uda", "voc"]
+
+
+def test_configs_dir_is_the_checkouts_configs() -> None:
+    # PYTHONPATH on a checkout (segadv.configs does not import) and an editable install of it
+    # both find <checkout>/configs; the wheel's segadv/configs is tests/test_packaging.py's.
+    assert CONFIGS_DIR == Path(__file__).resolve().parents[1] / "configs"
+    assert config_names() == SHIPPED
+
+
+def test_another_checkouts_configs_are_not_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """segadv imported from this checkout through PYTHONPATH while another checkout is installed
+    editable: that install's finder answers segadv.configs with its own configs/."""
+    from segadv.config import shipped
+
+    monkeypatch.setattr(shipped.importlib.resources, "files", lambda name: tmp_path / "configs")
+    assert shipped._configs_dir() == CONFIGS_DIR
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_shipped_name_is_its_file(name: str) -> None:
+    assert load_config(name) == load_config(CONFIGS_DIR / f"{name}.yaml")
+
+
+def test_an_existing_file_wins_over_a_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "semi", "train: {max_steps: 7}\n")
+    assert load_config("semi").train.max_steps == 7
+
+
+def test_base_by_name(tmp_path: Path) -> None:
+    path = write(tmp_path / "mine.yaml", "_base_: semi\ntrain: {max_steps: 7}\n")
+    assert load_config(path) == load_config("semi", ["train.max_steps=7"])
+
+
+def test_unknown_name_lists_the_shipped_ones(tmp_path: Path) -> None:
+    msg = load_error(Path("semii"))
+    assert "unknown config 'semii'" in msg and ", ".join(SHIPPED) in msg
+    msg = load_error(write(tmp_path / "child.yaml", "_base_: semii\n"))
+    assert "child.yaml" in msg and "unknown config 'semii'" in msg and "semi, synthetic" in msg
+
+
+def test_a_path_is_never_taken_for_a_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no configs/ here: configs/semi.yaml and semi.yaml are missing files
+    for ref in ("semi.yaml", "configs/semi.yaml"):
+        msg = load_error(Path(ref))
+        assert "config file not found" in msg and ref in msg
+
+
+def _cli_mains():
+    from segadv.ckpt import main as ckpt_main
+    from segadv.data.check import main as data_main
+    from segadv.eval import main as eval_main
+    from segadv.export.cli import main as export_main
+    from segadv.predict import main as predict_main
+    from segadv.train import main as train_main
+
+    return {"segadv-train": (train_main, []), "segadv-eval": (eval_main, []),
+            "segadv-export": (export_main, []), "segadv-predict": (predict_main, []),
+            "segadv-data": (data_main, ["check"]), "segadv-ckpt": (ckpt_main, ["convert"])}
+
+
+@pytest.mark.parametrize("cli", ["segadv-train", "segadv-eval", "segadv-export", "segadv-predict", "segadv-data",
+                                 "segadv-ckpt"])
+def test_every_config_taking_cli_lists_the_shipped_configs(cli: str, capsys: pytest.CaptureFixture) -> None:
+    main, sub = _cli_mains()[cli]
+    with pytest.raises(SystemExit) as info:
+        main([*sub, "--list-configs"])
+    assert info.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == SHIPPED
+    assert lines[SHIPPED.index("default")].split(None, 1)[1].startswith("The embedded default")
+
+
+def test_train_with_an_unknown_name_exits_2_listing_names(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from segadv.train import main as train_main
+
+    assert train_main(["--config", "nope", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown config 'nope'" in err and ", ".join(SHIPPED) in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
 
 
 # ----------------------------------------------------------------------------- overrides

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from segadv.build import build_training
+from segadv.cli_args import add_config_arguments
 from segadv.config import load_config
 from segadv.data import build_dataloaders
 from segadv.engine.losses import masked_bce_with_logits, one_hot_labels
@@ -202,7 +203,7 @@ def count(minimum: int):
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="config file (default: the embedded default)")
+    add_config_arguments(parser, "default: the embedded default")
     parser.add_argument("--device-map", help="e.g. g:cuda:0,d:cuda:0")
     parser.add_argument("--steps", type=count(1), default=6, help="steps per round and side")
     parser.add_argument("--rounds", type=count(1), default=3, help="alternating rounds")

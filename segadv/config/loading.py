@@ -4,7 +4,8 @@ A config is built in layers, lowest first:
 
 1. the schema defaults (``Config()``), so a file may set just ``optim.generator.lr`` even though
    ``OptimizerConfig`` has required fields;
-2. the ``_base_`` files of the config file, recursively, in order;
+2. the ``_base_`` files of the config file (paths relative to it, or shipped configs' names),
+   recursively, in order;
 3. the config file itself;
 4. command-line overrides ``a.b.c=value``.
 
@@ -32,13 +33,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from segadv.config.schema import Config
+from segadv.config.shipped import DEFAULT_CONFIG_PATH, resolve_config
 from segadv.errors import UserError
 from segadv.fsutil import atomic_write_text
-
-# loading.py lives in <root>/segadv/config/, the configs in <root>/configs/; same place as
-# Path(segadv.__file__).resolve().parent.parent / "configs", without needing segadv/__init__.py.
-CONFIGS_DIR: Path = Path(__file__).resolve().parent.parent.parent / "configs"
-DEFAULT_CONFIG_PATH: Path = CONFIGS_DIR / "default.yaml"
 
 BASE_KEY = "_base_"
 DELETE_KEY = "_delete_"
@@ -169,7 +166,8 @@ def _check_delete_flags(node: Any, where: str, prefix: str) -> None:
 
 
 def _base_paths(value: Any, including: Path) -> list[Path]:
-    """The ``_base_`` entry as absolute paths, relative ones taken from the including file's dir."""
+    """The ``_base_`` entry as absolute paths, relative ones taken from the including file's dir;
+    a shipped config's name (``semi``) is that config."""
     if value is None:
         return []
     names = [value] if isinstance(value, str) else value
@@ -178,7 +176,10 @@ def _base_paths(value: Any, including: Path) -> list[Path]:
             f"config file {_display(including)}: {BASE_KEY} must be a file name or a list of file "
             f"names, got {_describe_value(value)}"
         )
-    return [(including.parent / Path(n).expanduser()).resolve() for n in names]
+    try:
+        return [resolve_config(n, relative_to=including.parent) for n in names]
+    except UserError as err:
+        raise UserError(f"config file {_display(including)}: {BASE_KEY}: {err}") from None
 
 
 def _resolve_file(path: Path, chain: tuple[Path, ...] = ()) -> dict:
@@ -390,13 +391,13 @@ def _validate(data: Mapping[str, Any], source: str) -> Config:
 def load_config(path: Optional[PathLike], overrides: Sequence[str] = ()) -> Config:
     """Build the validated config from a YAML file (None: the embedded default) and overrides.
 
-    Layers, lowest first: schema defaults, the file's ``_base_`` chain, the file, ``overrides``
-    (``"a.b.c=value"`` strings, values parsed as YAML). Raises UserError for anything a user can
-    fix.
+    ``path`` may also name a shipped config (``semi``: configs/semi.yaml). Layers, lowest first:
+    schema defaults, the file's ``_base_`` chain, the file, ``overrides`` (``"a.b.c=value"``
+    strings, values parsed as YAML). Raises UserError for anything a user can fix.
     """
     if isinstance(overrides, str):
         raise TypeError("overrides must be a sequence of 'key=value' strings, not one string")
-    file = Path(DEFAULT_CONFIG_PATH if path is None else path).expanduser().resolve()
+    file = resolve_config(DEFAULT_CONFIG_PATH if path is None else path)
     data = _deep_merge(_schema_defaults(), _resolve_file(file))
     for text in overrides:
         _apply_override(data, text)

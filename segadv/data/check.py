@@ -21,7 +21,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from segadv.cli_args import parse_args
+from segadv.cli_args import add_config_arguments, parse_args
 from segadv.config import load_config
 from segadv.config.schema import DataConfig
 from segadv.data.augment import build_transform
@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Scan the configured dataset: counts per split, image sizes, class pixel "
                     "histogram and every problem found. Exit 0 when clean, 2 when not.",
     )
-    check.add_argument("--config", help="YAML config (default: configs/default.yaml)")
+    add_config_arguments(check, "default: default")
     check.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
                        help="reader threads (default: %(default)s)")
     check.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")

@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from segadv.cli_args import parse_args
+from segadv.cli_args import add_config_arguments, parse_args
 from segadv.data import class_names, palette
 from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "save_pretrained directory")
     p.add_argument("--output", required=True, help="file to write (its sidecar is OUTPUT.json)")
     p.add_argument("--format", choices=FORMATS, help="default: from the output suffix (.onnx; .pt/.ts/.torchscript)")
-    p.add_argument("--config", help="config file; needed for a raw state dict (default: the checkpoint's own)")
+    add_config_arguments(p, "needed for a raw state dict (default: the checkpoint's own)")
     p.add_argument("--input-size", nargs=2, type=int, metavar=("H", "W"),
                    help="example input height and width (default: the training image size)")
     p.add_argument("--dynamic", action=argparse.BooleanOptionalAction, default=True,
