@@ -1,0 +1,117 @@
+"""The package as a user installs it: a wheel carrying the shipped configs, and an editable install.
+
+Both go into fresh venvs that reuse this interpreter's site-packages for the dependencies (a .pth
+file), built and installed without network (``--no-deps --no-build-isolation --no-index``), and run
+from an empty directory without PYTHONPATH, so that nothing of this checkout is reachable but what
+was installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_OVERRIDES
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = [*TINY_OVERRIDES, "train.max_steps=2", "log.tensorboard=false", "device_map=cpu"]
+
+
+def run(command: list, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run([str(c) for c in command], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{command} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def source_copy(dest: Path) -> Path:
+    """What the package is built from (no build/ or egg-info left in the checkout)."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for name in ("segadv", "configs"):
+        shutil.copytree(ROOT / name, dest / name, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+def fresh_venv(path: Path) -> Path:
+    """A venv without pip whose dependencies (pip, setuptools, torch, ...) are this interpreter's."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                          *site.getsitepackages()])
+    Path(purelib, "_segadv_test_deps.pth").write_text("".join(f"{p}\n" for p in ours if Path(p).is_dir()))
+    return python
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = source_copy(tmp / "src")
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+         "--disable-pip-version-check", "-w", tmp / "dist", src], cwd=tmp)
+    (found,) = (tmp / "dist").glob("segadv-*.whl")
+    return found
+
+
+def test_wheel_holds_every_module_and_every_shipped_config(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "segadv").rglob("*.py")}
+    configs = {f"segadv/{p.relative_to(ROOT).as_posix()}" for p in (ROOT / "configs").rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    assert "segadv/configs/default.yaml" in configs and "segadv/configs/experiments/semi.yaml" in configs
+    assert modules - names == set() and configs - names == set()
+
+
+def test_installed_wheel_trains_from_an_empty_directory(wheel: Path, tmp_path: Path) -> None:
+    tmp_path = tmp_path.resolve()
+    python = fresh_venv(tmp_path / "venv")
+    run([python, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check", wheel],
+        cwd=tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    where = run([python, "-c", "import segadv, segadv.config as c; print(segadv.__file__); print(c.CONFIGS_DIR)"],
+                cwd=empty).stdout.split()
+    package = Path(where[0]).parent
+    assert package.is_relative_to(tmp_path / "venv") and Path(where[1]) == package / "configs"
+
+    train = tmp_path / "venv" / "bin" / "segadv-train"
+    listed = run([train, "--list-configs"], cwd=empty).stdout.splitlines()
+    assert [line.split()[0] for line in listed] == sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
+
+    run([train, *RUN], cwd=empty)  # the embedded default
+    run([train, "--config", "semi", "--run-dir", "runs/semi", *RUN, "data.labeled_fraction=0.5"], cwd=empty)
+    default_runs = [p for p in (empty / "runs").iterdir() if p.name.startswith("default-")]
+    assert len(default_runs) == 1
+    for run_dir in (default_runs[0], empty / "runs" / "semi"):
+        assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.jsonl").is_file()
+    assert "method:\n  name: advsemiseg" in (empty / "runs" / "semi" / "config.yaml").read_text()
+
+
+def test_editable_install_finds_the_checkouts_configs_as_the_package(tmp_path: Path) -> None:
+    """``pip install -e .`` (what ``make test`` does) maps segadv.configs onto the checkout's
+    configs/; importlib.resources finds them there, not a fallback."""
+    tmp_path = tmp_path.resolve()
+    src = source_copy(tmp_path / "src")
+    python = fresh_venv(tmp_path / "venv")
+    run([python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+         "--disable-pip-version-check", "-e", src], cwd=tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code = ("import importlib.resources, segadv.config as c; "
+            "print(importlib.resources.files('segadv.configs')); print(c.CONFIGS_DIR); "
+            "print(c.load_config('semi').method.name)")
+    assert run([python, "-c", code], cwd=empty).stdout.split() == [str(src / "configs"), str(src / "configs"),
+                                                                    "advsemiseg"]
