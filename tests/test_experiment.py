@@ -62,6 +62,7 @@ def test_a_failed_run_is_named_and_the_others_still_finish(tmp_path, caplog):
 @pytest.mark.parametrize("grid_text, message", [
     ("name: t\nrows: [{name: a, config: configs/default.yaml}]\nrepeats: 3\n", "unknown key(s) repeats"),
     ("name: t\nrows: [{name: a, config: nowhere.yaml}]\n", "config nowhere.yaml does not exist"),
+    ("name: t\nrows: [{name: a, config: semii}]\n", "rows[0]: unknown config 'semii': no such file, nor a shipped config of that name; shipped: adaptsegnet"),
     ("name: t\nrows: [{name: a, config: configs/default.yaml}, {name: a, config: configs/default.yaml}]\n",
      "row name 'a' is used twice"),
     ("name: t\nseeds: 3\nrows: [{name: a, config: configs/default.yaml}]\n", "seeds"),
@@ -92,6 +93,21 @@ def test_the_shipped_grid_is_valid(monkeypatch):
     assert [r.name for r in grid.rows][1:] == ["CE only", "+ adversarial", "+ adversarial + semi"]
     assert grid.seeds == [0, 1, 2] and all(grid.seeds_of(r) == [0, 1, 2] for r in grid.rows[1:])
     assert [grid.baseline_of(r) for r in grid.rows] == ["CE only", None, "CE only", "CE only"]
+
+
+def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys):
+    """``semi`` is configs/experiments/semi.yaml, whose rows name the shipped config ``semi``: a
+    dry run from a directory without configs/ lists the commands; --list-grids names the grids."""
+    monkeypatch.chdir(tmp_path)
+    assert experiment.main(["semi", "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 11 and all(" -m segadv.train --config semi --run-dir " in line for line in lines)
+    assert experiment.main(["semii"]) == 2
+    assert "unknown grid 'semii'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        experiment.main(["--list-grids"])
+    assert info.value.code == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["semi", "uda"]
 
 
 # ---------------------------------------------------------------- no training: a fake trainer

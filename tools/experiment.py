@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Run a grid of configs x seeds and tabulate final and best val mIoU.
 
-    python tools/experiment.py GRID.yaml [--out DIR] [--seeds 0 1 2] [--dry-run] [--table-only]
+    python tools/experiment.py GRID.yaml|NAME [--out DIR] [--seeds 0 1 2] [--dry-run] [--table-only]
+    python tools/experiment.py --list-grids
 
-GRID.yaml:
+NAME is a grid shipped in configs/experiments/ (``semi``: configs/experiments/semi.yaml). GRID.yaml:
 
     name: semi                       # default output: runs/experiments/<name>
     seeds: [0, 1, 2]
@@ -11,10 +12,10 @@ GRID.yaml:
     common_overrides: []             # appended to every run
     rows:
       - name: CE only
-        config: configs/semi.yaml
+        config: semi                 # a config file, or a shipped config's name
         overrides: [method.name=supervised, loss.lambda_adv=0]
       - name: CE only, all labeled (reference)
-        config: configs/semi.yaml
+        config: semi
         overrides: [data.labeled_fraction=1.0]
         seeds: [0]                   # a row may run its own seeds (``--seeds`` overrides all)
                                      # and name its own baseline (``baseline: <row name>``)
@@ -66,6 +67,8 @@ from typing import Any, Iterator, Optional
 
 import yaml
 
+from segadv.cli_args import ListShipped
+from segadv.config import EXPERIMENTS_DIR, resolve_config
 from segadv.errors import UserError, cli_entry
 from segadv.fsutil import atomic_write_text
 
@@ -165,7 +168,11 @@ def load_grid(path: Path) -> Grid:
         row_seeds = check_seeds(entry["seeds"], f"{where}.seeds") if "seeds" in entry else None
         row = Row(str(entry["name"]), str(entry["config"]), _string_list(entry.get("overrides"), f"{where}.overrides"),
                   row_seeds, _row_name(entry.get("baseline"), f"{where}.baseline"))
-        if not Path(row.config).is_file():
+        try:
+            exists = resolve_config(row.config).is_file()
+        except UserError as err:  # an unknown name: the message lists the shipped ones
+            raise UserError(f"{where}: {err}") from None
+        if not exists:
             raise UserError(f"{where}: config {row.config} does not exist")
         if any(r.name == row.name for r in rows):
             raise UserError(f"{where}: row name {row.name!r} is used twice")
@@ -251,10 +258,11 @@ def run_identity(command: list[str]) -> list[str]:
     return identity
 
 
-def file_sha256(path: str) -> Optional[str]:
+def config_sha256(config: str) -> Optional[str]:
+    """SHA-256 of the file a row's config (a path or a shipped name) means; None: unreadable."""
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
+        return hashlib.sha256(resolve_config(config).read_bytes()).hexdigest()
+    except (OSError, UserError):
         return None
 
 
@@ -262,7 +270,7 @@ def stale_reason(done: dict[str, Any], row: Row, command: list[str]) -> Optional
     """Why a finished run no longer matches its grid row (None: it does)."""
     if run_identity(done.get("command", [])) != run_identity(command):
         return f"it ran {' '.join(run_identity(done.get('command', [])))}"
-    if done.get("config_sha256") and done["config_sha256"] != file_sha256(row.config):
+    if done.get("config_sha256") and done["config_sha256"] != config_sha256(row.config):
         return f"{row.config} has changed since"
     return None
 
@@ -357,7 +365,7 @@ def run_one(grid: Grid, row: Row, seed: int, out: Path) -> bool:
         log.error("stopped early (a signal?) at step %s of %d: %s, seed %d; run again to continue it",
                   metrics.get("final_step", 0), max_steps, row.name, seed)
         return False
-    done = {"row": row.name, "seed": seed, "command": command, "config_sha256": file_sha256(row.config),
+    done = {"row": row.name, "seed": seed, "command": command, "config_sha256": config_sha256(row.config),
             "wall_s": round(sum(a["wall_s"] for a in attempts), 1),
             "attempts_wall_s": [a["wall_s"] for a in attempts], **metrics}
     atomic_write_text(run_dir / DONE_FILE, json.dumps(done, indent=1) + "\n")
@@ -593,7 +601,9 @@ def dry_run_line(grid: Grid, row: Row, seed: int, run_dir: Path) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="experiment", description=__doc__.split("\n\n")[0])
-    parser.add_argument("grid", type=Path, help="the grid YAML")
+    parser.add_argument("grid", help="the grid YAML, or the name of a shipped one (--list-grids)")
+    parser.add_argument("--list-grids", action=ListShipped, folder=EXPERIMENTS_DIR,
+                        help="list the shipped grids (configs/experiments/) and exit")
     parser.add_argument("--out", type=Path, help="output directory (default: runs/experiments/<name>)")
     parser.add_argument("--seeds", type=int, nargs="+", help="override the grid's seeds")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -604,7 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    grid = load_grid(args.grid)
+    grid = load_grid(resolve_config(args.grid, folder=EXPERIMENTS_DIR, what="grid"))
     if args.seeds:  # every row, those with seeds of their own included
         grid.seeds = check_seeds(list(args.seeds), "--seeds")
         for row in grid.rows:
