@@ -51,7 +51,7 @@ def test_round_trip_restores_everything_and_continues_identically(tiny_cfg, tmp_
     # The next step from the original and from the restored state is the same step.
     for run in (parts, restored):
         torch.manual_seed(7)
-        run.step(*batch(tiny_cfg, seed=2), step=2)
+        run.method.iteration(*batch(tiny_cfg, seed=2), step=2)
     assert_same(params(parts.g.module), params(restored.g.module))
     assert_same(params(parts.d.module), params(restored.d.module))
 
@@ -62,7 +62,7 @@ def test_wrapped_networks_are_saved_unwrapped(tiny_cfg):
     state = training_state(0, wrapped_g, wrapped_d, parts.g.opt, parts.d.opt, {})
     for net in ("generator", "discriminator"):
         assert not any(k.startswith("module.") for k in state[net])
-    build(tiny_cfg, seed=1).generator.load_state_dict(state["generator"])  # strict by default
+    build(tiny_cfg, seed=1).g.module.load_state_dict(state["generator"])  # strict by default
 
 
 def test_atomic_save_leaves_no_temporary_files(tiny_cfg, tmp_path):
