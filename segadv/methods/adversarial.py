@@ -38,7 +38,9 @@ GROUND_TRUTH_REAL = Labels(real=1.0, fake=0.0)  # AdvSemiSeg (Hung et al.): grou
 SOURCE_REAL = Labels(real=0.0, fake=1.0)  # AdaptSegNet, ADVENT (Tsai et al., Vu et al.): source 0, target 1
 
 
-def gan_loss(logits: torch.Tensor, label: float, valid: Optional[torch.Tensor] = None, kind: str = "bce") -> torch.Tensor:
+def gan_loss(
+    logits: torch.Tensor, label: float, valid: Optional[torch.Tensor] = None, kind: str = "bce"
+) -> torch.Tensor:
     """D's (N,1,H,W) logits against a constant label: BCE with logits, averaged over the ``valid``
     (N,H,W) pixels where given, else over every pixel; or least squares (``ls``: MSE of the raw
     logits, every pixel)."""

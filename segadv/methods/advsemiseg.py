@@ -135,8 +135,8 @@ class AdvSemiSeg:
                 fake = probs_d
                 valid_fake = torch.cat([valid_l_d, torch.ones_like(valid_l_d[:1]).expand(len(images_u), -1, -1)])
             real = one_hot_labels(labels_gt, self.num_classes, valid_gt)
-        loss_d, _ = discriminator_backward(self.phases, d, [DiscriminatorBatch(fake, LABELS.fake, valid_fake),
-                                                            DiscriminatorBatch(real, LABELS.real, valid_gt)], weight=0.5)
+        batches = [DiscriminatorBatch(fake, LABELS.fake, valid_fake), DiscriminatorBatch(real, LABELS.real, valid_gt)]
+        loss_d, _ = discriminator_backward(self.phases, d, batches, weight=0.5)
         optimizer_step(self.phases, d)
         return {
             "loss_seg": loss_seg.detach(),

@@ -166,12 +166,12 @@ class DomainAdaptation:
         optimizer_step(self.phases, g)
 
         # ---- each D: source maps as real, target maps as fake; the mean of the two. As in the
-        # references each half is its own forward and backward (the domains may differ in size).
+        # references, each half is its own forward and backward; one step follows.
         for level in adversarial:
-            loss_d = [discriminator_backward(self.phases, level.d, [DiscriminatorBatch(maps[level.name], label)],
+            halves = [discriminator_backward(self.phases, level.d, [DiscriminatorBatch(maps[level.name], label)],
                                              weight=0.5, kind=s.gan)[0]
                       for maps, label in ((source_maps, LABELS.real), (target_maps, LABELS.fake))]
-            losses[f"loss_d{level.suffix}"] = loss_d[0] + loss_d[1]
+            losses[f"loss_d{level.suffix}"] = halves[0] + halves[1]
             optimizer_step(self.phases, level.d)
         return losses
 
