@@ -89,10 +89,10 @@ def test_one_ddp_step_on_2x_b_equals_one_step_on_2b(tmp_path, tiny_cfg):
 
     torch.manual_seed(0)
     single = build_training(cfg, parse_device_map("cpu"))
-    freeze_batch_statistics(unwrap(single.generator))
-    single.step(batch["images"], batch["labels"], step=0)
+    freeze_batch_statistics(unwrap(single.g.module))
+    single.method.iteration(batch["images"], batch["labels"], step=0)
     ddp = torch.load(tmp_path / "ddp_step.pt", weights_only=True)
-    for net, module in (("g", single.generator), ("d", single.discriminator)):
+    for net, module in (("g", single.g.module), ("d", single.d.module)):
         ref = unwrap(module).state_dict()
         worst = max((ddp[net][k].float() - ref[k].float()).abs().max().item() for k in ref)
         assert worst < 1e-5, (net, worst)
