@@ -1,5 +1,5 @@
 """Assemble a run's parts from a config: networks, placement, wrapping, per-network optimisation,
-the step.
+the method.
 
 Kept apart from the loop so tests and ``tools/bench.py`` build exactly what training builds.
 """
@@ -14,10 +14,10 @@ from torch import nn
 
 from segadv.checkpoint import load_encoder_weights
 from segadv.config import Config
-from segadv.config.schema import NetworkAmpConfig, OptimizerConfig
+from segadv.config.schema import DiscriminatorConfig, GeneratorConfig, NetworkAmpConfig, OptimizerConfig
 from segadv.engine.amp_optimizer import AmpOptimizer, uses_float16
+from segadv.engine.network import Network
 from segadv.engine.optim import build_optimizer, build_poly_scheduler
-from segadv.engine.step import AdversarialStep
 from segadv.errors import UserError
 from segadv.methods import (
     Method,
@@ -38,31 +38,43 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Training:
-    generator: nn.Module  # possibly wrapped (DataParallel / DDP); unwrap() for the bare network
-    discriminator: nn.Module
-    opt_g: AmpOptimizer
-    opt_d: AmpOptimizer
-    step: AdversarialStep  # the supervised step (tests and tools/bench.py call it directly)
+    g: Network
+    d: Network
+    d_aux: Network | None  # the aux output's D (multi-level domain adaptation), else None
     method: Method  # what one training iteration does (cfg.method)
     device_map: DeviceMap
     env: DistEnv
-    # The aux output's D (multi-level domain adaptation), else None.
-    aux_discriminator: nn.Module | None = None
-    opt_d_aux: AmpOptimizer | None = None
+    phases: PhaseTimer  # per-phase time of the iteration (segadv/monitor/profile.py)
 
-    @property
-    def phases(self) -> PhaseTimer:
-        """Per-phase time of the step (segadv/monitor/profile.py)."""
-        return self.step.phases
+    def networks(self) -> list[Network]:
+        """Every network trained: G, D, then the aux D if any."""
+        return [self.g, self.d] + ([] if self.d_aux is None else [self.d_aux])
 
-    def networks(self) -> list[tuple[str, nn.Module, AmpOptimizer, tuple[torch.device, ...]]]:
-        """``(role, wrapped network, its AmpOptimizer, its devices)`` of every network trained."""
-        found = [("generator", self.generator, self.opt_g, self.device_map.generator_devices),
-                 ("discriminator", self.discriminator, self.opt_d, self.device_map.discriminator_devices)]
-        if self.aux_discriminator is not None and self.opt_d_aux is not None:
-            found.append(("discriminator_aux", self.aux_discriminator, self.opt_d_aux,
-                          self.device_map.aux_discriminator_devices))
-        return found
+
+@dataclass(frozen=True)
+class NetworkSettings:
+    """One role's settings from the config's per-network sections."""
+
+    model: GeneratorConfig | DiscriminatorConfig
+    optim: OptimizerConfig
+    amp: NetworkAmpConfig
+    parallel: str
+
+
+def network_settings(cfg: Config, role: str) -> NetworkSettings:
+    """``role``'s model, optimizer, AMP and parallel settings; the aux D's that are not given are
+    the main D's (each network still gets its own instances: optimizer, GradScaler, wrapper)."""
+
+    def own(section):
+        value = getattr(section, role)
+        return section.discriminator if value is None and role == "discriminator_aux" else value
+
+    return NetworkSettings(own(cfg.model), own(cfg.optim), own(cfg.amp), own(cfg.parallel))
+
+
+def role_devices(device_map: DeviceMap, role: str) -> tuple[torch.device, ...]:
+    return {"generator": device_map.generator_devices, "discriminator": device_map.discriminator_devices,
+            "discriminator_aux": device_map.aux_discriminator_devices}[role]
 
 
 def build_amp_optimizer(
@@ -76,80 +88,54 @@ def build_amp_optimizer(
 
 def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) -> Training:
     check_method_config(cfg)
-    with_aux_d = has_aux_discriminator(cfg)
-    if device_map.named_aux_discriminator_devices is not None and not with_aux_d:
+    roles = ["generator", "discriminator"]
+    if has_aux_discriminator(cfg):
+        roles.append("discriminator_aux")
+    elif device_map.named_aux_discriminator_devices is not None:
         raise UserError(f"device map {device_map}: d_aux names a device, but this run has no aux discriminator "
                         "(it needs model.generator.aux_head and method adaptsegnet or advent)")
+    settings = {role: network_settings(cfg, role) for role in roles}
+    devices = {role: role_devices(device_map, role) for role in roles}
     num_classes = cfg.data.num_classes
-    generator = build_generator(cfg.model.generator, num_classes)
-    load_encoder_weights(generator, cfg.model.generator)
-    discriminator = build_discriminator(cfg.model.discriminator, num_classes)
-    aux_discriminator = None
-    if with_aux_d:
-        aux_discriminator = build_discriminator(cfg.model.discriminator_aux or cfg.model.discriminator, num_classes)
-    place_networks(generator, discriminator, device_map, channels_last=cfg.train.channels_last,
-                   aux_discriminator=aux_discriminator)
+    models = {role: (build_generator if role == "generator" else build_discriminator)(settings[role].model, num_classes)
+              for role in roles}
+    load_encoder_weights(models["generator"], cfg.model.generator)  # a local encoder weights file, if any
+    place_networks(models["generator"], models["discriminator"], device_map, channels_last=cfg.train.channels_last,
+                   aux_discriminator=models.get("discriminator_aux"))
 
-    g_mode = resolve_mode(cfg.parallel.generator, "generator", device_map.generator_devices, env)
-    d_mode = resolve_mode(cfg.parallel.discriminator, "discriminator", device_map.discriminator_devices, env)
-    for role, devices in (("generator", device_map.generator_devices), ("discriminator", device_map.discriminator_devices)):
-        check_batch_for_replicas(cfg.data.batch_size, len(devices), role)
+    modes = {role: resolve_mode(settings[role].parallel, role, devices[role], env) for role in roles}
+    for role in roles:
+        check_batch_for_replicas(cfg.data.batch_size, len(devices[role]), role)
     if cfg.parallel.sync_bn:
-        if g_mode != "ddp":
+        if modes["generator"] != "ddp":
             raise UserError("parallel.sync_bn needs the generator under DDP (a multi-process launch)")
         if device_map.generator.type != "cuda":
             raise UserError("parallel.sync_bn needs the generator on CUDA (SyncBatchNorm has no CPU kernel)")
-        generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
-    # broadcast_buffers: G's BatchNorm statistics follow rank 0, so every rank evaluates (and
-    # could save) the same model; D has no buffers, so there is nothing to broadcast.
-    wrapped_g = wrap_network(generator, g_mode, device_map.generator_devices, cfg.amp.generator, broadcast_buffers=True)
-    wrapped_d = wrap_network(discriminator, d_mode, device_map.discriminator_devices, cfg.amp.discriminator,
-                             broadcast_buffers=False)
-    amp_d_aux = cfg.amp.discriminator_aux or cfg.amp.discriminator
-    wrapped_d_aux = None
-    if aux_discriminator is not None:
-        d_aux_mode = resolve_mode(cfg.parallel.discriminator_aux or cfg.parallel.discriminator, "discriminator_aux",
-                                  device_map.aux_discriminator_devices, env)
-        check_batch_for_replicas(cfg.data.batch_size, len(device_map.aux_discriminator_devices), "discriminator_aux")
-        wrapped_d_aux = wrap_network(aux_discriminator, d_aux_mode, device_map.aux_discriminator_devices, amp_d_aux,
-                                     broadcast_buffers=False)
+        models["generator"] = nn.SyncBatchNorm.convert_sync_batchnorm(models["generator"])
 
     max_steps = cfg.train.max_steps
     lr_multiplier = float(env.world_size) if cfg.train.lr_scaling == "linear" else 1.0
-    # G's loss passes through D's backward when the adversarial term is on: scale it if D's is fp16.
-    g_loss_scaling = uses_float16(cfg.amp.generator) or (
+    # G's loss passes through a D's backward when an adversarial term is on: scale it if that D is fp16.
+    g_loss_scaling = uses_float16(settings["generator"].amp) or (
         passes_generator_loss_through_discriminator(cfg)
-        and (uses_float16(cfg.amp.discriminator) or (aux_discriminator is not None and uses_float16(amp_d_aux)))
-    )
-    opt_g = build_amp_optimizer(generator, cfg.optim.generator, cfg.amp.generator, device_map.generator,
-                                max_steps, lr_multiplier, loss_scaling=g_loss_scaling, name="generator")
-    opt_d = build_amp_optimizer(discriminator, cfg.optim.discriminator, cfg.amp.discriminator,
-                                device_map.discriminator, max_steps, lr_multiplier, name="discriminator")
-    opt_d_aux = None
-    if aux_discriminator is not None:
-        opt_d_aux = build_amp_optimizer(aux_discriminator, cfg.optim.discriminator_aux or cfg.optim.discriminator,
-                                        amp_d_aux, device_map.aux_discriminator, max_steps, lr_multiplier,
-                                        name="discriminator_aux")
-    step = AdversarialStep(
-        wrapped_g,
-        wrapped_d,
-        opt_g,
-        opt_d,
-        device_map,
-        num_classes=num_classes,
-        ignore_index=cfg.data.ignore_index,
-        lambda_adv=cfg.loss.lambda_adv,
-        adv_warmup_steps=cfg.loss.adv_warmup_steps,
-        phases=PhaseTimer(precise=cfg.train.profile),
-    )
-    method = build_method(cfg, step, None if wrapped_d_aux is None else (wrapped_d_aux, opt_d_aux))
-    return Training(wrapped_g, wrapped_d, opt_g, opt_d, step, method, device_map, env, wrapped_d_aux, opt_d_aux)
+        and any(uses_float16(settings[role].amp) for role in roles if role != "generator"))
+    networks = {}
+    for role in roles:
+        model, own = models[role], settings[role]
+        # broadcast_buffers: G's BatchNorm statistics follow rank 0, so every rank evaluates (and
+        # could save) the same model; a D has no buffers, so there is nothing to broadcast.
+        wrapped = wrap_network(model, modes[role], devices[role], own.amp, broadcast_buffers=role == "generator")
+        opt = build_amp_optimizer(model, own.optim, own.amp, devices[role][0], max_steps, lr_multiplier,
+                                  loss_scaling=g_loss_scaling if role == "generator" else None, name=role)
+        networks[role] = Network(role, wrapped, opt, devices[role])
+    g, d, d_aux = networks["generator"], networks["discriminator"], networks.get("discriminator_aux")
+    phases = PhaseTimer(precise=cfg.train.profile)
+    return Training(g, d, d_aux, build_method(cfg, g, d, d_aux, phases), device_map, env, phases)
 
 
 def log_placement(parts: Training) -> None:
     """The placement table, every rank's rows, logged once by rank 0."""
-    rows = [network_row(parts.env.rank, role, module, devices, opt)
-            for role, module, opt, devices in parts.networks()]
+    rows = [network_row(parts.env.rank, net.role, net.module, net.devices, net.opt) for net in parts.networks()]
     rows = gather_rows(rows)
     if parts.env.is_main:
         log.info("placement:\n%s", placement_table(rows))

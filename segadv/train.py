@@ -106,12 +106,13 @@ def train(
     config_dict = config_to_dict(cfg)
 
     def save(at_step: int, as_best: bool = False) -> None:
+        aux = parts.d_aux
         rng = distributed.gather_objects(capture_rng_state(device_map.devices))  # one per rank
         if env.is_main:
             state = training_state(
-                at_step, parts.generator, parts.discriminator, parts.opt_g, parts.opt_d, config_dict, rng=rng,
-                data_streams=streams.state_dict(), aux_discriminator=parts.aux_discriminator,
-                opt_d_aux=parts.opt_d_aux, best=best,
+                at_step, parts.g.module, parts.d.module, parts.g.opt, parts.d.opt, config_dict, rng=rng,
+                data_streams=streams.state_dict(), aux_discriminator=None if aux is None else aux.module,
+                opt_d_aux=None if aux is None else aux.opt, best=best,
             )
             if as_best:
                 checkpointer.save_best(at_step, state, best)
@@ -206,7 +207,7 @@ def stop_agreed(stop: StopRequests, env: DistEnv, log_now: bool) -> bool:
 
 def initialise_weights(cfg: Config, parts: Training, trusted: bool) -> None:
     """``init.generator`` / ``init.discriminator``: start from given weights (strict unless excluded)."""
-    for role, module in (("generator", parts.generator), ("discriminator", parts.discriminator)):
+    for role, module in (("generator", parts.g.module), ("discriminator", parts.d.module)):
         source = getattr(cfg.init, role)
         if source is not None:
             load_weights(source.path, module, role=role, exclude=source.exclude, trusted=trusted)
@@ -226,8 +227,9 @@ def resume_training(
         path, ckpt = found
     else:
         path, ckpt = Path(resume), read_checkpoint(resume, trusted=trusted)
-    step = restore_training_state(ckpt, parts.generator, parts.discriminator, parts.opt_g, parts.opt_d,
-                                  parts.aux_discriminator, parts.opt_d_aux)
+    aux = parts.d_aux
+    step = restore_training_state(ckpt, parts.g.module, parts.d.module, parts.g.opt, parts.d.opt,
+                                  None if aux is None else aux.module, None if aux is None else aux.opt)
     streams.load_state_dict(ckpt.get("data_streams"), step)
     rng = ckpt.get("rng")
     if isinstance(rng, list):  # one state per rank
@@ -249,14 +251,14 @@ def log_training(
     losses = distributed.mean_over_ranks(losses, parts.device_map.generator)
     scalars = {f"train/{name}": value for name, value in losses.items()}
     scalars.update({
-        "train/lr_g": parts.opt_g.lr,
-        "train/lr_d": parts.opt_d.lr,
-        "amp/scale_g": parts.opt_g.loss_scale(),
-        "amp/scale_d": parts.opt_d.loss_scale(),
+        "train/lr_g": parts.g.opt.lr,
+        "train/lr_d": parts.d.opt.lr,
+        "amp/scale_g": parts.g.opt.loss_scale(),
+        "amp/scale_d": parts.d.opt.loss_scale(),
         **perf,
     })
-    if parts.opt_d_aux is not None:
-        scalars.update({"train/lr_d_aux": parts.opt_d_aux.lr, "amp/scale_d_aux": parts.opt_d_aux.loss_scale()})
+    if parts.d_aux is not None:
+        scalars.update({"train/lr_d_aux": parts.d_aux.opt.lr, "amp/scale_d_aux": parts.d_aux.opt.loss_scale()})
     writer.scalars(step, scalars)
     progress.update(step, losses)
 
@@ -269,7 +271,7 @@ def run_evaluation(
     (``perf/train_seconds``: accuracy against time, tools/demo_curves.py)."""
     result = evaluate(
         generator_for_evaluation(parts), val_loader, parts.device_map.generator, cfg.data.num_classes,
-        autocast=parts.opt_g.autocast, num_samples=cfg.log.num_images,
+        autocast=parts.g.opt.autocast, num_samples=cfg.log.num_images,
     )
     metrics = result.metrics
     scalars = {"val/mIoU": metrics["mIoU"], "val/pixel_acc": metrics["pixel_acc"]}
@@ -289,7 +291,7 @@ def evaluate_source(cfg: Config, parts: Training, loader: Iterable, writer: Metr
                     step: int) -> None:
     """Domain adaptation with ``train.eval_source``: the source's val split, as ``val_source/*``."""
     metrics = evaluate(generator_for_evaluation(parts), loader, parts.device_map.generator, cfg.data.num_classes,
-                       autocast=parts.opt_g.autocast).metrics
+                       autocast=parts.g.opt.autocast).metrics
     writer.scalars(step, {"val_source/mIoU": metrics["mIoU"], "val_source/pixel_acc": metrics["pixel_acc"]})
     progress.write(f"step {step}: source val mIoU {metrics['mIoU']:.4f}")
 
@@ -312,9 +314,9 @@ def log_method_panel(cfg: Config, parts: Training, images: torch.Tensor, writer:
 def generator_for_evaluation(parts: Training) -> nn.Module:
     """G as every rank evaluates it: under DDP with rank 0's BatchNorm statistics (after the last
     step each rank's hold one local update), and outside DDP's collective forward."""
-    if isinstance(parts.generator, DistributedDataParallel):
-        distributed.broadcast_buffers(unwrap(parts.generator))
-    return for_inference(parts.generator)
+    if isinstance(parts.g.module, DistributedDataParallel):
+        distributed.broadcast_buffers(unwrap(parts.g.module))
+    return for_inference(parts.g.module)
 
 
 def class_names_for(cfg: Config) -> list[str]:

@@ -43,30 +43,30 @@ def main(mode: str, out: Path, overrides: list[str]) -> None:
         train_loader, _ = build_dataloaders(cfg.data, seed=0, pin_memory=False, rank=env.rank, world_size=env.world_size)
         batches = iterate_epochs(train_loader)
         for step in range(20):
-            parts.step(*next(batches), step=step)
-        torch.save({"g": unwrap(parts.generator).state_dict(), "d": unwrap(parts.discriminator).state_dict()},
+            parts.method.iteration(*next(batches), step=step)
+        torch.save({"g": unwrap(parts.g.module).state_dict(), "d": unwrap(parts.d.module).state_dict()},
                    out / f"rank{env.rank}.pt")
     elif mode == "train_then_eval":
         # A few steps with per-rank BatchNorm statistics, then G as the loop evaluates it.
         train_loader, _ = build_dataloaders(cfg.data, seed=0, pin_memory=False, rank=env.rank, world_size=env.world_size)
         batches = iterate_epochs(train_loader)
         for step in range(cfg.train.max_steps):
-            parts.step(*next(batches), step=step)
+            parts.method.iteration(*next(batches), step=step)
         evaluated = generator_for_evaluation(parts)
-        torch.save({"g": unwrap(evaluated).state_dict(), "d": unwrap(parts.discriminator).state_dict()},
+        torch.save({"g": unwrap(evaluated).state_dict(), "d": unwrap(parts.d.module).state_dict()},
                    out / f"rank{env.rank}.pt")
     elif mode == "equivalence":
-        freeze_batch_statistics(unwrap(parts.generator))
+        freeze_batch_statistics(unwrap(parts.g.module))
         data = torch.load(out / "batch.pt", weights_only=True)
         half = data["images"].shape[0] // env.world_size
         rows = slice(env.rank * half, (env.rank + 1) * half)
-        parts.step(data["images"][rows], data["labels"][rows], step=0)
+        parts.method.iteration(data["images"][rows], data["labels"][rows], step=0)
         if env.is_main:
-            torch.save({"g": unwrap(parts.generator).state_dict(), "d": unwrap(parts.discriminator).state_dict()},
+            torch.save({"g": unwrap(parts.g.module).state_dict(), "d": unwrap(parts.d.module).state_dict()},
                        out / "ddp_step.pt")
     elif mode == "eval":
         _, val_loader = build_dataloaders(cfg.data, seed=0, pin_memory=False, rank=env.rank, world_size=env.world_size)
-        metrics = evaluate(unwrap(parts.generator), val_loader, device_map.generator, cfg.data.num_classes).metrics
+        metrics = evaluate(unwrap(parts.g.module), val_loader, device_map.generator, cfg.data.num_classes).metrics
         if env.is_main:
             (out / "eval.json").write_text(json.dumps(metrics))
     distributed.destroy_process_group()

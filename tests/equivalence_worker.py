@@ -40,27 +40,27 @@ def main(out: Path, device_map_spec: str, overrides: list[str]) -> None:
     cfg = harness_config(*overrides)
     data = torch.load(out / "input.pt", weights_only=True)
     parts = build_training(cfg, device_map, env)
-    unwrap(parts.generator).load_state_dict(data["g"])
-    unwrap(parts.discriminator).load_state_dict(data["d"])
-    no_dropout(parts.generator)
-    freeze_batch_statistics(unwrap(parts.generator))
+    unwrap(parts.g.module).load_state_dict(data["g"])
+    unwrap(parts.d.module).load_state_dict(data["d"])
+    no_dropout(parts.g.module)
+    freeze_batch_statistics(unwrap(parts.g.module))
     grads: list[torch.Tensor] = []
-    capture_adversarial_gradient(parts.discriminator, grads)
+    capture_adversarial_gradient(parts.d.module, grads)
     grads_aux: list[torch.Tensor] = []
     if "d_aux" in data:
-        unwrap(parts.aux_discriminator).load_state_dict(data["d_aux"])
-        capture_adversarial_gradient(parts.aux_discriminator, grads_aux)
-    scale = parts.opt_g.loss_scale()
+        unwrap(parts.d_aux.module).load_state_dict(data["d_aux"])
+        capture_adversarial_gradient(parts.d_aux.module, grads_aux)
+    scale = parts.g.opt.loss_scale()
     half = data["images"].shape[0] // env.world_size
     rows = slice(env.rank * half, (env.rank + 1) * half)
     if "target" in data:
         parts.method({"source": FixedStream((data["images"][rows], data["labels"][rows])),
                       "target": FixedStream(data["target"][rows])}, step=0)
     else:
-        parts.step(data["images"][rows], data["labels"][rows], step=0)
-    saved = {"g": unwrap(parts.generator), "d": unwrap(parts.discriminator)}
+        parts.method.iteration(data["images"][rows], data["labels"][rows], step=0)
+    saved = {"g": unwrap(parts.g.module), "d": unwrap(parts.d.module)}
     if "d_aux" in data:
-        saved["d_aux"] = unwrap(parts.aux_discriminator)
+        saved["d_aux"] = unwrap(parts.d_aux.module)
     result = {name: {k: v.cpu() for k, v in net.state_dict().items()} for name, net in saved.items()}
     result["adv_grad"] = grads[0] / scale
     if grads_aux:

@@ -15,10 +15,10 @@ from torch import nn
 from segadv.config.schema import AdvSemiSegConfig, NetworkAmpConfig, OptimizerConfig
 from segadv.build import build_amp_optimizer
 from segadv.engine.losses import masked_cross_entropy, pseudo_labels
-from segadv.engine.step import AdversarialStep
+from segadv.engine.network import Network
 from segadv.methods.advsemiseg import AdvSemiSeg
 from segadv.models.discriminator import FCDiscriminator
-from segadv.parallel import parse_device_map
+from segadv.monitor.profile import PhaseTimer
 from segadv.train import train
 
 from conftest import TINY_OVERRIDES
@@ -49,9 +49,10 @@ def make_method(seed=0, **settings):
     opt_d = build_amp_optimizer(discriminator, sgd, NetworkAmpConfig(), device, 100, name="discriminator")
     values = dict(lambda_semi=1.0, mask_threshold=0.5, semi_start=0, lambda_semi_adv=0.1, semi_start_adv=0)
     values.update(settings)
-    base = AdversarialStep(generator, discriminator, opt_g, opt_d, parse_device_map("g:cpu,d:cpu"),
-                           num_classes=C, ignore_index=IGNORE, lambda_adv=0.1, adv_warmup_steps=0)
-    return AdvSemiSeg(base, AdvSemiSegConfig(**values))
+    g = Network("generator", generator, opt_g, (device,))
+    d = Network("discriminator", discriminator, opt_d, (device,))
+    return AdvSemiSeg(g, d, PhaseTimer(), AdvSemiSegConfig(**values), num_classes=C, ignore_index=IGNORE,
+                      lambda_adv=0.1, adv_warmup_steps=0)
 
 
 def make_streams(seed=1, n=2, size=64):
@@ -84,7 +85,7 @@ def test_masked_cross_entropy_and_pseudo_labels():
 
 def test_pseudo_labels_are_masked_exactly_where_d_is_not_confident(monkeypatch):
     method, streams = make_method(), make_streams()
-    g0, d0 = copy.deepcopy(method.generator), copy.deepcopy(method.discriminator)
+    g0, d0 = copy.deepcopy(method.g.module), copy.deepcopy(method.d.module)
     images_l, _ = streams["labeled"].batch
     images_u = streams["unlabeled"].batch
     with torch.no_grad():  # the same maps, recomputed by hand from the networks before the step
@@ -109,7 +110,7 @@ def test_pseudo_labels_are_masked_exactly_where_d_is_not_confident(monkeypatch):
 def test_d_real_maps_come_from_the_gt_stream_and_fakes_include_unlabeled():
     method, streams = make_method(), make_streams()
     inputs = []
-    method.discriminator.register_forward_hook(lambda m, args, out: inputs.append(args[0].detach()))
+    method.d.module.register_forward_hook(lambda m, args, out: inputs.append(args[0].detach()))
     method(streams, step=0)
     assert len(inputs) == 2  # G's view (D frozen), then D's own update
     d_update = inputs[1]
@@ -122,7 +123,7 @@ def test_d_real_maps_come_from_the_gt_stream_and_fakes_include_unlabeled():
 
     method, streams = make_method(d_sees_unlabeled=False), make_streams()
     inputs.clear()
-    method.discriminator.register_forward_hook(lambda m, args, out: inputs.append(args[0].detach()))
+    method.d.module.register_forward_hook(lambda m, args, out: inputs.append(args[0].detach()))
     method(streams, step=0)
     assert len(inputs[1]) == 2 * n_l
 
@@ -144,7 +145,7 @@ def test_no_confident_pixel_keeps_the_unlabeled_adversarial_term():
         method = make_method(mask_threshold=1.0, lambda_semi_adv=lambda_semi_adv)  # nothing passes
         out = method(make_streams(), step=0)
         assert out["semi_pixel_ratio"].item() == 0.0 and out["loss_semi"].item() == 0.0
-        after[lambda_semi_adv] = [p.detach().clone() for p in method.generator.parameters()]
+        after[lambda_semi_adv] = [p.detach().clone() for p in method.g.module.parameters()]
     assert any(not torch.equal(a, b) for a, b in zip(after[0.0], after[0.5]))
 
 

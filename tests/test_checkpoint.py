@@ -33,42 +33,42 @@ def test_round_trip_restores_everything_and_continues_identically(tiny_cfg, tmp_
     tiny_cfg.amp.discriminator.init_scale = 256.0
     parts = build(tiny_cfg, seed=0)
     for step in range(2):
-        parts.step(*batch(tiny_cfg, seed=step), step=step)
+        parts.method.iteration(*batch(tiny_cfg, seed=step), step=step)
     ckpt_path = Checkpointer(tmp_path, every=2).save(
-        2, training_state(2, parts.generator, parts.discriminator, parts.opt_g, parts.opt_d, config_to_dict(tiny_cfg))
+        2, training_state(2, parts.g.module, parts.d.module, parts.g.opt, parts.d.opt, config_to_dict(tiny_cfg))
     )
     assert ckpt_path.name == "step_2.pt" and (tmp_path / "checkpoints" / "last.pt").is_file()
 
     restored = build(tiny_cfg, seed=123)  # different init: everything must come from the file
     ckpt = read_checkpoint(ckpt_path)
-    assert restore_training_state(ckpt, restored.generator, restored.discriminator, restored.opt_g, restored.opt_d) == 2
+    assert restore_training_state(ckpt, restored.g.module, restored.d.module, restored.g.opt, restored.d.opt) == 2
     assert config_from_dict(ckpt["config"]) == tiny_cfg
-    assert_same(params(parts.generator), params(restored.generator))
-    assert_same(params(parts.discriminator), params(restored.discriminator))
-    assert restored.opt_g.lr == parts.opt_g.lr and restored.opt_d.lr == parts.opt_d.lr
-    assert restored.opt_d.loss_scale() == parts.opt_d.loss_scale()
+    assert_same(params(parts.g.module), params(restored.g.module))
+    assert_same(params(parts.d.module), params(restored.d.module))
+    assert restored.g.opt.lr == parts.g.opt.lr and restored.d.opt.lr == parts.d.opt.lr
+    assert restored.d.opt.loss_scale() == parts.d.opt.loss_scale()
 
     # The next step from the original and from the restored state is the same step.
     for run in (parts, restored):
         torch.manual_seed(7)
-        run.step(*batch(tiny_cfg, seed=2), step=2)
-    assert_same(params(parts.generator), params(restored.generator))
-    assert_same(params(parts.discriminator), params(restored.discriminator))
+        run.method.iteration(*batch(tiny_cfg, seed=2), step=2)
+    assert_same(params(parts.g.module), params(restored.g.module))
+    assert_same(params(parts.d.module), params(restored.d.module))
 
 
 def test_wrapped_networks_are_saved_unwrapped(tiny_cfg):
     parts = build(tiny_cfg, seed=0)
-    wrapped_g, wrapped_d = nn.DataParallel(parts.generator), nn.DataParallel(parts.discriminator)
-    state = training_state(0, wrapped_g, wrapped_d, parts.opt_g, parts.opt_d, {})
+    wrapped_g, wrapped_d = nn.DataParallel(parts.g.module), nn.DataParallel(parts.d.module)
+    state = training_state(0, wrapped_g, wrapped_d, parts.g.opt, parts.d.opt, {})
     for net in ("generator", "discriminator"):
         assert not any(k.startswith("module.") for k in state[net])
-    build(tiny_cfg, seed=1).generator.load_state_dict(state["generator"])  # strict by default
+    build(tiny_cfg, seed=1).g.module.load_state_dict(state["generator"])  # strict by default
 
 
 def test_atomic_save_leaves_no_temporary_files(tiny_cfg, tmp_path):
     parts = build(tiny_cfg, seed=0)
     checkpointer = Checkpointer(tmp_path, every=5)
-    state = training_state(3, parts.generator, parts.discriminator, parts.opt_g, parts.opt_d, {})
+    state = training_state(3, parts.g.module, parts.d.module, parts.g.opt, parts.d.opt, {})
     checkpointer.save(3, state)  # not a multiple of every: last.pt only
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last.pt"]
 

@@ -89,10 +89,10 @@ def test_one_ddp_step_on_2x_b_equals_one_step_on_2b(tmp_path, tiny_cfg):
 
     torch.manual_seed(0)
     single = build_training(cfg, parse_device_map("cpu"))
-    freeze_batch_statistics(unwrap(single.generator))
-    single.step(batch["images"], batch["labels"], step=0)
+    freeze_batch_statistics(unwrap(single.g.module))
+    single.method.iteration(batch["images"], batch["labels"], step=0)
     ddp = torch.load(tmp_path / "ddp_step.pt", weights_only=True)
-    for net, module in (("g", single.generator), ("d", single.discriminator)):
+    for net, module in (("g", single.g.module), ("d", single.d.module)):
         ref = unwrap(module).state_dict()
         worst = max((ddp[net][k].float() - ref[k].float()).abs().max().item() for k in ref)
         assert worst < 1e-5, (net, worst)
@@ -106,7 +106,7 @@ def test_distributed_eval_equals_single_process_eval(tmp_path):
     torch.manual_seed(0)
     parts = build_training(cfg, parse_device_map("cpu"))
     _, val_loader = build_dataloaders(cfg.data, seed=0, pin_memory=False)
-    single = evaluate(unwrap(parts.generator), val_loader, torch.device("cpu"), cfg.data.num_classes).metrics
+    single = evaluate(unwrap(parts.g.module), val_loader, torch.device("cpu"), cfg.data.num_classes).metrics
     distributed = json.loads((tmp_path / "eval.json").read_text())
     assert distributed["mIoU"] == pytest.approx(single["mIoU"], abs=1e-12)
     assert distributed["pixel_acc"] == pytest.approx(single["pixel_acc"], abs=1e-12)
@@ -174,20 +174,20 @@ def test_dataparallel_wrapping_keys_and_autocast_inside_replicas(tiny_cfg):
     tiny_cfg.amp.generator.enabled = True  # bfloat16 on CPU
     torch.manual_seed(0)
     parts = build_training(tiny_cfg, parse_device_map("cpu"))
-    assert isinstance(parts.generator, nn.DataParallel) and isinstance(parts.discriminator, nn.DataParallel)
-    assert isinstance(parts.generator.module, AutocastForward)
+    assert isinstance(parts.g.module, nn.DataParallel) and isinstance(parts.d.module, nn.DataParallel)
+    assert isinstance(parts.g.module.module, AutocastForward)
     # Keys stay bare: the unwrapped module is what checkpoints hold.
-    assert not any(k.startswith("module.") for k in unwrap(parts.generator).state_dict())
+    assert not any(k.startswith("module.") for k in unwrap(parts.g.module).state_dict())
     # Autocast is thread-local: a replica thread with no autocast block of its own still runs
     # G under its autocast, because it lives inside the forward.
     out = {}
     size = tiny_cfg.data.synthetic.image_size
-    thread = threading.Thread(target=lambda: out.setdefault("y", parts.generator(torch.randn(2, 3, size, size))))
+    thread = threading.Thread(target=lambda: out.setdefault("y", parts.g.module(torch.randn(2, 3, size, size))))
     thread.start()
     thread.join()
     assert out["y"].dtype == torch.bfloat16
     labels = torch.randint(0, tiny_cfg.data.num_classes, (2, size, size))
-    losses = parts.step(torch.randn(2, 3, size, size), labels, step=0)
+    losses = parts.method.iteration(torch.randn(2, 3, size, size), labels, step=0)
     assert all(torch.isfinite(v) for v in losses.as_dict().values())
 
 
@@ -247,13 +247,13 @@ def test_dataparallel_replicas_run_each_under_their_networks_autocast(tiny_cfg):
     torch.manual_seed(0)
     parts = build_training(tiny_cfg, parse_device_map("g:0+1,d:0"))
     dtypes = {}
-    unwrap(parts.generator).register_forward_hook(lambda m, a, out: dtypes.setdefault(out.device, out.dtype) and None)
+    unwrap(parts.g.module).register_forward_hook(lambda m, a, out: dtypes.setdefault(out.device, out.dtype) and None)
     size = tiny_cfg.data.synthetic.image_size
     labels = torch.randint(0, tiny_cfg.data.num_classes, (4, size, size))
-    losses = parts.step(torch.randn(4, 3, size, size), labels, step=0)
+    losses = parts.method.iteration(torch.randn(4, 3, size, size), labels, step=0)
     assert dtypes == {torch.device("cuda", 0): torch.float16, torch.device("cuda", 1): torch.float16}
     assert all(torch.isfinite(v) for v in losses.as_dict().values())
-    assert {p.device for p in unwrap(parts.generator).parameters()} == {torch.device("cuda", 0)}
+    assert {p.device for p in unwrap(parts.g.module).parameters()} == {torch.device("cuda", 0)}
 
 
 @pytest.mark.cuda2

@@ -22,13 +22,14 @@ from segadv.checkpoint import load_weights, read_checkpoint
 from segadv.checkpoint.loader import CheckpointMismatchError
 from segadv.config import load_config
 from segadv.config.schema import DomainAdaptationConfig, GeneratorConfig, MinEntConfig, NetworkAmpConfig, OptimizerConfig
-from segadv.engine.step import AdversarialStep
+from segadv.engine.network import Network
 from segadv.errors import UserError
 from segadv.export import cli as export_cli
 from segadv.methods.domain_adaptation import DomainAdaptation, mean_entropy, self_information
 from segadv.methods.registry import DISCRIMINATOR_INPUTS
 from segadv.models import build_generator, build_generator_for_weights
 from segadv.models.discriminator import FCDiscriminator
+from segadv.monitor.profile import PhaseTimer
 from segadv.parallel import parse_device_map
 from segadv.train import main as train_main
 from segadv.train import train
@@ -138,9 +139,10 @@ def make_adaptation(method, settings, multi_level=True, seed=0):
     sgd = OptimizerConfig(name="sgd", lr=0.5, momentum=0.0)
     opts = [build_amp_optimizer(m, sgd, NetworkAmpConfig(), device, 100, name=n)
             for m, n in ((generator, "generator"), (d_main, "discriminator"), (d_aux, "discriminator_aux"))]
-    base = AdversarialStep(generator, d_main, opts[0], opts[1], parse_device_map("g:cpu,d:cpu"),
-                           num_classes=C, ignore_index=255, lambda_adv=0.0)
-    return DomainAdaptation(base, settings, DISCRIMINATOR_INPUTS[method], (d_aux, opts[2]), multi_level=multi_level)
+    g, d, d_aux = (Network(n, m, opt, (device,)) for m, n, opt in zip(
+        (generator, d_main, d_aux), ("generator", "discriminator", "discriminator_aux"), opts))
+    return DomainAdaptation(g, d, d_aux, PhaseTimer(), settings, DISCRIMINATOR_INPUTS[method], ignore_index=255,
+                            multi_level=multi_level)
 
 
 def make_streams(seed=1, n_s=2, n_t=3, size=32):
@@ -154,9 +156,9 @@ def make_streams(seed=1, n_s=2, n_t=3, size=32):
 def expected_update(method, settings, multi_level, streams, lr=0.5):
     """The parameters after one iteration, from a plain hand-written loop on copies."""
     ref = make_adaptation(method, settings, multi_level)
-    g, d_main, d_aux = copy.deepcopy(ref.generator), copy.deepcopy(ref.levels[0].discriminator), None
+    g, d_main, d_aux = copy.deepcopy(ref.g.module), copy.deepcopy(getattr(ref.levels[0].d, "module", None)), None
     if multi_level:
-        d_aux = copy.deepcopy(ref.levels[1].discriminator)
+        d_aux = copy.deepcopy(getattr(ref.levels[1].d, "module", None))
     x_s, y_s = streams["source"].batch
     x_t = streams["target"].batch
     to_map = DISCRIMINATOR_INPUTS[method]
@@ -221,14 +223,14 @@ def test_one_iteration_equals_the_hand_written_update(method, settings, multi_le
     uda = make_adaptation(method, settings, multi_level)
     losses = uda(streams, step=0)
     g, d_main, d_aux = expected_update(method, settings, multi_level, streams)
-    assert_same_parameters(uda.generator, g)
+    assert_same_parameters(uda.g.module, g)
     if method != "minent":
-        assert_same_parameters(uda.levels[0].discriminator, d_main)
+        assert_same_parameters(uda.levels[0].d.module, d_main)
         assert "loss_d" in losses
     else:
-        assert "loss_d" not in losses and all(level.discriminator is None for level in uda.levels)
+        assert "loss_d" not in losses and all(level.d is None for level in uda.levels)
     if multi_level and method != "minent":
-        assert_same_parameters(uda.levels[1].discriminator, d_aux)
+        assert_same_parameters(uda.levels[1].d.module, d_aux)
         assert {"loss_seg_aux", "loss_adv_aux", "loss_d_aux"} <= set(losses)
     assert streams["source"].drawn == streams["target"].drawn == 1
 
@@ -238,9 +240,9 @@ def test_the_aux_discriminator_sees_only_aux_maps_and_the_main_one_only_main_map
     streams = make_streams()
     seen = {"main": [], "aux": []}
     outputs = []
-    uda.generator.register_forward_hook(lambda m, args, out: outputs.append([o.detach() for o in out]))
+    uda.g.module.register_forward_hook(lambda m, args, out: outputs.append([o.detach() for o in out]))
     for level in uda.levels:
-        level.discriminator.register_forward_hook(
+        level.d.module.register_forward_hook(
             lambda m, args, out, name=level.name: seen[name].append(args[0].detach()))
     uda(streams, step=0)
     (main_s, aux_s), (main_t, aux_t) = outputs  # G on the source batch, then on the target batch
@@ -356,7 +358,7 @@ def test_d_aux_without_an_aux_discriminator_and_aux_head_outside_adaptation_are_
 def test_each_discriminator_lives_on_its_own_device(tmp_path):
     cfg = load_config(None, UDA_OVERRIDES)
     parts = build_training(cfg, parse_device_map("g:0,d:1,d_aux:0"))
-    devices = {name: {p.device for p in module.parameters()} for name, module, _, _ in parts.networks()}
+    devices = {net.role: {p.device for p in net.module.parameters()} for net in parts.networks()}
     assert devices == {"generator": {torch.device("cuda", 0)}, "discriminator": {torch.device("cuda", 1)},
                        "discriminator_aux": {torch.device("cuda", 0)}}
     cfg.device_map, cfg.run_dir = "g:0,d:1,d_aux:0", str(tmp_path / "run")

@@ -309,21 +309,21 @@ def segadv_outcome(case: Case, *overrides: str, run=None) -> Outcome:
     cfg = harness_config(*overrides, *case.overrides)
     init_g, init_d = initial_networks(cfg)
     parts = build_training(cfg, parse_device_map(case.device_map))
-    unwrap(parts.generator).load_state_dict(init_g.state_dict())
-    unwrap(parts.discriminator).load_state_dict(init_d.state_dict())
-    no_dropout(parts.generator)
+    unwrap(parts.g.module).load_state_dict(init_g.state_dict())
+    unwrap(parts.d.module).load_state_dict(init_d.state_dict())
+    no_dropout(parts.g.module)
     if case.freeze_stats:
-        freeze_batch_statistics(unwrap(parts.generator))
+        freeze_batch_statistics(unwrap(parts.g.module))
     grads: list[torch.Tensor] = []
-    capture_adversarial_gradient(parts.discriminator, grads)
-    g0, d0 = params(parts.generator), params(parts.discriminator)
-    scale = parts.opt_g.loss_scale()  # the scale G's loss is multiplied by in this step
+    capture_adversarial_gradient(parts.d.module, grads)
+    g0, d0 = params(parts.g.module), params(parts.d.module)
+    scale = parts.g.opt.loss_scale()  # the scale G's loss is multiplied by in this step
     if run is None:
-        parts.step(*make_batch(cfg), step=0)
+        parts.method.iteration(*make_batch(cfg), step=0)
     else:
         run(parts, cfg)
     assert len(grads) == 1, "G's update must send one adversarial gradient through D"
-    return Outcome(update(g0, parts.generator), update(d0, parts.discriminator), grads[0] / scale)
+    return Outcome(update(g0, parts.g.module), update(d0, parts.d.module), grads[0] / scale)
 
 
 # ----------------------------------------------------------------------------------- comparison
@@ -376,7 +376,7 @@ def test_one_step_matches_the_plain_float32_loop(case, references, no_tf32):
 def test_the_harness_sees_a_zeroed_adversarial_path(references, monkeypatch):
     """The harness must fail a step whose adversarial gradient never reaches G, even though G's
     update (dominated by CE) barely changes."""
-    from segadv.engine import step as step_module
+    from segadv.methods import adversarial as step_module
 
     real = step_module.masked_bce_with_logits
     monkeypatch.setattr(step_module, "masked_bce_with_logits",
@@ -627,23 +627,23 @@ def uda_outcome(case: Case, method: str) -> Outcome:
     """One segadv adaptation iteration under ``case`` from the reference's initial weights."""
     cfg = harness_config(*UDA_OVERRIDES, f"method.name={method}", *case.overrides)
     parts = build_training(cfg, parse_device_map(case.device_map))
-    for net, init in zip((parts.generator, parts.discriminator, parts.aux_discriminator),
+    for net, init in zip((parts.g.module, parts.d.module, parts.d_aux.module),
                          initial_uda_networks(cfg)):
         unwrap(net).load_state_dict(init.state_dict())
-    no_dropout(parts.generator)
+    no_dropout(parts.g.module)
     if case.freeze_stats:
-        freeze_batch_statistics(unwrap(parts.generator))
+        freeze_batch_statistics(unwrap(parts.g.module))
     grads: list[torch.Tensor] = []
     grads_aux: list[torch.Tensor] = []
-    capture_adversarial_gradient(parts.discriminator, grads)
-    capture_adversarial_gradient(parts.aux_discriminator, grads_aux)
-    before = [params(net) for net in (parts.generator, parts.discriminator, parts.aux_discriminator)]
-    scale = parts.opt_g.loss_scale()
+    capture_adversarial_gradient(parts.d.module, grads)
+    capture_adversarial_gradient(parts.d_aux.module, grads_aux)
+    before = [params(net) for net in (parts.g.module, parts.d.module, parts.d_aux.module)]
+    scale = parts.g.opt.loss_scale()
     images_s, labels_s, images_t = make_uda_batches(cfg)
     parts.method({"source": FixedStream((images_s, labels_s)), "target": FixedStream(images_t)}, step=0)
     assert len(grads) == len(grads_aux) == 1, "G's update must send one adversarial gradient through each D"
     g_up, d_up, aux_up = (update(b, net) for b, net in
-                          zip(before, (parts.generator, parts.discriminator, parts.aux_discriminator)))
+                          zip(before, (parts.g.module, parts.d.module, parts.d_aux.module)))
     return Outcome(g_up, d_up, grads[0] / scale, aux_up, grads_aux[0] / scale)
 
 

@@ -35,7 +35,7 @@ class NoHostReads(TorchFunctionMode):
 
 
 def exempt_optimizer_steps(parts, mode: NoHostReads) -> None:
-    for opt in (parts.opt_g.optimizer, parts.opt_d.optimizer):
+    for opt in (parts.g.opt.optimizer, parts.d.opt.optimizer):
         opt.register_step_pre_hook(lambda *a: setattr(mode, "paused", True))
         opt.register_step_post_hook(lambda *a: setattr(mode, "paused", False))
 
@@ -49,11 +49,11 @@ def test_step_reads_nothing_on_the_host(tiny_cfg, bfloat16):
     images, labels = batch(tiny_cfg)
     with mode:
         for step in range(2):
-            parts.step(images, labels, step=step)
+            parts.method.iteration(images, labels, step=step)
 
 
 def test_the_guard_catches_an_item_call(tiny_cfg, monkeypatch):
-    from segadv.engine import step as step_module
+    from segadv.methods import adversarial as step_module
 
     real = step_module.masked_bce_with_logits
 
@@ -67,7 +67,7 @@ def test_the_guard_catches_an_item_call(tiny_cfg, monkeypatch):
     mode = NoHostReads()
     exempt_optimizer_steps(parts, mode)
     with pytest.raises(AssertionError, match="item"), mode:
-        parts.step(*batch(tiny_cfg), step=0)
+        parts.method.iteration(*batch(tiny_cfg), step=0)
 
 
 class RecordCopies(TorchFunctionMode):
@@ -89,7 +89,7 @@ def test_no_copy_to_the_cpu_is_non_blocking(tiny_cfg):
     Every copy the step makes towards the CPU must block (the CPU map makes the same calls)."""
     parts = build_training(tiny_cfg, parse_device_map("cpu"))
     with RecordCopies() as copies:
-        parts.step(*batch(tiny_cfg), step=0)
+        parts.method.iteration(*batch(tiny_cfg), step=0)
     assert copies.non_blocking_to_cpu == []
 
 
@@ -110,10 +110,10 @@ def test_step_makes_no_cuda_sync(tiny_cfg, spec):
     tiny_cfg.amp.generator.enabled = True  # bfloat16: no scaler
     parts = build_training(tiny_cfg, parse_device_map(spec))
     images, labels = batch(tiny_cfg)
-    parts.step(images, labels, step=0)  # warm-up (cuDNN autotuning, allocator)
+    parts.method.iteration(images, labels, step=0)  # warm-up (cuDNN autotuning, allocator)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        parts.step(images, labels, step=1)
+        parts.method.iteration(images, labels, step=1)
     names = [e.name for e in prof.events()]
     syncs = [n for n in names if n in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")]
     if spec.endswith("d:cpu"):

@@ -23,23 +23,23 @@ def test_time_lands_in_its_phase(tiny_cfg, monkeypatch):
     """Slow down exactly one phase's work; the added time shows in that phase and no other."""
     parts = build_training(tiny_cfg, parse_device_map("cpu"))
     images, labels = batch(tiny_cfg)
-    parts.step(images, labels, step=0)  # first-call costs out of the way
+    parts.method.iteration(images, labels, step=0)  # first-call costs out of the way
     base = PhaseTimer()
-    parts.step.phases = base
+    parts.method.phases = base
     for step in range(3):
-        parts.step(images, labels, step=step)
+        parts.method.iteration(images, labels, step=step)
 
     slowed = PhaseTimer()
-    parts.step.phases = slowed
-    real_step = parts.opt_d.step
+    parts.method.phases = slowed
+    real_step = parts.d.opt.step
 
     def slow_step():
         time.sleep(SLEEP)
         real_step()
 
-    monkeypatch.setattr(parts.opt_d, "step", slow_step)
+    monkeypatch.setattr(parts.d.opt, "step", slow_step)
     for step in range(3):
-        parts.step(images, labels, step=step)
+        parts.method.iteration(images, labels, step=step)
     assert set(STEP_PHASES) == set(slowed.seconds) == set(base.seconds)
     assert slowed.seconds["optimizer"] >= 3 * SLEEP  # the sleeps are inside the phase
     # ... and in no other: those did the same work as before (noise on a shared 2-core machine
@@ -75,7 +75,7 @@ def test_a_finished_run_logs_the_profile_table(tiny_cfg, caplog):
 def test_channels_last_places_both_networks_in_nhwc(tiny_cfg):
     tiny_cfg.train.channels_last = True
     parts = build_training(tiny_cfg, parse_device_map("cpu"))
-    for network in (parts.generator, parts.discriminator):
+    for network in (parts.g.module, parts.d.module):
         convs = [p for p in unwrap(network).parameters() if p.dim() == 4 and p.shape[-1] > 1]
         assert convs and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
 

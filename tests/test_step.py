@@ -45,66 +45,66 @@ def build(cfg, spec="g:cpu,d:cpu"):
 def test_placement_and_cross_device_forward(tiny_cfg, spec):
     parts = build(tiny_cfg, spec)
     g_dev, d_dev = parts.device_map.generator, parts.device_map.discriminator
-    assert devices_of(parts.generator) == {g_dev}
-    assert devices_of(parts.discriminator) == {d_dev}
+    assert devices_of(parts.g.module) == {g_dev}
+    assert devices_of(parts.d.module) == {d_dev}
 
     seen = {"g_in": set(), "d_in": set(), "g_out": set()}
-    parts.generator.register_forward_pre_hook(lambda m, a: seen["g_in"].add(a[0].device))
-    parts.generator.register_forward_hook(lambda m, a, out: seen["g_out"].add(out.device))
-    parts.discriminator.register_forward_pre_hook(lambda m, a: seen["d_in"].add(a[0].device))
-    losses = parts.step(*batch(tiny_cfg), step=0)
+    parts.g.module.register_forward_pre_hook(lambda m, a: seen["g_in"].add(a[0].device))
+    parts.g.module.register_forward_hook(lambda m, a, out: seen["g_out"].add(out.device))
+    parts.d.module.register_forward_pre_hook(lambda m, a: seen["d_in"].add(a[0].device))
+    losses = parts.method.iteration(*batch(tiny_cfg), step=0)
     assert seen == {"g_in": {g_dev}, "d_in": {d_dev}, "g_out": {g_dev}}
     assert losses.loss_seg.device == g_dev and losses.loss_d.device == d_dev
     assert all(torch.isfinite(v) for v in losses.as_dict().values())
     # The optimizers' state lives with the parameters it belongs to.
-    for opt, dev in ((parts.opt_g, g_dev), (parts.opt_d, d_dev)):
+    for opt, dev in ((parts.g.opt, g_dev), (parts.d.opt, d_dev)):
         for state in opt.optimizer.state.values():
             assert {t.device for t in state.values() if torch.is_tensor(t) and t.dim() > 0} <= {dev}
 
 
 def test_one_step_updates_both_networks(tiny_cfg):
     parts = build(tiny_cfg)
-    g0, d0 = snapshot(parts.generator), snapshot(parts.discriminator)
-    parts.step(*batch(tiny_cfg), step=0)
-    assert changed(g0, parts.generator) and changed(d0, parts.discriminator)
+    g0, d0 = snapshot(parts.g.module), snapshot(parts.d.module)
+    parts.method.iteration(*batch(tiny_cfg), step=0)
+    assert changed(g0, parts.g.module) and changed(d0, parts.d.module)
 
 
 def test_generator_update_leaves_d_alone_and_d_update_leaves_g_alone(tiny_cfg):
     parts = build(tiny_cfg)
     images, labels = batch(tiny_cfg)
     valid = labels != tiny_cfg.data.ignore_index
-    g0, d0 = snapshot(parts.generator), snapshot(parts.discriminator)
-    probs, _, loss_adv = parts.step.update_generator(images, labels, valid, step=0)
+    g0, d0 = snapshot(parts.g.module), snapshot(parts.d.module)
+    probs, _, loss_adv = parts.method.update_generator(images, labels, valid, step=0)
     assert loss_adv is not None  # the adversarial term was on
-    assert changed(g0, parts.generator)
-    assert not changed(d0, parts.discriminator)
-    assert all(p.requires_grad for p in parts.discriminator.parameters())  # unfrozen afterwards
+    assert changed(g0, parts.g.module)
+    assert not changed(d0, parts.d.module)
+    assert all(p.requires_grad for p in parts.d.module.parameters())  # unfrozen afterwards
 
-    g1 = snapshot(parts.generator)
-    parts.step.update_discriminator(probs, labels, valid)
-    assert changed(d0, parts.discriminator)
-    assert not changed(g1, parts.generator)
+    g1 = snapshot(parts.g.module)
+    parts.method.update_discriminator(probs, labels, valid)
+    assert changed(d0, parts.d.module)
+    assert not changed(g1, parts.g.module)
 
 
 def generator_grads(parts, images, labels, step):
     """G's gradients from one G update, captured before the optimizer step."""
-    parts.opt_g.step = lambda: None  # keep the gradients (the step would apply and clear them)
+    parts.g.opt.step = lambda: None  # keep the gradients (the step would apply and clear them)
     torch.manual_seed(1)  # same dropout masks as the reference forward
-    valid = labels != parts.step.ignore_index
-    parts.step.update_generator(images, labels, valid, step=step)
-    grads = {n: p.grad.clone() for n, p in parts.generator.named_parameters() if p.grad is not None}
-    parts.generator.zero_grad(set_to_none=True)
+    valid = labels != parts.method.ignore_index
+    parts.method.update_generator(images, labels, valid, step=step)
+    grads = {n: p.grad.clone() for n, p in parts.g.module.named_parameters() if p.grad is not None}
+    parts.g.module.zero_grad(set_to_none=True)
     return grads
 
 
 def ce_only_grads(parts, images, labels):
-    parts.generator.zero_grad(set_to_none=True)
-    parts.generator.train()
+    parts.g.module.zero_grad(set_to_none=True)
+    parts.g.module.train()
     torch.manual_seed(1)
-    loss = F.cross_entropy(parts.generator(images).float(), labels, ignore_index=parts.step.ignore_index)
+    loss = F.cross_entropy(parts.g.module(images).float(), labels, ignore_index=parts.method.ignore_index)
     loss.backward()
-    grads = {n: p.grad.clone() for n, p in parts.generator.named_parameters() if p.grad is not None}
-    parts.generator.zero_grad(set_to_none=True)
+    grads = {n: p.grad.clone() for n, p in parts.g.module.named_parameters() if p.grad is not None}
+    parts.g.module.zero_grad(set_to_none=True)
     return grads
 
 
@@ -124,9 +124,9 @@ def test_adversarial_gradient_reaches_g_only_when_on(tiny_cfg, lambda_adv, warmu
     parts = build(tiny_cfg)
     # BatchNorm running stats move with every forward: compare from identical module states.
     images, labels = batch(tiny_cfg)
-    state = copy.deepcopy(parts.generator.state_dict())
+    state = copy.deepcopy(parts.g.module.state_dict())
     grads = generator_grads(parts, images, labels, step)
-    parts.generator.load_state_dict(state)
+    parts.g.module.load_state_dict(state)
     assert_grads(grads, ce_only_grads(parts, images, labels), equal)
 
 
@@ -136,18 +136,18 @@ def test_d_overflow_skips_only_ds_step(tiny_cfg):
         setattr(getattr(tiny_cfg.amp, net), "dtype", "float16")
         setattr(getattr(tiny_cfg.amp, net), "init_scale", 256.0)
     parts = build(tiny_cfg)
-    assert parts.opt_g.scaler.is_enabled() and parts.opt_d.scaler.is_enabled()
-    scale_g, scale_d = parts.opt_g.loss_scale(), parts.opt_d.loss_scale()
-    first_conv = unwrap(parts.discriminator).features[0].weight
+    assert parts.g.opt.scaler.is_enabled() and parts.d.opt.scaler.is_enabled()
+    scale_g, scale_d = parts.g.opt.loss_scale(), parts.d.opt.loss_scale()
+    first_conv = unwrap(parts.d.module).features[0].weight
     first_conv.register_hook(lambda grad: torch.full_like(grad, float("inf")))
-    g0, d0 = snapshot(parts.generator), snapshot(parts.discriminator)
+    g0, d0 = snapshot(parts.g.module), snapshot(parts.d.module)
 
-    parts.step(*batch(tiny_cfg), step=0)
+    parts.method.iteration(*batch(tiny_cfg), step=0)
 
-    assert not changed(d0, parts.discriminator), "D's step must be skipped on inf gradients"
-    assert parts.opt_d.loss_scale() == scale_d * 0.5
-    assert changed(g0, parts.generator), "G's step must still be taken"
-    assert parts.opt_g.loss_scale() == scale_g
+    assert not changed(d0, parts.d.module), "D's step must be skipped on inf gradients"
+    assert parts.d.opt.loss_scale() == scale_d * 0.5
+    assert changed(g0, parts.g.module), "G's step must still be taken"
+    assert parts.g.opt.loss_scale() == scale_g
 
 
 def test_bfloat16_autocast_per_network_on_cpu(tiny_cfg):
@@ -161,11 +161,11 @@ def test_bfloat16_autocast_per_network_on_cpu(tiny_cfg):
 
         return hook
 
-    parts.generator.register_forward_hook(record("g"))
-    unwrap(parts.discriminator).classifier.register_forward_hook(record("d"))
-    losses = parts.step(*batch(tiny_cfg), step=0)
+    parts.g.module.register_forward_hook(record("g"))
+    unwrap(parts.d.module).classifier.register_forward_hook(record("d"))
+    losses = parts.method.iteration(*batch(tiny_cfg), step=0)
     assert dtypes == {"g": torch.bfloat16, "d": torch.float32}
-    assert not parts.opt_g.scaler.is_enabled()  # no loss scaling for bfloat16
+    assert not parts.g.opt.scaler.is_enabled()  # no loss scaling for bfloat16
     assert all(torch.isfinite(v) for v in losses.as_dict().values())
 
 
@@ -174,11 +174,11 @@ def test_float16_amp_with_both_scalers_on_cuda(tiny_cfg):
     for net in (tiny_cfg.amp.generator, tiny_cfg.amp.discriminator):
         net.enabled, net.dtype = True, "float16"
     parts = build(tiny_cfg, "g:cuda:0,d:cpu")
-    assert parts.opt_g.scaler.is_enabled() and parts.opt_d.scaler.is_enabled()
+    assert parts.g.opt.scaler.is_enabled() and parts.d.opt.scaler.is_enabled()
     for step in range(3):
-        losses = parts.step(*batch(tiny_cfg, seed=step), step=step)
+        losses = parts.method.iteration(*batch(tiny_cfg, seed=step), step=step)
     assert all(torch.isfinite(v) for v in losses.as_dict().values())
-    assert parts.opt_g.loss_scale() > 0 and parts.opt_d.loss_scale() > 0
+    assert parts.g.opt.loss_scale() > 0 and parts.d.opt.loss_scale() > 0
 
 
 @pytest.mark.parametrize("devices, warn_only", [(["cpu"], False), (["cpu", "cuda:0"], True)])

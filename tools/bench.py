@@ -45,10 +45,10 @@ log = logging.getLogger("segadv.bench")
 
 def make_bare_step(parts, num_classes: int, ignore_index: int, lambda_adv: float):
     """The loop people write by hand: no wrappers, no AMP helpers, no meters."""
-    G, D = parts.generator, parts.discriminator
-    g_dev, d_dev = parts.device_map.generator, parts.device_map.discriminator
-    opt_g, opt_d = parts.opt_g.optimizer, parts.opt_d.optimizer
-    sched_g, sched_d = parts.opt_g.scheduler, parts.opt_d.scheduler
+    G, D = parts.g.module, parts.d.module
+    g_dev, d_dev = parts.g.device, parts.d.device
+    opt_g, opt_d = parts.g.opt.optimizer, parts.d.opt.optimizer
+    sched_g, sched_d = parts.g.opt.scheduler, parts.d.opt.scheduler
 
     def step(images, labels):
         images, labels = images.to(g_dev), labels.to(g_dev)
@@ -88,6 +88,8 @@ def bench_config(args: argparse.Namespace, *overrides: str):
     cfg = load_config(args.config, [*args.overrides, *overrides])
     if args.device_map:
         cfg.device_map = args.device_map
+    # The step both sides run is the supervised method's (any other method in the config is ignored).
+    cfg.method.name = "supervised"
     # The adversarial term is on from the first step, so both sides do all of the work.
     cfg.loss.adv_warmup_steps = 0
     if cfg.loss.lambda_adv == 0:
@@ -108,9 +110,9 @@ def segadv_runner(parts, batches, log_every: int):
             t = time.perf_counter()
             images, labels = batches[i % len(batches)]
             timer.add_data_wait(time.perf_counter() - t)
-            losses.update(parts.step(images, labels, step=i).as_dict())
+            losses.update(parts.method.iteration(images, labels, step=i).as_dict())
             if (i + 1) % log_every == 0:
-                losses.pop_means(), timer.pop(), parts.opt_g.loss_scale(), parts.opt_d.loss_scale()
+                losses.pop_means(), timer.pop(), parts.g.opt.loss_scale(), parts.d.opt.loss_scale()
                 parts.phases.resolve()
         losses.pop_means() if n % log_every else None
         sync(device_map)

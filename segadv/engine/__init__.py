@@ -1,1 +1,1 @@
-"""Training and evaluation machinery: per-network optimisation, the adversarial step, metrics."""
+"""Training and evaluation machinery: the network record, per-network optimisation, losses, metrics."""

@@ -56,11 +56,6 @@ class AmpOptimizer:
         """Autocast for this network's own device type and dtype."""
         return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_enabled)
 
-    def backward_and_step(self, loss: torch.Tensor) -> None:
-        """Scaled backward, optimizer step (skipped on inf/nan gradients), scale update, LR step."""
-        self.backward(loss)
-        self.step()
-
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
 

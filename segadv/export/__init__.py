@@ -9,6 +9,5 @@ stay torch-free):
 - ``onnx_export`` / ``torchscript_export``: writing the files;
 - ``verify``: exported file vs PyTorch eager on random inputs at several sizes;
 - ``deps``: the optional ``onnx`` / ``onnxruntime`` imports, with an install hint;
-- ``staging``: temp file next to the target, verified, then renamed into place;
 - ``cli``: ``segadv-export``.
 """

@@ -1,8 +1,9 @@
 """Training methods: what one iteration does, one module each (README "Methods").
 
 A method names the data streams it draws from, draws its batches itself (some are drawn only on
-some iterations) and returns its detached losses. Methods share the per-network optimisation
-(``AmpOptimizer``), the losses and the placement helpers; they differ only in their iteration.
+some iterations) and returns its detached losses. Methods get the trained networks as records
+(``segadv.engine.network.Network``) and share what every adversarial method does
+(``segadv.methods.adversarial``); they differ only in their iteration.
 """
 
 from segadv.methods.base import Method, PanelMaps

@@ -26,11 +26,23 @@ import torch.nn.functional as F
 
 from segadv.config.schema import AdvSemiSegConfig
 from segadv.data.streams import Stream, StreamSpec
-from segadv.engine.losses import masked_bce_with_logits, masked_cross_entropy, one_hot_labels, pseudo_labels
-from segadv.engine.step import FAKE, REAL, AdversarialStep, discriminator_view, generator_logits
+from segadv.engine.losses import masked_cross_entropy, one_hot_labels, pseudo_labels
+from segadv.engine.network import Network
+from segadv.methods.adversarial import (
+    GROUND_TRUTH_REAL as LABELS,
+    DiscriminatorBatch,
+    copy_in,
+    discriminator_backward,
+    discriminator_view,
+    gan_loss,
+    generator_logits,
+    hand_over,
+    labeled_batch,
+    optimizer_step,
+)
 from segadv.methods.base import PanelMaps
-from segadv.monitor.profile import transfer_device
-from segadv.parallel.placement import for_inference, to_device, unwrap
+from segadv.monitor.profile import PhaseTimer
+from segadv.parallel.placement import for_inference, to_device
 
 
 class AdvSemiSeg:
@@ -42,16 +54,23 @@ class AdvSemiSeg:
     )
     panel_stream = "unlabeled"
 
-    def __init__(self, base: AdversarialStep, settings: AdvSemiSegConfig) -> None:
-        """``base``: the supervised step, whose networks, optimizers, device map and labeled
-        adversarial term (``lambda_adv`` after ``adv_warmup_steps``) this method shares."""
-        self.base = base
+    def __init__(
+        self, g: Network, d: Network, phases: PhaseTimer, settings: AdvSemiSegConfig, *, num_classes: int,
+        ignore_index: int, lambda_adv: float, adv_warmup_steps: int = 0,
+    ) -> None:
+        """``lambda_adv`` after ``adv_warmup_steps``: the labeled adversarial term (``loss.*``, as
+        the supervised method's)."""
+        self.g, self.d, self.phases = g, d, phases
         self.settings = settings
-        self.generator, self.discriminator = base.generator, base.discriminator
-        self.opt_g, self.opt_d = base.opt_g, base.opt_d
-        self.device_map = base.device_map
+        self.num_classes = num_classes
+        self.ignore_index = ignore_index
+        self.lambda_adv = lambda_adv
+        self.adv_warmup_steps = adv_warmup_steps
 
     # Which terms are on at a step. The unlabeled batch is drawn only while one of its terms is.
+    def adversarial_active(self, step: int) -> bool:
+        return self.lambda_adv > 0 and step >= self.adv_warmup_steps
+
     def semi_adv_active(self, step: int) -> bool:
         return self.settings.lambda_semi_adv > 0 and step >= self.settings.semi_start_adv
 
@@ -62,83 +81,67 @@ class AdvSemiSeg:
         return self.semi_adv_active(step) or self.semi_active(step)
 
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
-        g_dev, d_dev = self.device_map.generator, self.device_map.discriminator
+        g, d, phase, ignore = self.g, self.d, self.phases.phase, self.ignore_index
         images_l, labels_l = streams["labeled"].next()
         _, labels_gt = streams["gt"].next()  # only its labels: D's real maps
         use_unlabeled = self.unlabeled_active(step)
         images_u = streams["unlabeled"].next() if use_unlabeled else None
-
-        phase = self.base.phases.phase
-        with phase("input_copy", transfer_device(labels_l.device, g_dev)):
-            labels_l = to_device(labels_l, g_dev)
-            images = to_device(images_l if images_u is None else torch.cat([images_l, images_u]), g_dev)
-        with phase("transfer", transfer_device(g_dev, d_dev)):
-            labels_l_d = labels_l if d_dev == g_dev else to_device(labels_l, d_dev)
-        valid_l_d = labels_l_d != self.base.ignore_index
-        self.generator.train()
-        self.discriminator.train()
+        images = images_l if images_u is None else torch.cat([images_l, images_u])
+        images, labels_l, labels_l_d = labeled_batch(self.phases, g, d, images, labels_l)
+        valid_l_d = labels_l_d != ignore
+        g.module.train()
+        d.module.train()
 
         # ---- G, with D frozen
         n_l = images_l.shape[0]
-        with phase("g_fwd_bwd", g_dev):
-            logits = generator_logits(self.generator, self.opt_g, images)
+        with phase("g_fwd_bwd", g.device):
+            logits = generator_logits(g, images)
             logits_l, logits_u = logits[:n_l], logits[n_l:]
-            loss_seg = F.cross_entropy(logits_l, labels_l, ignore_index=self.base.ignore_index)
+            loss_seg = F.cross_entropy(logits_l, labels_l, ignore_index=ignore)
             probs = logits.softmax(dim=1)
-        with phase("transfer", transfer_device(g_dev, d_dev)):
-            probs_d = to_device(probs, d_dev)
-        with phase("g_fwd_bwd", g_dev):
+        probs_d = hand_over(self.phases, probs, g, d)
+        with phase("g_fwd_bwd", g.device):
             loss = loss_seg
             # Terms that are off report 0, each on the device its live value would be on.
-            loss_adv = loss_semi_adv = torch.zeros((), device=d_dev)
-            loss_semi = semi_ratio = torch.zeros((), device=g_dev)
-            adversarial = self.base.adversarial_active(step)
+            loss_adv = loss_semi_adv = torch.zeros((), device=d.device)
+            loss_semi = semi_ratio = torch.zeros((), device=g.device)
+            adversarial = self.adversarial_active(step)
             if adversarial or use_unlabeled:
-                d_out = discriminator_view(self.discriminator, self.opt_d, probs_d)
+                d_out = discriminator_view(d, probs_d)
                 if adversarial:
-                    loss_adv = masked_bce_with_logits(d_out[:n_l], REAL, valid_l_d)
-                    loss = loss + self.base.lambda_adv * to_device(loss_adv, g_dev)
+                    loss_adv = gan_loss(d_out[:n_l], LABELS.real, valid_l_d)
+                    loss = loss + self.lambda_adv * to_device(loss_adv, g.device)
             if use_unlabeled:
                 d_out_u = d_out[n_l:]
                 if self.semi_adv_active(step):
                     every_pixel = torch.ones_like(d_out_u[:, 0], dtype=torch.bool)
-                    loss_semi_adv = masked_bce_with_logits(d_out_u, REAL, every_pixel)
-                    loss = loss + self.settings.lambda_semi_adv * to_device(loss_semi_adv, g_dev)
-                confidence = to_device(torch.sigmoid(d_out_u.detach().float()).squeeze(1), g_dev)
-                pseudo = pseudo_labels(logits_u, confidence, self.settings.mask_threshold, self.base.ignore_index)
-                semi_ratio = (pseudo != self.base.ignore_index).float().mean()
+                    loss_semi_adv = gan_loss(d_out_u, LABELS.real, every_pixel)
+                    loss = loss + self.settings.lambda_semi_adv * to_device(loss_semi_adv, g.device)
+                confidence = to_device(torch.sigmoid(d_out_u.detach().float()).squeeze(1), g.device)
+                pseudo = pseudo_labels(logits_u, confidence, self.settings.mask_threshold, ignore)
+                semi_ratio = (pseudo != ignore).float().mean()
                 if self.semi_active(step):
-                    loss_semi = masked_cross_entropy(logits_u, pseudo, self.base.ignore_index)
+                    loss_semi = masked_cross_entropy(logits_u, pseudo, ignore)
                     loss = loss + self.settings.lambda_semi * loss_semi
-            self.opt_g.backward(loss)
-        with phase("optimizer", g_dev):
-            self.opt_g.step()
+            g.opt.backward(loss)
+        optimizer_step(self.phases, g)
 
-        # ---- D: G's maps as fake, the gt stream's one-hot labels as real
-        with phase("input_copy", transfer_device(labels_gt.device, d_dev)):
-            labels_gt = to_device(labels_gt, d_dev)
-        with phase("d_fwd_bwd", d_dev):
-            valid_gt = labels_gt != self.base.ignore_index
+        # ---- D: G's maps as fake, the gt stream's one-hot labels as real; the mean of the two
+        (labels_gt,) = copy_in(self.phases, d.device, labels_gt)
+        with phase("d_fwd_bwd", d.device):
+            valid_gt = labels_gt != ignore
             fake, valid_fake = probs_d[:n_l], valid_l_d
             if use_unlabeled and self.settings.d_sees_unlabeled:
                 fake = probs_d
                 valid_fake = torch.cat([valid_l_d, torch.ones_like(valid_l_d[:1]).expand(len(images_u), -1, -1)])
-            real = one_hot_labels(labels_gt, self.base.num_classes, valid_gt)
-            # One forward over fake and real together: DDP expects one forward per backward, and D
-            # has no batch statistics, so this equals two separate forwards.
-            with self.opt_d.autocast():
-                fake_logits, real_logits = self.discriminator(torch.cat([fake.detach(), real])).split(
-                    [len(fake), len(real)]
-                )
-            loss_d = 0.5 * (masked_bce_with_logits(fake_logits, FAKE, valid_fake)
-                            + masked_bce_with_logits(real_logits, REAL, valid_gt))
-            self.opt_d.backward(loss_d)
-        with phase("optimizer", d_dev):
-            self.opt_d.step()
+            real = one_hot_labels(labels_gt, self.num_classes, valid_gt)
+        batches = [DiscriminatorBatch(fake, LABELS.fake, valid_fake), DiscriminatorBatch(real, LABELS.real, valid_gt)]
+        loss_d, _ = discriminator_backward(self.phases, d, batches, weight=0.5)
+        optimizer_step(self.phases, d)
         return {
             "loss_seg": loss_seg.detach(),
             "loss_adv": loss_adv.detach(),
-            "loss_d": loss_d.detach(),
+            "loss_d": loss_d,
             "loss_semi": loss_semi.detach(),
             "loss_semi_adv": loss_semi_adv.detach(),
             "semi_pixel_ratio": semi_ratio,
@@ -147,17 +150,15 @@ class AdvSemiSeg:
     @torch.no_grad()
     def panel(self, images: torch.Tensor) -> Optional[PanelMaps]:
         """G's prediction, D's confidence and the masked pseudo labels on fixed unlabeled images."""
-        g_dev, d_dev = self.device_map.generator, self.device_map.discriminator
-        generator = for_inference(self.generator)
+        generator = for_inference(self.g.module)
         was_training = generator.training
         generator.eval()
         try:
-            logits = generator_logits(generator, self.opt_g, to_device(images, g_dev))
+            logits = generator_logits(self.g, to_device(images, self.g.device), module=generator)
         finally:
             generator.train(was_training)
-        with self.opt_d.autocast():
-            d_out = unwrap(self.discriminator)(to_device(logits.softmax(dim=1), d_dev))
-        confidence = to_device(torch.sigmoid(d_out.float()).squeeze(1), g_dev)
-        pseudo = pseudo_labels(logits, confidence, self.settings.mask_threshold, self.base.ignore_index)
+        d_out = discriminator_view(self.d, to_device(logits.softmax(dim=1), self.d.device))
+        confidence = to_device(torch.sigmoid(d_out.float()).squeeze(1), self.g.device)
+        pseudo = pseudo_labels(logits, confidence, self.settings.mask_threshold, self.ignore_index)
         return PanelMaps("train/unlabeled_confidence_pseudo", images, logits.argmax(dim=1).cpu(),
                          confidence.cpu(), pseudo.cpu())

@@ -7,11 +7,12 @@ streams, each resumable on its own; the target's labels are never read). Levels:
 
 G's loss, with every D frozen:
     CE(main_s, y_s) + lambda_seg_aux * CE(aux_s, y_s)                                [source]
-  + sum over levels: lambda_adv_<level> * GAN(D_<level>(m(<level>_t)), SOURCE)           [target]
+  + sum over levels: lambda_adv_<level> * GAN(D_<level>(m(<level>_t)), real)             [target]
   + sum over levels: lambda_ent_<level> * mean normalised entropy of <level>_t        [MinEnt]
-D_<level>'s loss: (GAN(D(m(<level>_s)), SOURCE) + GAN(D(m(<level>_t)), TARGET)) / 2, detached.
+D_<level>'s loss: (GAN(D(m(<level>_s)), real) + GAN(D(m(<level>_t)), fake)) / 2, detached.
 m: softmax (AdaptSegNet) or the weighted self-information map (ADVENT); GAN: BCE with logits or
-least squares on the logits. Labels as the references: source 0, target 1. MinEnt trains no D.
+least squares on the logits. The source domain is real, the target fake; their labels are the
+references' (source 0, target 1: ``SOURCE_REAL``). MinEnt trains no D.
 
 As in the references, G runs on the source batch (forward, backward), then on the target batch
 (forward, backward), then steps once: the domains may differ in size, BatchNorm's batch
@@ -27,17 +28,24 @@ from typing import Callable, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from segadv.config.schema import DomainAdaptationConfig
 from segadv.data.streams import Stream, StreamSpec
-from segadv.engine.amp_optimizer import AmpOptimizer
-from segadv.engine.step import AdversarialStep, discriminator_view
+from segadv.engine.network import Network
+from segadv.methods.adversarial import (
+    SOURCE_REAL as LABELS,
+    DiscriminatorBatch,
+    copy_in,
+    discriminator_backward,
+    discriminator_view,
+    gan_loss,
+    generator_logits,
+    hand_over,
+    optimizer_step,
+)
 from segadv.methods.base import PanelMaps
-from segadv.monitor.profile import transfer_device
+from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import to_device
-
-SOURCE, TARGET = 0.0, 1.0
 
 
 def self_information(logits: torch.Tensor) -> torch.Tensor:
@@ -53,23 +61,12 @@ def mean_entropy(logits: torch.Tensor) -> torch.Tensor:
     return self_information(logits).sum(dim=1).mean()
 
 
-def gan_loss(logits: torch.Tensor, label: float, kind: str) -> torch.Tensor:
-    """BCE with logits, or least squares (``ls``: MSE of the raw logits), against a constant label."""
-    logits = logits.float()
-    target = torch.full_like(logits, label)
-    if kind == "ls":
-        return F.mse_loss(logits, target)
-    return F.binary_cross_entropy_with_logits(logits, target)
-
-
 @dataclass
 class Level:
     """One adapted output level: its D (None for MinEnt) and weights."""
 
     name: str  # "main" or "aux"
-    discriminator: Optional[nn.Module]
-    opt_d: Optional[AmpOptimizer]
-    device: torch.device  # its D's device (G's when it has none)
+    d: Optional[Network]
     lambda_adv: float
     lambda_ent: float
 
@@ -89,120 +86,106 @@ class DomainAdaptation:
 
     def __init__(
         self,
-        base: AdversarialStep,
+        g: Network,
+        d: Network,
+        d_aux: Optional[Network],
+        phases: PhaseTimer,
         settings: DomainAdaptationConfig,
         discriminator_input: Optional[Callable[[torch.Tensor], torch.Tensor]],
-        aux_discriminator: Optional[tuple[nn.Module, AmpOptimizer]] = None,
+        *,
+        ignore_index: int,
         multi_level: bool = False,
     ) -> None:
         """``discriminator_input``: the map D sees, from G's logits (softmax for AdaptSegNet,
-        self-information for ADVENT); None: no D (MinEnt). ``base``: the supervised step, whose
-        G, main D, optimizers and device map this method trains. ``aux_discriminator``: the aux
-        level's D and its optimizer (multi-level with a D)."""
-        self.base = base
+        self-information for ADVENT); None: no D (MinEnt). ``d_aux``: the aux level's D
+        (multi-level with a D)."""
+        self.g, self.phases = g, phases
         self.settings = settings
         self.discriminator_input = discriminator_input
-        self.generator, self.opt_g = base.generator, base.opt_g
-        self.device_map = base.device_map
+        self.ignore_index = ignore_index
         self.multi_level = multi_level
-        g_dev = self.device_map.generator
         if discriminator_input is None:  # MinEnt: entropy terms only
-            self.levels = [Level("main", None, None, g_dev, 0.0, settings.lambda_ent_main)]
+            self.levels = [Level("main", None, 0.0, settings.lambda_ent_main)]
             if multi_level:
-                self.levels.append(Level("aux", None, None, g_dev, 0.0, settings.lambda_ent_aux))
+                self.levels.append(Level("aux", None, 0.0, settings.lambda_ent_aux))
             return
-        self.levels = [Level("main", base.discriminator, base.opt_d, self.device_map.discriminator,
-                             settings.lambda_adv_main, settings.lambda_ent_main)]
+        self.levels = [Level("main", d, settings.lambda_adv_main, settings.lambda_ent_main)]
         if multi_level:
-            if aux_discriminator is None:
+            if d_aux is None:
                 raise ValueError("multi-level adversarial adaptation needs the aux discriminator")
-            self.levels.append(Level("aux", *aux_discriminator, self.device_map.aux_discriminator,
-                                     settings.lambda_adv_aux, settings.lambda_ent_aux))
+            self.levels.append(Level("aux", d_aux, settings.lambda_adv_aux, settings.lambda_ent_aux))
 
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
-        base, s = self.base, self.settings
-        g_dev = self.device_map.generator
+        g, s, phase = self.g, self.settings, self.phases.phase
         images_s, labels_s = streams["source"].next()
         images_t = streams["target"].next()  # images only: the target's labels are never read
-        phase = base.phases.phase
-        with phase("input_copy", transfer_device(labels_s.device, g_dev)):
-            labels_s = to_device(labels_s, g_dev)
-            images_s = to_device(images_s, g_dev)
-            images_t = to_device(images_t, g_dev)
-        self.generator.train()
-        adversarial = [level for level in self.levels if level.discriminator is not None]
+        labels_s, images_s, images_t = copy_in(self.phases, g.device, labels_s, images_s, images_t)
+        g.module.train()
+        adversarial = [level for level in self.levels if level.d is not None]
         for level in adversarial:
-            level.discriminator.train()
+            level.d.module.train()
         losses: dict[str, torch.Tensor] = {}
 
         # ---- G, with every D frozen. Source, then target, each forward followed by its backward
         # (the references' order; the two domains may differ in size, and DDP expects one
         # backward per forward). The gradients add up; one step follows.
-        with phase("g_fwd_bwd", g_dev):
+        with phase("g_fwd_bwd", g.device):
             logits = self.generator_levels(images_s)
-            loss = F.cross_entropy(logits["main"], labels_s, ignore_index=base.ignore_index)
+            loss = F.cross_entropy(logits["main"], labels_s, ignore_index=self.ignore_index)
             losses["loss_seg"] = loss.detach()
             if self.multi_level:
-                loss_seg_aux = F.cross_entropy(logits["aux"], labels_s, ignore_index=base.ignore_index)
+                loss_seg_aux = F.cross_entropy(logits["aux"], labels_s, ignore_index=self.ignore_index)
                 losses["loss_seg_aux"] = loss_seg_aux.detach()
                 loss = loss + s.lambda_seg_aux * loss_seg_aux
         with torch.no_grad():  # D's source half, from G before its step
             source_maps = {level.name: self.discriminator_maps(level, logits[level.name]) for level in adversarial}
-        with phase("g_fwd_bwd", g_dev):
-            self.opt_g.backward(loss)
+        with phase("g_fwd_bwd", g.device):
+            g.opt.backward(loss)
             logits = self.generator_levels(images_t)
             # Zero-weighted outputs, so every parameter takes part even when no target term is on (DDP).
             loss = 0.0 * sum(level_logits.sum() for level_logits in logits.values())
         target_maps = {}
         for level in self.levels:
             if level.lambda_ent > 0:
-                with phase("g_fwd_bwd", g_dev):
+                with phase("g_fwd_bwd", g.device):
                     loss_ent = mean_entropy(logits[level.name])
                     losses[f"loss_ent{level.suffix}"] = loss_ent.detach()
                     loss = loss + level.lambda_ent * loss_ent
-            if level.discriminator is None:
+            if level.d is None:
                 continue
             maps = self.discriminator_maps(level, logits[level.name])
             target_maps[level.name] = maps.detach()
             if level.lambda_adv > 0:
-                with phase("g_fwd_bwd", g_dev):
-                    d_out = discriminator_view(level.discriminator, level.opt_d, maps)
-                    loss_adv = gan_loss(d_out, SOURCE, s.gan)  # target maps made to look like source
+                with phase("g_fwd_bwd", g.device):
+                    # target maps made to look like source (real)
+                    loss_adv = gan_loss(discriminator_view(level.d, maps), LABELS.real, kind=s.gan)
                     losses[f"loss_adv{level.suffix}"] = loss_adv.detach()
-                    loss = loss + level.lambda_adv * to_device(loss_adv, g_dev)
-        with phase("g_fwd_bwd", g_dev):
-            self.opt_g.backward(loss)
-        with phase("optimizer", g_dev):
-            self.opt_g.step()
+                    loss = loss + level.lambda_adv * to_device(loss_adv, g.device)
+        with phase("g_fwd_bwd", g.device):
+            g.opt.backward(loss)
+        optimizer_step(self.phases, g)
 
-        # ---- each D: source maps as SOURCE, target maps as TARGET, each half its own backward
+        # ---- each D: source maps as real, target maps as fake; the mean of the two. As in the
+        # references, each half is its own forward and backward; one step follows.
         for level in adversarial:
-            with phase("d_fwd_bwd", level.device):
-                loss_d = 0.0
-                for maps, label in ((source_maps[level.name], SOURCE), (target_maps[level.name], TARGET)):
-                    with level.opt_d.autocast():
-                        d_out = level.discriminator(maps)
-                    half = 0.5 * gan_loss(d_out, label, s.gan)
-                    level.opt_d.backward(half)
-                    loss_d = loss_d + half.detach()
-                losses[f"loss_d{level.suffix}"] = loss_d
-            with phase("optimizer", level.device):
-                level.opt_d.step()
+            halves = [discriminator_backward(self.phases, level.d, [DiscriminatorBatch(maps[level.name], label)],
+                                             weight=0.5, kind=s.gan)[0]
+                      for maps, label in ((source_maps, LABELS.real), (target_maps, LABELS.fake))]
+            losses[f"loss_d{level.suffix}"] = halves[0] + halves[1]
+            optimizer_step(self.phases, level.d)
         return losses
 
     def generator_levels(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
-        """G's float32 logits per level (G's forward under its own autocast)."""
-        with self.opt_g.autocast():
-            out = self.generator(images, return_aux=True) if self.multi_level else (self.generator(images),)
-        return dict(zip(("main", "aux"), (o.float() for o in out)))
+        """G's float32 logits per level."""
+        out = generator_logits(self.g, images, return_aux=True) if self.multi_level else (
+            generator_logits(self.g, images),)
+        return dict(zip(("main", "aux"), out))
 
     def discriminator_maps(self, level: Level, logits: torch.Tensor) -> torch.Tensor:
         """The level's D input from G's logits, on that D's device."""
-        g_dev = self.device_map.generator
-        with self.base.phases.phase("g_fwd_bwd", g_dev):
+        with self.phases.phase("g_fwd_bwd", self.g.device):
             maps = self.discriminator_input(logits)
-        with self.base.phases.phase("transfer", transfer_device(g_dev, level.device)):
-            return to_device(maps, level.device)
+        return hand_over(self.phases, maps, self.g, level.d)
 
     def panel(self, images: torch.Tensor) -> Optional[PanelMaps]:
         return None

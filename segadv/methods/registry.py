@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from torch import nn
-
 from segadv.config import Config
 from segadv.config.schema import DomainAdaptationConfig
-from segadv.engine.amp_optimizer import AmpOptimizer
-from segadv.engine.step import AdversarialStep
+from segadv.engine.network import Network
 from segadv.errors import UserError
 from segadv.methods.advsemiseg import AdvSemiSeg
 from segadv.methods.base import Method
 from segadv.methods.domain_adaptation import DomainAdaptation, self_information
 from segadv.methods.supervised import Supervised
+from segadv.monitor.profile import PhaseTimer
 
 DOMAIN_ADAPTATION = ("adaptsegnet", "advent", "minent")
 # What D sees, per domain adaptation method (None: no D).
@@ -22,22 +20,22 @@ DISCRIMINATOR_INPUTS = {"adaptsegnet": lambda logits: logits.softmax(dim=1), "ad
                         "minent": None}
 
 
-# A builder gets the config, the supervised step (G, the main D, their optimizers, the device map)
-# and, where the run has one, the aux D with its optimizer.
-AuxDiscriminator = Optional[tuple[nn.Module, AmpOptimizer]]
+# A builder gets the config, the trained networks (the aux D where the run has one) and the phase
+# timer the iteration marks its phases on.
+def _supervised(cfg: Config, g: Network, d: Network, d_aux: Optional[Network], phases: PhaseTimer) -> Method:
+    return Supervised(g, d, phases, num_classes=cfg.data.num_classes, ignore_index=cfg.data.ignore_index,
+                      lambda_adv=cfg.loss.lambda_adv, adv_warmup_steps=cfg.loss.adv_warmup_steps)
 
 
-def _supervised(cfg: Config, step: AdversarialStep, aux_d: AuxDiscriminator) -> Method:
-    return Supervised(step)
+def _advsemiseg(cfg: Config, g: Network, d: Network, d_aux: Optional[Network], phases: PhaseTimer) -> Method:
+    return AdvSemiSeg(g, d, phases, cfg.method.advsemiseg, num_classes=cfg.data.num_classes,
+                      ignore_index=cfg.data.ignore_index, lambda_adv=cfg.loss.lambda_adv,
+                      adv_warmup_steps=cfg.loss.adv_warmup_steps)
 
 
-def _advsemiseg(cfg: Config, step: AdversarialStep, aux_d: AuxDiscriminator) -> Method:
-    return AdvSemiSeg(step, cfg.method.advsemiseg)
-
-
-def _domain_adaptation(cfg: Config, step: AdversarialStep, aux_d: AuxDiscriminator) -> Method:
-    return DomainAdaptation(step, adaptation_settings(cfg), DISCRIMINATOR_INPUTS[cfg.method.name], aux_d,
-                            multi_level=cfg.model.generator.aux_head)
+def _domain_adaptation(cfg: Config, g: Network, d: Network, d_aux: Optional[Network], phases: PhaseTimer) -> Method:
+    return DomainAdaptation(g, d, d_aux, phases, adaptation_settings(cfg), DISCRIMINATOR_INPUTS[cfg.method.name],
+                            ignore_index=cfg.data.ignore_index, multi_level=cfg.model.generator.aux_head)
 
 
 METHODS: dict[str, Callable[..., Method]] = {
@@ -46,13 +44,13 @@ METHODS: dict[str, Callable[..., Method]] = {
 }
 
 
-def build_method(cfg: Config, step: AdversarialStep, aux_d: AuxDiscriminator = None) -> Method:
-    """``step``: the supervised step; its (wrapped) networks, optimizers and device map are the
-    ones every method trains. ``aux_d``: the aux level's D and its optimizer, where the run has one."""
+def build_method(cfg: Config, g: Network, d: Network, d_aux: Optional[Network], phases: PhaseTimer) -> Method:
+    """The method every network of the run trains under: G, the main D and, where the run has
+    one, the aux D (multi-level adaptation)."""
     name = cfg.method.name
     if name not in METHODS:
         raise KeyError(f"unknown method {name!r}; methods: {', '.join(sorted(METHODS))}")
-    return METHODS[name](cfg, step, aux_d)
+    return METHODS[name](cfg, g, d, d_aux, phases)
 
 
 def check_method_config(cfg: Config) -> None:

@@ -1,27 +1,116 @@
-"""Fully supervised adversarial training (AdvSemiSeg's supervised part): segadv/engine/step.py's
-step on the labeled stream. ``loss.lambda_adv: 0`` makes it the CE-only baseline."""
+"""Fully supervised adversarial training (AdvSemiSeg's supervised part, Hung et al., BMVC 2018) on
+the labeled stream. ``loss.lambda_adv: 0`` makes it the CE-only baseline.
+
+G's update:  CE(G(x), y) + lambda_adv * BCE(D(softmax(G(x))), real), with D frozen.
+D's update:  BCE(D(onehot(y)), real) + BCE(D(softmax(G(x)).detach()), fake).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping, Optional
 
 import torch
+import torch.nn.functional as F
 
 from segadv.data.streams import Stream, StreamSpec
-from segadv.engine.step import AdversarialStep
+from segadv.engine.losses import one_hot_labels
+from segadv.engine.network import Network
+from segadv.methods.adversarial import (
+    GROUND_TRUTH_REAL as LABELS,
+    DiscriminatorBatch,
+    discriminator_backward,
+    discriminator_view,
+    gan_loss,
+    generator_logits,
+    hand_over,
+    labeled_batch,
+    optimizer_step,
+)
 from segadv.methods.base import PanelMaps
+from segadv.monitor.profile import PhaseTimer
+from segadv.parallel.placement import to_device
+
+
+@dataclass
+class StepLosses:
+    """Detached losses of one iteration, each on the device that computed it."""
+
+    loss_seg: torch.Tensor
+    loss_adv: torch.Tensor
+    loss_d: torch.Tensor
+
+    def as_dict(self) -> dict[str, torch.Tensor]:
+        return {"loss_seg": self.loss_seg, "loss_adv": self.loss_adv, "loss_d": self.loss_d}
 
 
 class Supervised:
     streams = (StreamSpec("labeled", "labeled"),)
     panel_stream = None
 
-    def __init__(self, step: AdversarialStep) -> None:
-        self.step = step
+    def __init__(
+        self, g: Network, d: Network, phases: PhaseTimer, *, num_classes: int, ignore_index: int,
+        lambda_adv: float, adv_warmup_steps: int = 0,
+    ) -> None:
+        self.g, self.d, self.phases = g, d, phases
+        self.num_classes = num_classes
+        self.ignore_index = ignore_index
+        self.lambda_adv = lambda_adv
+        self.adv_warmup_steps = adv_warmup_steps
+
+    def adversarial_active(self, step: int) -> bool:
+        return self.lambda_adv > 0 and step >= self.adv_warmup_steps
 
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
         images, labels = streams["labeled"].next()
-        return self.step(images, labels, step).as_dict()
+        return self.iteration(images, labels, step).as_dict()
+
+    def iteration(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> StepLosses:
+        """One G update then one D update on this batch. ``step`` counts completed steps before it."""
+        images, labels_g, labels_d = labeled_batch(self.phases, self.g, self.d, images, labels)
+        valid_d = labels_d != self.ignore_index
+        self.g.module.train()
+        self.d.module.train()
+
+        probs_d, loss_seg, loss_adv = self.update_generator(images, labels_g, valid_d, step)
+        loss_d, fake_logits = self.update_discriminator(probs_d, labels_d, valid_d)
+        if loss_adv is None:
+            # Same value G's update would have seen: D was frozen there and G's output is the same.
+            loss_adv = gan_loss(fake_logits, LABELS.real, valid_d)
+        return StepLosses(loss_seg, loss_adv, loss_d)
+
+    def update_generator(
+        self, images: torch.Tensor, labels: torch.Tensor, valid_d: torch.Tensor, step: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Returns G's detached probabilities on D's device, the CE loss and the adversarial loss
+        (None while the adversarial term is off)."""
+        with self.phases.phase("g_fwd_bwd", self.g.device):
+            logits = generator_logits(self.g, images)
+            loss_seg = F.cross_entropy(logits, labels, ignore_index=self.ignore_index)
+            probs = logits.softmax(dim=1)
+        probs_d = hand_over(self.phases, probs, self.g, self.d)
+        with self.phases.phase("g_fwd_bwd", self.g.device):
+            loss = loss_seg
+            loss_adv = None
+            if self.adversarial_active(step):
+                loss_adv = gan_loss(discriminator_view(self.d, probs_d), LABELS.real, valid_d)
+                # G's scaler also scales this term when D runs in float16 (build.py): unscaled, its
+                # per-pixel gradient underflows to zero in D's float16 backward.
+                loss = loss_seg + self.lambda_adv * to_device(loss_adv, loss_seg.device)
+            self.g.opt.backward(loss)
+        optimizer_step(self.phases, self.g)
+        return probs_d.detach(), loss_seg.detach(), None if loss_adv is None else loss_adv.detach()
+
+    def update_discriminator(
+        self, probs_d: torch.Tensor, labels_d: torch.Tensor, valid_d: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns D's loss (fake and real summed) and its detached logits on the fake maps."""
+        with self.phases.phase("d_fwd_bwd", self.d.device):
+            real = one_hot_labels(labels_d, self.num_classes, valid_d)
+        loss_d, (fake_logits, _) = discriminator_backward(self.phases, self.d, [
+            DiscriminatorBatch(probs_d, LABELS.fake, valid_d), DiscriminatorBatch(real, LABELS.real, valid_d)])
+        optimizer_step(self.phases, self.d)
+        return loss_d, fake_logits
 
     def panel(self, images: torch.Tensor) -> Optional[PanelMaps]:
         return None

@@ -72,10 +72,6 @@ def aux_classifier(in_channels: int, num_classes: int) -> nn.Module:
     )
 
 
-def has_aux_head(model: nn.Module) -> bool:
-    return isinstance(model, AuxOutputMixin)
-
-
 def generator_class(arch: str) -> type[nn.Module]:
     try:
         return GENERATORS[arch]

@@ -1,0 +1,156 @@
+"""What every adversarial method does, whatever its paper: the batch onto the networks' devices,
+G's forward under its autocast, D's frozen view of G's maps for G's loss, D's update on fake
+against real maps, the optimizer steps and the GAN losses, with one label convention.
+
+Networks may live on different devices: a method moves G's maps to D's device in the forward and
+the adversarial gradient returns to G's device through autograd. Nothing here reads a tensor on
+the host: losses come back as detached tensors, read at log time. Each piece marks its phase of
+the iteration (segadv/monitor/profile.py).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from segadv.engine.losses import masked_bce_with_logits
+from segadv.engine.network import Network
+from segadv.monitor.profile import PhaseTimer, transfer_device
+from segadv.parallel.placement import to_device
+
+
+@dataclass(frozen=True)
+class Labels:
+    """D's targets. One convention in every method: ``real`` is what G's output is pushed towards
+    (ground truth maps, the source domain), ``fake`` is G's output (its predictions, the target
+    domain). The values are each paper's reference implementation's."""
+
+    real: float
+    fake: float
+
+
+GROUND_TRUTH_REAL = Labels(real=1.0, fake=0.0)  # AdvSemiSeg (Hung et al.): ground truth 1, prediction 0
+SOURCE_REAL = Labels(real=0.0, fake=1.0)  # AdaptSegNet, ADVENT (Tsai et al., Vu et al.): source 0, target 1
+
+
+def gan_loss(
+    logits: torch.Tensor, label: float, valid: Optional[torch.Tensor] = None, kind: str = "bce"
+) -> torch.Tensor:
+    """D's (N,1,H,W) logits against a constant label: BCE with logits, averaged over the ``valid``
+    (N,H,W) pixels where given, else over every pixel; or least squares (``ls``: MSE of the raw
+    logits, every pixel)."""
+    if valid is not None:
+        if kind != "bce":
+            raise ValueError(f"a pixel mask needs the BCE GAN loss, not {kind!r}")
+        return masked_bce_with_logits(logits, label, valid)
+    logits = logits.float()
+    target = torch.full_like(logits, label)
+    if kind == "ls":
+        return F.mse_loss(logits, target)
+    return F.binary_cross_entropy_with_logits(logits, target)
+
+
+# ---------------------------------------------------------------------------- moving tensors
+
+
+def copy_in(phases: PhaseTimer, device: torch.device, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The loader's tensors onto a network's device (host-to-device copies run on the target's stream)."""
+    with phases.phase("input_copy", transfer_device(tensors[0].device, device)):
+        return [to_device(t, device) for t in tensors]
+
+
+def labeled_batch(
+    phases: PhaseTimer, g: Network, d: Network, images: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A labeled batch onto G's device and its labels onto D's too: ``(images, labels on G's device,
+    labels on D's)``, one copy per distinct device."""
+    images, labels_g = copy_in(phases, g.device, images, labels)
+    labels_d = labels_g if d.device == g.device else copy_in(phases, d.device, labels)[0]
+    return images, labels_g, labels_d
+
+
+def hand_over(phases: PhaseTimer, maps: torch.Tensor, source: Network, target: Network) -> torch.Tensor:
+    """G's maps onto D's device, in the forward (autograd brings the gradient back)."""
+    with phases.phase("transfer", transfer_device(source.device, target.device)):
+        return to_device(maps, target.device)
+
+
+# ---------------------------------------------------------------------------- forwards
+
+
+def generator_logits(
+    g: Network, images: torch.Tensor, *, return_aux: bool = False, module: Optional[nn.Module] = None
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """G's forward under its own autocast; float32 logits (losses and softmax in full precision),
+    a (main, aux) tuple with ``return_aux``. ``module``: G as evaluated (default: as trained)."""
+    module = g.module if module is None else module
+    with g.opt.autocast():
+        out = module(images, return_aux=True) if return_aux else module(images)
+    return tuple(o.float() for o in out) if return_aux else out.float()
+
+
+@contextmanager
+def frozen(module: nn.Module) -> Iterator[None]:
+    """Stop gradients reaching ``module``'s parameters (they still flow through to its input)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
+def discriminator_view(d: Network, maps: torch.Tensor) -> torch.Tensor:
+    """D's logits on G's maps for G's loss: D frozen, so the gradient reaches only G.
+
+    Through the bare module: a frozen D must not take part in D's wrapper's gradient sync.
+    """
+    with frozen(d.bare), d.opt.autocast():
+        return d.bare(maps)
+
+
+# ---------------------------------------------------------------------------- updates
+
+
+@dataclass
+class DiscriminatorBatch:
+    """Maps D learns to tell apart: G's (detached) maps labelled fake, or real maps labelled real."""
+
+    maps: torch.Tensor  # (N,C,H,W) on D's device
+    label: float  # a Labels value
+    valid: Optional[torch.Tensor] = None  # (N,H,W) pixels its loss averages over; None: every pixel
+
+
+def discriminator_backward(
+    phases: PhaseTimer, d: Network, batches: Sequence[DiscriminatorBatch], *, weight: float = 1.0, kind: str = "bce"
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """D's forward over ``batches`` together, ``weight`` times the sum of their GAN losses, backward.
+    Returns the detached loss and D's detached logits per batch.
+
+    One forward over fake and real together: DDP expects one forward per backward, and D has no
+    batch statistics, so this equals separate forwards.
+    """
+    with phases.phase("d_fwd_bwd", d.device):
+        maps = [b.maps.detach() for b in batches]
+        with d.opt.autocast():
+            logits = d.module(maps[0] if len(maps) == 1 else torch.cat(maps)).split([len(m) for m in maps])
+        losses = [gan_loss(out, b.label, b.valid, kind) for out, b in zip(logits, batches)]
+        loss = losses[0]
+        for term in losses[1:]:
+            loss = loss + term
+        loss = weight * loss
+        d.opt.backward(loss)
+    return loss.detach(), [out.detach() for out in logits]
+
+
+def optimizer_step(phases: PhaseTimer, net: Network) -> None:
+    """The network's optimizer step (skipped on inf/nan gradients), scale update, LR step."""
+    with phases.phase("optimizer", net.device):
+        net.opt.step()
