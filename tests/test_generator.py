@@ -58,7 +58,7 @@ def test_local_encoder_weights_load_where_the_run_is_assembled(tiny_cfg, tmp_pat
     encoder = smp.DeepLabV3Plus(encoder_name="mobilenet_v2", encoder_weights=None).encoder
     torch.save(encoder.state_dict(), tmp_path / "encoder.pth")
     tiny_cfg.model.generator.encoder_weights = str(tmp_path / "encoder.pth")
-    generator = unwrap(build_training(tiny_cfg, parse_device_map("g:cpu,d:cpu")).generator)
+    generator = unwrap(build_training(tiny_cfg, parse_device_map("g:cpu,d:cpu")).g.module)
     full = encoder.state_dict()
     own = generator.encoder.state_dict()
     assert 0 < len(own) < len(full)
