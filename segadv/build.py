@@ -67,10 +67,11 @@ class Training:
 def build_amp_optimizer(
     model: nn.Module, optim: OptimizerConfig, amp: NetworkAmpConfig, device: torch.device, max_steps: int,
     lr_multiplier: float = 1.0, loss_scaling: bool | None = None, name: str = "network",
+    skip_nonfinite: bool = False,
 ) -> AmpOptimizer:
     optimizer = build_optimizer(model, optim.model_copy(update={"lr": optim.lr * lr_multiplier}))
     scheduler = build_poly_scheduler(optimizer, max_steps, optim.poly_power)
-    return AmpOptimizer(optimizer, scheduler, device, amp, loss_scaling, name)
+    return AmpOptimizer(optimizer, scheduler, device, amp, loss_scaling, name, skip_nonfinite)
 
 
 def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) -> Training:
@@ -113,6 +114,7 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
                                      broadcast_buffers=False)
 
     max_steps = cfg.train.max_steps
+    skip = cfg.train.on_nonfinite == "skip_step"
     lr_multiplier = float(env.world_size) if cfg.train.lr_scaling == "linear" else 1.0
     # G's loss passes through D's backward when the adversarial term is on: scale it if D's is fp16.
     g_loss_scaling = uses_float16(cfg.amp.generator) or (
@@ -120,14 +122,16 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
         and (uses_float16(cfg.amp.discriminator) or (aux_discriminator is not None and uses_float16(amp_d_aux)))
     )
     opt_g = build_amp_optimizer(generator, cfg.optim.generator, cfg.amp.generator, device_map.generator,
-                                max_steps, lr_multiplier, loss_scaling=g_loss_scaling, name="generator")
+                                max_steps, lr_multiplier, loss_scaling=g_loss_scaling, name="generator",
+                                skip_nonfinite=skip)
     opt_d = build_amp_optimizer(discriminator, cfg.optim.discriminator, cfg.amp.discriminator,
-                                device_map.discriminator, max_steps, lr_multiplier, name="discriminator")
+                                device_map.discriminator, max_steps, lr_multiplier, name="discriminator",
+                                skip_nonfinite=skip)
     opt_d_aux = None
     if aux_discriminator is not None:
         opt_d_aux = build_amp_optimizer(aux_discriminator, cfg.optim.discriminator_aux or cfg.optim.discriminator,
                                         amp_d_aux, device_map.aux_discriminator, max_steps, lr_multiplier,
-                                        name="discriminator_aux")
+                                        name="discriminator_aux", skip_nonfinite=skip)
     step = AdversarialStep(
         wrapped_g,
         wrapped_d,

@@ -24,7 +24,9 @@ from segadv.config import Config, config_to_dict, dump_config, load_config
 from segadv.data import build_stream_loaders, build_val_loader, palette
 from segadv.data.streams import Stream, Streams
 from segadv.engine.evaluate import evaluate
-from segadv.errors import UserError, cli_entry
+from segadv.engine.nonfinite import NonFiniteGuard
+from segadv.errors import UserError, WriteFailed, cli_entry
+from segadv.fsutil import unwritable
 from segadv.methods import stream_batch_sizes
 from segadv.monitor.images import confidence_panel, segmentation_panel
 from segadv.monitor.meters import LossAverager, StepTimer
@@ -65,9 +67,13 @@ def train(
     resume: str | None = None,
     trusted: bool = False,
     stop_at: int | None = None,
+    force: bool = False,
 ) -> TrainResult:
     """Train to ``train.max_steps``. ``resume``: "auto" or a checkpoint path. ``stop_at``: stop
-    (and checkpoint) after that step as a preempted run would, for tests and schedulers."""
+    (and checkpoint) after that step as a preempted run would, for tests and schedulers.
+    ``force``: start even if the run dir looks too small for the checkpoints the run keeps.
+    Raises Diverged (a non-finite loss or weight) and WriteFailed (a file could not be written),
+    each with one message naming the last complete checkpoint (docs/failures.md)."""
     env, device_map = start_processes(cfg)
     run_dir = prepare_run_dir(cfg, config_name)
     log.info("run dir: %s; device map: %s", run_dir, device_map)
@@ -78,10 +84,13 @@ def train(
     checkpoints = CheckpointManager(run_dir, run_state(parts, data.streams), every=cfg.checkpoint.every,
                                     keep_last=cfg.checkpoint.keep_last, config=config_to_dict(cfg), env=env)
     step = checkpoints.start(resume, trusted)
-    writer = open_writer(cfg, run_dir, env, resume_step=step if resume else None)
     max_steps = cfg.train.max_steps
+    checkpoints.check_room(max_steps, force)
+    writer = open_writer(cfg, run_dir, env, resume_step=step if resume else None)
     progress = Progress(max_steps, start=step, bar=cfg.log.progress_bar if env.is_main else False)
     losses, timer, profile = LossAverager(), StepTimer(), RunProfile(parts.phases)
+    guard = NonFiniteGuard(cfg.train.on_nonfinite, [opt for _, _, opt, _ in parts.networks()], checkpoints,
+                           device_map.generator)
     val_metrics: dict[str, object] = {}
     stopped_by: str | None = None
     with StopRequests() as stop:
@@ -96,16 +105,20 @@ def train(
                 interrupted = stopped_by is not None and not final
                 if log_now or interrupted:
                     with profile.host_phase("logging"):
-                        log_training(writer, progress, parts, step, losses.pop_means(), timer.pop())
+                        means = log_training(writer, progress, parts, step, losses.pop_means(),
+                                             {**timer.pop(), **guard.skipped()})
                         parts.phases.resolve()  # the losses' read synced the devices
+                    guard.check(step, means)
                 evaluating = step % cfg.train.eval_every == 0 or final
+                saving = checkpoints.due(step, final or interrupted)
+                if evaluating or saving:
+                    guard.check_unlogged(step, losses)  # nothing non-finite is evaluated or saved
                 if evaluating:
                     with profile.host_phase("evaluation"):
                         val_metrics = evaluate_all(cfg, parts, data, writer, progress, step, profile.elapsed())
                     with profile.host_phase("checkpoint"):
                         checkpoints.keep_if_best(step, val_metrics["mIoU"])
                     writer.scalars(step, {"val/best_mIoU": checkpoints.best["mIoU"]})
-                saving = checkpoints.due(step, final or interrupted)
                 if saving:
                     with profile.host_phase("checkpoint"):
                         checkpoints.save(step)
@@ -115,6 +128,9 @@ def train(
                     timer.reset()  # keep evaluation and saving out of the step time
             if env.is_main:
                 log_time_profile(writer, profile, device_map.devices, step)
+        except WriteFailed as err:  # metrics or TensorBoard: say where the run can go on from
+            err.after = err.after or checkpoints.resume_note()
+            raise
         finally:
             progress.close()
             writer.close()
@@ -233,7 +249,8 @@ def initialise_weights(cfg: Config, parts: Training, trusted: bool) -> None:
 def log_training(
     writer: MetricWriter, progress: Progress, parts: Training, step: int,
     losses: dict[str, float], perf: dict[str, float],
-) -> None:
+) -> dict[str, float]:
+    """Logs the losses (averaged over ranks) and the optimizers' state; returns those losses."""
     losses = distributed.mean_over_ranks(losses, parts.device_map.generator)
     scalars = {f"train/{name}": value for name, value in losses.items()}
     scalars.update({
@@ -247,6 +264,7 @@ def log_training(
         scalars.update({"train/lr_d_aux": parts.opt_d_aux.lr, "amp/scale_d_aux": parts.opt_d_aux.loss_scale()})
     writer.scalars(step, scalars)
     progress.update(step, losses)
+    return losses
 
 
 def evaluate_all(cfg: Config, parts: Training, data: RunData, writer: MetricWriter, progress: Progress, step: int,
@@ -320,10 +338,9 @@ def prepare_run_dir(cfg: Config, config_name: str) -> Path:
         run_dir = Path("runs") / f"{config_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"run dir {run_dir} exists and is not a directory")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"cannot create run dir {run_dir}: {err.strerror}") from None
+    cause = unwritable(run_dir)
+    if cause is not None:
+        raise UserError(f"cannot write to run dir {run_dir}: {cause}")
     return run_dir
 
 
@@ -340,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="continue from the newest complete checkpoint in the run dir (auto) or from PATH")
     parser.add_argument("--trust-checkpoint", action="store_true",
                         help="allow checkpoints that need arbitrary pickled code (off: weights only)")
+    parser.add_argument("--force", action="store_true",
+                        help="start even if the run dir looks too small for the checkpoints the run keeps")
     parser.add_argument("--nproc-per-node", type=int, metavar="N",
                         help="launch N processes on this node through torchrun (DDP)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
@@ -374,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.run_dir = args.run_dir
     name = Path(args.config).stem if args.config else "default"
     try:
-        train(cfg, config_name=name, resume=args.resume, trusted=args.trust_checkpoint)
+        train(cfg, config_name=name, resume=args.resume, trusted=args.trust_checkpoint, force=args.force)
     finally:
         distributed.destroy_process_group()
     return 0

@@ -5,8 +5,11 @@ Layout under ``RUN/checkpoints/``: ``last.pt`` (always the newest), ``step_<N>.p
 ``checkpoint.every`` steps (the newest ``keep_last`` kept), ``best.pt`` + ``best.json`` (the best
 evaluation), ``abandoned/`` (checkpoints of a future a rewind abandoned). Every file is written
 atomically, so a crash at any moment leaves the previous complete checkpoint in place; retention
-deletes only after the new file is complete. Under DDP every rank calls :meth:`start`,
-:meth:`save` and :meth:`keep_if_best` (the RNGs are gathered from every rank); rank 0 writes.
+deletes only after the new file is complete. A state with a NaN or an infinity is never written
+(:class:`Diverged`), so every checkpoint here is finite and retention never removes the newest
+finite one; a failed write is a :class:`WriteFailed` naming the last complete checkpoint. Under
+DDP every rank calls :meth:`start`, :meth:`check_room`, :meth:`save` and :meth:`keep_if_best` (the
+RNGs are gathered from every rank) and every rank raises together; rank 0 writes.
 """
 
 from __future__ import annotations
@@ -15,14 +18,15 @@ import json
 import logging
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
 from segadv.checkpoint.io import read_checkpoint, save_checkpoint
-from segadv.checkpoint.state import Attribute, Stateful, restore, snapshot
-from segadv.errors import UserError
-from segadv.fsutil import atomic_write_text
+from segadv.checkpoint.state import Attribute, Stateful, expected_bytes, nonfinite_entries, restore, snapshot
+from segadv.errors import Diverged, UserError, WriteFailed
+from segadv.fsutil import atomic_write_text, unwritable
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
 
@@ -31,6 +35,7 @@ log = logging.getLogger(__name__)
 ABANDONED_DIR = "abandoned"
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 BEST_RECORD = "best.json"
+MIB = 2**20
 
 
 class CheckpointManager:
@@ -55,6 +60,7 @@ class CheckpointManager:
         self.env = env
         self.step = 0
         self.best: dict[str, Any] | None = None
+        self.last_complete: tuple[Path, int] | None = None  # the newest complete checkpoint, its step
         self.states = {"step": Attribute(self, "step"), **(states or {}), "best": Attribute(self, "best")}
 
     @property
@@ -100,8 +106,52 @@ class CheckpointManager:
         else:
             path, ckpt = Path(resume), read_checkpoint(resume, trusted=trusted)
         restore(ckpt, self.states)
+        self.last_complete = (path, self.step)
         log.info("resumed from %s at step %d", path, self.step)
         return path
+
+    def check_room(self, max_steps: int, force: bool = False) -> None:
+        """Before the first step: the run dir must be writable and have room for the checkpoints
+        the run keeps (its size estimated from the states, times what retention keeps, plus one
+        temp file). Too little room is a UserError, or a warning with ``force``."""
+        size = expected_bytes(self.states)
+        problem = None
+        if self.env.is_main:
+            cause = unwritable(self.directory)
+            problem = None if cause is None else f"cannot write checkpoints to {self.directory}: {cause}"
+            if problem is None:
+                problem = self._too_small(size, max_steps)
+                if problem is not None and force:
+                    log.warning("%s; going on (--force)", problem)
+                    problem = None
+        if distributed.any_rank(problem is not None):
+            raise UserError(problem or "rank 0 refused the run dir (its message says why)")
+
+    def _too_small(self, size: int, max_steps: int) -> str | None:
+        """``size``: one checkpoint's expected bytes. Kept: ``keep_last`` step files (all of them
+        without it), last.pt, best.pt, and a temp file while one is written; the checkpoint files
+        here already count as room (they are kept or replaced)."""
+        step_files = self.keep_last if self.keep_last is not None else (
+            len(self.step_files()) + max_steps // self.every - self.step // self.every)
+        files = step_files + 3
+        present = sum(p.stat().st_size for p in self.directory.glob("*.pt"))
+        free = shutil.disk_usage(self.directory).free
+        if free + present >= files * size:
+            return None
+        kept = (f"kept by checkpoint.keep_last={self.keep_last}" if self.keep_last is not None
+                else "all kept: checkpoint.keep_last is not set")
+        return (f"not enough room for this run's checkpoints in {self.directory}: {files} files of about "
+                f"{size / MIB:.1f} MiB ({step_files} step_<N>.pt {kept}, last.pt, best.pt, one temp file) "
+                f"need {files * size / MIB:.1f} MiB, "
+                f"and {free / MIB:.1f} MiB are free (+{present / MIB:.1f} MiB in checkpoints already there): "
+                "free space, set checkpoint.keep_last, or pass --force to start anyway")
+
+    def resume_note(self) -> str:
+        """Where a stopped run can go on from, for its error message."""
+        if self.last_complete is None:
+            return "no checkpoint was written before it"
+        path, step = self.last_complete
+        return f"the last complete checkpoint is {path} (step {step}; resume: --resume auto)"
 
     def newest_loadable(self, trusted: bool = False) -> tuple[Path, dict[str, Any]] | None:
         """The newest checkpoint that loads: last.pt, or a newer step file (a run dir written by
@@ -163,21 +213,25 @@ class CheckpointManager:
         """``last.pt``, and ``step_<N>.pt`` on a multiple of ``every``, then retention. Returns
         the newest file written (None on ranks other than 0)."""
         self.step = step
-        state = self.state_dict()
-        written = None
+        state = self.finite_state(step)
+        # last.pt first: a kill between the two writes then leaves last.pt the newest complete
+        # checkpoint (and only the step file missing), never a step file ahead of last.pt.
+        paths = [self.last_path]
+        if step % self.every == 0:
+            paths.append(self.directory / f"step_{step}.pt")
+        failure = None
         if self.env.is_main:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            # last.pt first: a kill between the two writes then leaves last.pt the newest complete
-            # checkpoint (and only the step file missing), never a step file ahead of last.pt.
-            paths = [self.last_path]
-            if step % self.every == 0:
-                paths.append(self.directory / f"step_{step}.pt")
-            save_checkpoint(state, *paths)
-            log.info("checkpoint saved at step %d: %s", step, ", ".join(p.name for p in paths))
-            self._apply_retention(keep=paths[-1])
-            written = paths[-1]
-        distributed.barrier()  # nobody races ahead of (or exits before) the write
-        return written
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                save_checkpoint(state, *paths)
+            except OSError as err:
+                failure = err if isinstance(err, WriteFailed) else WriteFailed(self.directory, err)
+            else:
+                log.info("checkpoint saved at step %d: %s", step, ", ".join(p.name for p in paths))
+                self._apply_retention(keep=paths[-1])
+        self._agree_written(failure)  # nobody races ahead of (or exits before) the write
+        self.last_complete = (self.last_path, step)
+        return paths[-1] if self.env.is_main else None
 
     def keep_if_best(self, step: int, miou: float) -> bool:
         """An evaluation's val mIoU: when it beats the best so far (the same metrics on every rank,
@@ -187,14 +241,37 @@ class CheckpointManager:
         if self.best is not None and miou <= self.best["mIoU"]:
             return False
         self.step, self.best = step, {"mIoU": float(miou), "step": step}
-        state = self.state_dict()
+        state = self.finite_state(step)
+        failure = None
         if self.env.is_main:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            save_checkpoint(state, self.best_path)
-            atomic_write_text(self.directory / BEST_RECORD, json.dumps({"step": step, **self.best}) + "\n")
-            log.info("best val mIoU so far (%.4f at step %d): %s", miou, step, self.best_path.name)
-        distributed.barrier()
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                save_checkpoint(state, self.best_path)
+                atomic_write_text(self.directory / BEST_RECORD, json.dumps({"step": step, **self.best}) + "\n")
+            except OSError as err:
+                failure = err if isinstance(err, WriteFailed) else WriteFailed(self.directory, err)
+            else:
+                log.info("best val mIoU so far (%.4f at step %d): %s", miou, step, self.best_path.name)
+        self._agree_written(failure)
         return True
+
+    def finite_state(self, step: int, cause: str = "") -> dict[str, Any]:
+        """The state to save, refused (:class:`Diverged` on every rank) if any rank's holds a NaN
+        or an infinity. ``cause``: what led here, for the message."""
+        state = self.state_dict()
+        bad = nonfinite_entries(state)
+        if distributed.any_rank(bool(bad)):
+            raise Diverged(f"training diverged: {cause}non-finite values in {', '.join(bad) or 'another rank'} at "
+                           f"step {step}, so no checkpoint of it was written; {self.resume_note()}")
+        return state
+
+    def _agree_written(self, failure: WriteFailed | None) -> None:
+        """Every rank waits for rank 0's write and learns whether it failed."""
+        if distributed.any_rank(failure is not None):
+            if failure is None:
+                failure = WriteFailed(self.directory, OSError("rank 0's write failed (its message says why)"))
+            failure.after = self.resume_note()
+            raise failure
 
     # ------------------------------------------------------------------ the files
 

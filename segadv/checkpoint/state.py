@@ -7,8 +7,10 @@ and :func:`restore` loads a file's dict back into it, every piece strictly.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from collections import defaultdict
+from typing import Any, Iterator, Mapping, Protocol
 
+import torch
 from torch import nn
 
 from segadv import __version__
@@ -65,6 +67,43 @@ def snapshot(states: Mapping[str, Stateful], config: dict[str, Any]) -> dict[str
         "config": config,
         **{key: state.state_dict() for key, state in states.items()},
     }
+
+
+def tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in a (nested) state."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from tensors_in(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from tensors_in(item)
+
+
+def nonfinite_entries(ckpt: Mapping[str, Any]) -> list[str]:
+    """The keys of a checkpoint dict whose floating-point tensors hold a NaN or an infinity (one
+    host read per entry and device: for save time, never the step)."""
+    bad = []
+    for key, value in ckpt.items():
+        by_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
+        for tensor in tensors_in(value):
+            if tensor.is_floating_point():
+                by_device[tensor.device].append(torch.isfinite(tensor).all())
+        if not all(bool(torch.stack(flags).all()) for flags in by_device.values()):
+            bad.append(key)
+    return bad
+
+
+def expected_bytes(states: Mapping[str, Stateful]) -> int:
+    """The size of a checkpoint of ``states`` once training has stepped: the tensors it holds now,
+    plus the optimizer state that appears at the first step (``state_bytes()``, where a state
+    has one) when it does not exist yet."""
+    total = 0
+    for state in states.values():
+        held = sum(t.numel() * t.element_size() for t in tensors_in(state.state_dict()))
+        total += max(held, getattr(state, "state_bytes", lambda: 0)())
+    return total
 
 
 def is_segadv_checkpoint(obj: dict[str, Any]) -> bool:
