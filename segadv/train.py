@@ -89,8 +89,7 @@ def train(
     writer = open_writer(cfg, run_dir, env, resume_step=step if resume else None)
     progress = Progress(max_steps, start=step, bar=cfg.log.progress_bar if env.is_main else False)
     losses, timer, profile = LossAverager(), StepTimer(), RunProfile(parts.phases)
-    guard = NonFiniteGuard(cfg.train.on_nonfinite, [opt for _, _, opt, _ in parts.networks()], checkpoints,
-                           device_map.generator)
+    guard = NonFiniteGuard(cfg.train.on_nonfinite, checkpoints, device_map.generator)
     val_metrics: dict[str, object] = {}
     stopped_by: str | None = None
     with StopRequests() as stop:

@@ -26,14 +26,13 @@ log = logging.getLogger(__name__)
 
 
 class NonFiniteGuard:
-    def __init__(self, policy: str, optimizers: list[AmpOptimizer], checkpoints: CheckpointManager,
-                 device: torch.device) -> None:
+    def __init__(self, policy: str, checkpoints: CheckpointManager, device: torch.device) -> None:
         self.policy = policy
-        self.optimizers = optimizers
+        self.optimizers = [state for state in checkpoints.states.values() if isinstance(state, AmpOptimizer)]
         self.checkpoints = checkpoints
         self.device = device  # where the ranks' losses are averaged (the generator's)
         self.checked_through = checkpoints.step  # losses of the steps up to here are checked
-        self.skips_reported = {opt.name: 0 for opt in optimizers}
+        self.skips_reported = {opt.name: 0 for opt in self.optimizers}
 
     def check(self, step: int, losses: dict[str, float]) -> None:
         """``losses``: each loss's mean over the steps since the last check, averaged over ranks
