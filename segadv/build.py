@@ -80,10 +80,11 @@ def role_devices(device_map: DeviceMap, role: str) -> tuple[torch.device, ...]:
 def build_amp_optimizer(
     model: nn.Module, optim: OptimizerConfig, amp: NetworkAmpConfig, device: torch.device, max_steps: int,
     lr_multiplier: float = 1.0, loss_scaling: bool | None = None, name: str = "network",
+    skip_nonfinite: bool = False,
 ) -> AmpOptimizer:
     optimizer = build_optimizer(model, optim.model_copy(update={"lr": optim.lr * lr_multiplier}))
     scheduler = build_poly_scheduler(optimizer, max_steps, optim.poly_power)
-    return AmpOptimizer(optimizer, scheduler, device, amp, loss_scaling, name)
+    return AmpOptimizer(optimizer, scheduler, device, amp, loss_scaling, name, skip_nonfinite)
 
 
 def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) -> Training:
@@ -114,6 +115,7 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
         models["generator"] = nn.SyncBatchNorm.convert_sync_batchnorm(models["generator"])
 
     max_steps = cfg.train.max_steps
+    skip = cfg.train.on_nonfinite == "skip_step"
     lr_multiplier = float(env.world_size) if cfg.train.lr_scaling == "linear" else 1.0
     # G's loss passes through a D's backward when an adversarial term is on: scale it if that D is fp16.
     g_loss_scaling = uses_float16(settings["generator"].amp) or (
@@ -126,7 +128,8 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
         # could save) the same model; a D has no buffers, so there is nothing to broadcast.
         wrapped = wrap_network(model, modes[role], devices[role], own.amp, broadcast_buffers=role == "generator")
         opt = build_amp_optimizer(model, own.optim, own.amp, devices[role][0], max_steps, lr_multiplier,
-                                  loss_scaling=g_loss_scaling if role == "generator" else None, name=role)
+                                  loss_scaling=g_loss_scaling if role == "generator" else None, name=role,
+                                  skip_nonfinite=skip)
         networks[role] = Network(role, wrapped, opt, devices[role])
     g, d, d_aux = networks["generator"], networks["discriminator"], networks.get("discriminator_aux")
     phases = PhaseTimer(precise=cfg.train.profile)

@@ -1,15 +1,19 @@
 """User errors and the exit-code contract shared by every command-line entry point.
 
-Exit codes: 0 done, 1 unexpected failure (with traceback), 2 user error (a short message naming
-the thing at fault, no traceback).
+Exit codes (docs/failures.md): 0 done, 1 unexpected failure (with traceback), 2 user error (a short
+message naming the thing at fault, no traceback), 3 training diverged (a non-finite loss or weight),
+4 a file could not be written (disk full, permissions, read-only or failing file system). 3 and 4
+print one message naming the last complete checkpoint, no traceback.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import re
 import sys
+from pathlib import Path
 from typing import Callable, Optional
 
 log = logging.getLogger("segadv")
@@ -17,10 +21,41 @@ log = logging.getLogger("segadv")
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USER_ERROR = 2
+EXIT_DIVERGED = 3
+EXIT_WRITE_FAILED = 4
 
 
 class UserError(Exception):
     """Something the user can fix: a bad config key, device map, path, data file or checkpoint."""
+
+
+class RunStopped(Exception):
+    """A run that cannot go on and has stopped cleanly: one message, its own exit code."""
+
+    exit_code = EXIT_FAILURE
+
+
+class Diverged(RunStopped):
+    """A non-finite loss or weight (train.on_nonfinite: stop)."""
+
+    exit_code = EXIT_DIVERGED
+
+
+class WriteFailed(RunStopped, OSError):
+    """An OSError writing a file (ENOSPC, EACCES, EROFS, EIO, ...), naming the file meant (not its
+    temp file); still an OSError for callers that catch those. ``after``: what the reader needs
+    next (the last complete checkpoint), added by whoever knows it."""
+
+    exit_code = EXIT_WRITE_FAILED
+
+    def __init__(self, path: Path | str, err: OSError, after: str = "") -> None:
+        super().__init__(err.errno, err.strerror or str(err), str(path))
+        self.path, self.err, self.after = Path(path), err, after
+
+    def __str__(self) -> str:
+        code = errno.errorcode.get(self.err.errno, "") if self.err.errno else ""
+        cause = f"{self.err.strerror or self.err}" + (f" ({code})" if code else "")
+        return f"cannot write {self.path}: {cause}" + (f"; {self.after}" if self.after else "")
 
 
 def cli_entry(main: Callable[[list[str] | None], int | None]) -> Callable[[list[str] | None], int]:
@@ -33,6 +68,9 @@ def cli_entry(main: Callable[[list[str] | None], int | None]) -> Callable[[list[
         except UserError as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_USER_ERROR
+        except RunStopped as err:
+            print(f"error: {err}", file=sys.stderr)
+            return err.exit_code
         except RuntimeError as err:
             message = input_shape_message(err)
             if message is None:

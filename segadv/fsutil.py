@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Iterator, Union
 
+from segadv.errors import WriteFailed
+
 PathLike = Union[str, "os.PathLike[str]"]
 
 
@@ -42,7 +44,9 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically; the parent directory must already exist.
 
     Writes a temp file in the same directory, fsyncs it, renames it over ``path`` and fsyncs the
-    directory. On any exception the temp file is removed and the old ``path`` is left untouched.
+    directory. On any exception the temp file is removed and the old ``path`` is left untouched;
+    an OSError (a full disk, no permission, a read-only or failing file system) comes out as
+    :class:`segadv.errors.WriteFailed` naming ``path``.
     """
     target = Path(path)
     tmp = _temp_path(target)
@@ -52,8 +56,11 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and not isinstance(err, WriteFailed):
+            raise WriteFailed(target, err) from None
         raise
     _fsync_dir(target.parent)
 
@@ -64,6 +71,18 @@ def file_sha256(path: PathLike, chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def unwritable(directory: Path) -> str | None:
+    """Why files cannot be written in ``directory`` (created if missing), or None: it is tried."""
+    probe = directory / f".write-probe-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
 
 
 def atomic_write_text(path: PathLike, text: str, encoding: str = "utf-8") -> None:

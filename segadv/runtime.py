@@ -1,4 +1,4 @@
-"""Process-wide set-up: logging and seeding."""
+"""Process-wide set-up: logging, seeding, and the RNGs as a checkpointable state."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from segadv.parallel import distributed
+from segadv.parallel.distributed import DistEnv
+
 log = logging.getLogger(__name__)
+
 
 def setup_logging(level: int = logging.INFO, main_process: bool = True) -> None:
     """Only the main process (rank 0) tells the story; other ranks log warnings and errors."""
@@ -71,6 +75,28 @@ def restore_rng_state(state: dict) -> None:
     for device, cuda_state in state.get("cuda", {}).items():
         if torch.cuda.is_available() and torch.device(device).index < torch.cuda.device_count():
             torch.cuda.set_rng_state(cuda_state, torch.device(device))
+
+
+class RankRNGs:
+    """Every rank's RNGs as one Stateful: ``state_dict()`` gathers each rank's state (a list by
+    rank under DDP, so call it on every rank), ``load_state_dict()`` restores this rank's."""
+
+    def __init__(self, devices: Iterable[torch.device], env: DistEnv) -> None:
+        self.devices = list(devices)
+        self.env = env
+
+    def state_dict(self) -> dict | list[dict]:
+        return distributed.gather_objects(capture_rng_state(self.devices))
+
+    def load_state_dict(self, state: dict | list[dict]) -> None:
+        if isinstance(state, list):  # one state per rank
+            if len(state) == self.env.world_size:
+                restore_rng_state(state[self.env.rank])
+            else:
+                log.warning("checkpoint has RNG states of %d ranks, this run has %d: RNGs not restored",
+                            len(state), self.env.world_size)
+        elif state:
+            restore_rng_state(state)
 
 
 def _as_tuples(value):

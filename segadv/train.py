@@ -19,23 +19,25 @@ from torch.nn.parallel import DistributedDataParallel
 
 from segadv.cli_args import add_config_arguments, parse_args
 from segadv.build import Training, build_training, log_placement
-from segadv.checkpoint import Checkpointer, load_weights, read_checkpoint, restore_training_state, training_state
+from segadv.checkpoint import CheckpointManager, NetworkWeights, Stateful, load_weights
 from segadv.config import Config, config_to_dict, dump_config, load_config
 from segadv.data import build_stream_loaders, build_val_loader, palette
 from segadv.data.streams import Stream, Streams
 from segadv.engine.evaluate import evaluate
-from segadv.errors import UserError, cli_entry
+from segadv.engine.nonfinite import NonFiniteGuard
+from segadv.errors import UserError, WriteFailed, cli_entry
+from segadv.fsutil import unwritable
 from segadv.methods import stream_batch_sizes
 from segadv.monitor.images import confidence_panel, segmentation_panel
 from segadv.monitor.meters import LossAverager, StepTimer
 from segadv.monitor.profile import RunProfile, format_profile, peak_memory_gib, profile_scalars
 from segadv.monitor.progress import Progress
 from segadv.monitor.writer import MetricWriter, NullWriter
-from segadv.parallel import activate, parse_device_map
-from segadv.parallel.placement import for_inference, unwrap
+from segadv.parallel import DeviceMap, activate, parse_device_map
+from segadv.parallel.placement import for_inference
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
-from segadv.runtime import capture_rng_state, restore_rng_state, seed_everything, setup_logging
+from segadv.runtime import RankRNGs, seed_everything, setup_logging
 from segadv.signals import StopRequests
 
 log = logging.getLogger("segadv.train")
@@ -50,6 +52,14 @@ class TrainResult:
     best: dict[str, float] | None = None  # the best evaluation: {"mIoU", "step"} (checkpoints/best.pt)
 
 
+@dataclass
+class RunData:
+    streams: Streams  # what the method draws from
+    val_loader: Iterable  # val/* (the target's under domain adaptation)
+    source_val_loader: Iterable | None  # val_source/* (train.eval_source), else None
+    panel_images: torch.Tensor | None  # the method's panel inputs, fixed for the run
+
+
 def train(
     cfg: Config,
     config_name: str = "default",
@@ -57,9 +67,79 @@ def train(
     resume: str | None = None,
     trusted: bool = False,
     stop_at: int | None = None,
+    force: bool = False,
 ) -> TrainResult:
     """Train to ``train.max_steps``. ``resume``: "auto" or a checkpoint path. ``stop_at``: stop
-    (and checkpoint) after that step as a preempted run would, for tests and schedulers."""
+    (and checkpoint) after that step as a preempted run would, for tests and schedulers.
+    ``force``: start even if the run dir looks too small for the checkpoints the run keeps.
+    Raises Diverged (a non-finite loss or weight) and WriteFailed (a file could not be written),
+    each with one message naming the last complete checkpoint (docs/failures.md)."""
+    env, device_map = start_processes(cfg)
+    run_dir = prepare_run_dir(cfg, config_name)
+    log.info("run dir: %s; device map: %s", run_dir, device_map)
+    parts = build_training(cfg, device_map, env)
+    data = build_data(cfg, parts, run_dir)
+    initialise_weights(cfg, parts, trusted)
+    log_placement(parts)
+    checkpoints = CheckpointManager(run_dir, run_state(parts, data.streams), every=cfg.checkpoint.every,
+                                    keep_last=cfg.checkpoint.keep_last, config=config_to_dict(cfg), env=env)
+    step = checkpoints.start(resume, trusted)
+    max_steps = cfg.train.max_steps
+    checkpoints.check_room(max_steps, force)
+    writer = open_writer(cfg, run_dir, env, resume_step=step if resume else None)
+    progress = Progress(max_steps, start=step, bar=cfg.log.progress_bar if env.is_main else False)
+    losses, timer, profile = LossAverager(), StepTimer(), RunProfile(parts.phases)
+    guard = NonFiniteGuard(cfg.train.on_nonfinite, checkpoints, device_map.generator)
+    val_metrics: dict[str, object] = {}
+    stopped_by: str | None = None
+    with StopRequests() as stop:
+        try:
+            while step < max_steps:
+                losses.update(parts.method(data.streams, step))
+                count_data_waits(data.streams, timer, profile)
+                step += 1
+                final = step == max_steps
+                log_now = step % cfg.train.log_every == 0 or final
+                stopped_by = stop_reason(stop, env, step, stop_at, log_now)
+                interrupted = stopped_by is not None and not final
+                if log_now or interrupted:
+                    with profile.host_phase("logging"):
+                        means = log_training(writer, progress, parts, step, losses.pop_means(),
+                                             {**timer.pop(), **guard.skipped()})
+                        parts.phases.resolve()  # the losses' read synced the devices
+                    guard.check(step, means)
+                evaluating = step % cfg.train.eval_every == 0 or final
+                saving = checkpoints.due(step, final or interrupted)
+                if evaluating or saving:
+                    guard.check_unlogged(step, losses)  # nothing non-finite is evaluated or saved
+                if evaluating:
+                    with profile.host_phase("evaluation"):
+                        val_metrics = evaluate_all(cfg, parts, data, writer, progress, step, profile.elapsed())
+                    with profile.host_phase("checkpoint"):
+                        checkpoints.keep_if_best(step, val_metrics["mIoU"])
+                    writer.scalars(step, {"val/best_mIoU": checkpoints.best["mIoU"]})
+                if saving:
+                    with profile.host_phase("checkpoint"):
+                        checkpoints.save(step)
+                if interrupted:
+                    break
+                if evaluating or saving:
+                    timer.reset()  # keep evaluation and saving out of the step time
+            if env.is_main:
+                log_time_profile(writer, profile, device_map.devices, step)
+        except WriteFailed as err:  # metrics or TensorBoard: say where the run can go on from
+            err.after = err.after or checkpoints.resume_note()
+            raise
+        finally:
+            progress.close()
+            writer.close()
+    if stopped_by and step < max_steps:
+        return stopped(run_dir, step, max_steps, stopped_by, val_metrics, checkpoints)
+    return finished(cfg, run_dir, step, val_metrics, checkpoints, writer)
+
+
+def start_processes(cfg: Config) -> tuple[DistEnv, DeviceMap]:
+    """This process's rank, its devices activated, the process group joined, the RNGs seeded."""
     env = distributed.env_from()
     device_map = parse_device_map(cfg.device_map, local_rank=env.local_rank)
     activate(device_map)
@@ -67,10 +147,11 @@ def train(
     # Per-rank seeds (dropout differs per rank); DDP broadcasts rank 0's initial weights, and the
     # data order comes from the shared train.seed, so the ranks still agree where they must.
     seed_everything(cfg.train.seed + env.rank, cfg.train.deterministic, device_map.devices)
-    run_dir = prepare_run_dir(cfg, config_name)
-    log.info("run dir: %s; device map: %s", run_dir, device_map)
+    return env, device_map
 
-    parts = build_training(cfg, device_map, env)
+
+def build_data(cfg: Config, parts: Training, run_dir: Path) -> RunData:
+    env, device_map = parts.env, parts.device_map
     loaders, val_loader = build_stream_loaders(
         cfg.data, parts.method.streams, seed=cfg.train.seed, pin_memory=device_map.generator.type == "cuda",
         run_dir=run_dir, rank=env.rank, world_size=env.world_size, batch_sizes=stream_batch_sizes(cfg),
@@ -84,105 +165,52 @@ def train(
         source_val_loader = build_val_loader(cfg.data, seed=cfg.train.seed, pin_memory=False)
     panel_images = first_images(streams[parts.method.panel_stream], cfg.log.num_images) \
         if parts.method.panel_stream and cfg.log.num_images else None
-    initialise_weights(cfg, parts, trusted)
-    log_placement(parts)
-    checkpointer = Checkpointer(run_dir, cfg.checkpoint.every, cfg.checkpoint.keep_last)
-    if env.is_main:
-        checkpointer.remove_stale_temp_files()
-    step, resumed_from, best = (0, None, None) if resume is None else resume_training(
-        resume, checkpointer, parts, streams, trusted)
-    if env.is_main:
-        checkpointer.archive_later_checkpoints(step, resumed_from)
-    if best is not None and not checkpointer.best_path.is_file():
-        log.warning("best.pt (val mIoU %.4f at step %d) is gone (abandoned or removed): the next evaluation "
-                    "writes a new one", best["mIoU"], best["step"])
-        best = None
-    distributed.barrier()  # everyone has read the checkpoint before rank 0 writes anything
-    if env.is_main:
-        dump_config(cfg, run_dir / "config.yaml")
-        writer = MetricWriter(run_dir, tensorboard=cfg.log.tensorboard, resume_step=step if resume else None)
-    else:
-        writer = NullWriter(run_dir)
-    config_dict = config_to_dict(cfg)
+    return RunData(streams, val_loader, source_val_loader, panel_images)
 
-    def save(at_step: int, as_best: bool = False) -> None:
-        aux = parts.d_aux
-        rng = distributed.gather_objects(capture_rng_state(device_map.devices))  # one per rank
-        if env.is_main:
-            state = training_state(
-                at_step, parts.g.module, parts.d.module, parts.g.opt, parts.d.opt, config_dict, rng=rng,
-                data_streams=streams.state_dict(), aux_discriminator=None if aux is None else aux.module,
-                opt_d_aux=None if aux is None else aux.opt, best=best,
-            )
-            if as_best:
-                checkpointer.save_best(at_step, state, best)
-            else:
-                checkpointer.save(at_step, state)
-        distributed.barrier()  # nobody races ahead of (or exits before) the write
 
-    max_steps = cfg.train.max_steps
-    progress = Progress(max_steps, start=step, bar=cfg.log.progress_bar if env.is_main else False)
-    losses, timer = LossAverager(), StepTimer()
-    profile = RunProfile(parts.phases)
-    val_metrics: dict[str, object] = {}
-    stopped_by: str | None = None
-    with StopRequests() as stop:
-        try:
-            while step < max_steps:
-                losses.update(parts.method(streams, step))
-                waits = streams.pop_wait()
-                timer.add_data_wait(waits)
-                for name, seconds in waits.items():
-                    profile.phases.add(f"data/{name}", seconds)
-                step += 1
-                final = step == max_steps
-                log_now = step % cfg.train.log_every == 0 or final
-                if step == stop_at:
-                    stopped_by = "stop_at"
-                elif stop_agreed(stop, env, log_now):
-                    stopped_by = stop.requested or "a signal on another rank"
-                interrupted = stopped_by is not None and not final
+def run_state(parts: Training, streams: Streams) -> dict[str, Stateful]:
+    """The run's stateful parts by checkpoint key: each network's weights and its optimizer (with
+    its GradScaler and LR schedule), the data streams' positions, every rank's RNGs."""
+    states: dict[str, Stateful] = {}
+    for net in parts.networks():
+        states[net.role] = NetworkWeights(net.role, net.module)
+        states[f"optim_{net.role}"] = net.opt
+    states["data_streams"] = streams
+    states["rng"] = RankRNGs(parts.device_map.devices, parts.env)
+    return states
 
-                if log_now or interrupted:
-                    with profile.host_phase("logging"):
-                        log_training(writer, progress, parts, step, losses.pop_means(), timer.pop())
-                        parts.phases.resolve()  # the losses' read synced the devices
-                if step % cfg.train.eval_every == 0 or final:
-                    with profile.host_phase("evaluation"):
-                        val_metrics = run_evaluation(cfg, parts, val_loader, writer, progress, step,
-                                                     train_seconds=profile.elapsed())
-                        if panel_images is not None:
-                            log_method_panel(cfg, parts, panel_images, writer, step)
-                        if source_val_loader is not None:
-                            evaluate_source(cfg, parts, source_val_loader, writer, progress, step)
-                    if best is None or val_metrics["mIoU"] > best["mIoU"]:
-                        # The same metrics on every rank (all-reduced), so every rank agrees.
-                        best = {"mIoU": float(val_metrics["mIoU"]), "step": step}
-                        with profile.host_phase("checkpoint"):
-                            save(step, as_best=True)
-                    writer.scalars(step, {"val/best_mIoU": best["mIoU"]})
-                if checkpointer.due(step, final) or interrupted:
-                    with profile.host_phase("checkpoint"):
-                        save(step)
-                if interrupted:
-                    break
-                if step % cfg.train.eval_every == 0 or checkpointer.due(step, final):
-                    timer.reset()  # keep evaluation and saving out of the step time
-            if env.is_main:
-                log_time_profile(writer, profile, device_map.devices, step)
-        finally:
-            progress.close()
-            writer.close()
-    if stopped_by and step < max_steps:
-        log.info("stopped (%s) at step %d/%d; checkpoint: %s", stopped_by, step, max_steps, checkpointer.last_path)
-        log.info("resume with: segadv-train --run-dir %s --resume auto", run_dir)
-        return TrainResult(run_dir, step, val_metrics, stopped_by, best)
+
+def open_writer(cfg: Config, run_dir: Path, env: DistEnv, resume_step: int | None) -> MetricWriter | NullWriter:
+    """Rank 0 saves the config and writes the metrics; the other ranks write nothing."""
+    if not env.is_main:
+        return NullWriter(run_dir)
+    dump_config(cfg, run_dir / "config.yaml")
+    return MetricWriter(run_dir, tensorboard=cfg.log.tensorboard, resume_step=resume_step)
+
+
+def count_data_waits(streams: Streams, timer: StepTimer, profile: RunProfile) -> None:
+    waits = streams.pop_wait()
+    timer.add_data_wait(waits)
+    for name, seconds in waits.items():
+        profile.phases.add(f"data/{name}", seconds)
+
+
+def stopped(run_dir: Path, step: int, max_steps: int, reason: str, val_metrics: dict[str, object],
+            checkpoints: CheckpointManager) -> TrainResult:
+    log.info("stopped (%s) at step %d/%d; checkpoint: %s", reason, step, max_steps, checkpoints.last_path)
+    log.info("resume with: segadv-train --run-dir %s --resume auto", run_dir)
+    return TrainResult(run_dir, step, val_metrics, reason, checkpoints.best)
+
+
+def finished(cfg: Config, run_dir: Path, step: int, val_metrics: dict[str, object],
+             checkpoints: CheckpointManager, writer: MetricWriter | NullWriter) -> TrainResult:
+    best = checkpoints.best
     log.info(
         "done: %d steps, final val mIoU %.4f, pixel accuracy %.4f; best val mIoU %.4f at step %d",
         step, val_metrics.get("mIoU", float("nan")), val_metrics.get("pixel_acc", float("nan")),
         best["mIoU"] if best else float("nan"), best["step"] if best else -1,
     )
-    log.info("checkpoints: %s (final), %s (best)", checkpointer.last_path, checkpointer.best_path)
+    log.info("checkpoints: %s (final), %s (best)", checkpoints.last_path, checkpoints.best_path)
     if cfg.log.tensorboard:
         log.info("TensorBoard logs: %s  (view: tensorboard --logdir %s)", writer.tensorboard_dir, writer.tensorboard_dir)
     return TrainResult(run_dir, step, val_metrics, best=best)
@@ -197,12 +225,16 @@ def log_time_profile(writer: MetricWriter, profile: RunProfile, devices: list[to
     writer.scalars(step, profile_scalars(wall, seconds, peaks))
 
 
-def stop_agreed(stop: StopRequests, env: DistEnv, log_now: bool) -> bool:
-    """Whether to stop now. A signal may reach one rank only, so under DDP the ranks agree at log
-    time (a sync there anyway) rather than every step."""
+def stop_reason(stop: StopRequests, env: DistEnv, step: int, stop_at: int | None, log_now: bool) -> str | None:
+    """Why the run stops after ``step``, or None. A signal may reach one rank only, so under DDP
+    the ranks agree at log time (a sync there anyway) rather than every step."""
+    if step == stop_at:
+        return "stop_at"
     if not env.distributed:
-        return stop.requested is not None
-    return log_now and distributed.any_rank(stop.requested is not None)
+        return stop.requested
+    if log_now and distributed.any_rank(stop.requested is not None):
+        return stop.requested or "a signal on another rank"
+    return None
 
 
 def initialise_weights(cfg: Config, parts: Training, trusted: bool) -> None:
@@ -213,41 +245,11 @@ def initialise_weights(cfg: Config, parts: Training, trusted: bool) -> None:
             load_weights(source.path, module, role=role, exclude=source.exclude, trusted=trusted)
 
 
-def resume_training(
-    resume: str, checkpointer: Checkpointer, parts: Training, streams: Streams, trusted: bool
-) -> tuple[int, Path | None, dict | None]:
-    """Restore networks, optimizers, schedulers, scalers, data stream positions and RNGs; returns
-    the step to continue from, the file it came from (None: nothing to resume, a fresh start) and
-    the best evaluation so far."""
-    if resume == "auto":
-        found = checkpointer.newest_loadable(trusted)
-        if found is None:
-            log.info("--resume auto: no checkpoint in %s, starting fresh", checkpointer.directory)
-            return 0, None, None
-        path, ckpt = found
-    else:
-        path, ckpt = Path(resume), read_checkpoint(resume, trusted=trusted)
-    aux = parts.d_aux
-    step = restore_training_state(ckpt, parts.g.module, parts.d.module, parts.g.opt, parts.d.opt,
-                                  None if aux is None else aux.module, None if aux is None else aux.opt)
-    streams.load_state_dict(ckpt.get("data_streams"), step)
-    rng = ckpt.get("rng")
-    if isinstance(rng, list):  # one state per rank
-        if len(rng) == parts.env.world_size:
-            restore_rng_state(rng[parts.env.rank])
-        else:
-            log.warning("checkpoint has RNG states of %d ranks, this run has %d: RNGs not restored",
-                        len(rng), parts.env.world_size)
-    elif rng:
-        restore_rng_state(rng)
-    log.info("resumed from %s at step %d", path, step)
-    return step, path, ckpt.get("best")
-
-
 def log_training(
     writer: MetricWriter, progress: Progress, parts: Training, step: int,
     losses: dict[str, float], perf: dict[str, float],
-) -> None:
+) -> dict[str, float]:
+    """Logs the losses (averaged over ranks) and the optimizers' state; returns those losses."""
     losses = distributed.mean_over_ranks(losses, parts.device_map.generator)
     scalars = {f"train/{name}": value for name, value in losses.items()}
     scalars.update({
@@ -261,39 +263,42 @@ def log_training(
         scalars.update({"train/lr_d_aux": parts.d_aux.opt.lr, "amp/scale_d_aux": parts.d_aux.opt.loss_scale()})
     writer.scalars(step, scalars)
     progress.update(step, losses)
+    return losses
 
 
-def run_evaluation(
-    cfg: Config, parts: Training, val_loader: Iterable, writer: MetricWriter, progress: Progress, step: int,
-    train_seconds: float | None = None,
-) -> dict[str, object]:
-    """``train_seconds``: the loop's wall time when this evaluation began, logged with it
-    (``perf/train_seconds``: accuracy against time, tools/demo_curves.py)."""
-    result = evaluate(
-        generator_for_evaluation(parts), val_loader, parts.device_map.generator, cfg.data.num_classes,
-        autocast=parts.g.opt.autocast, num_samples=cfg.log.num_images,
-    )
-    metrics = result.metrics
-    scalars = {"val/mIoU": metrics["mIoU"], "val/pixel_acc": metrics["pixel_acc"]}
-    if train_seconds is not None:
-        scalars["perf/train_seconds"] = train_seconds
-    names = class_names_for(cfg)
-    scalars.update({f"val/IoU/{name}": iou for name, iou in zip(names, metrics["iou"]) if iou == iou})
-    writer.scalars(step, scalars)
-    if result.samples is not None:
-        panel = segmentation_panel(*result.samples, palette(cfg.data.num_classes), cfg.data.mean, cfg.data.std)
-        writer.image(step, "val/input_gt_pred", panel)
-    progress.write(f"step {step}: val mIoU {metrics['mIoU']:.4f}, pixel accuracy {metrics['pixel_acc']:.4f}")
+def evaluate_all(cfg: Config, parts: Training, data: RunData, writer: MetricWriter, progress: Progress, step: int,
+                 train_seconds: float) -> dict[str, object]:
+    """Every evaluation due at ``step``: val (returned), the method's panel, the source's val split."""
+    metrics = run_evaluation(cfg, parts, data.val_loader, writer, progress, step, num_samples=cfg.log.num_images,
+                             extra={"perf/train_seconds": train_seconds})
+    if data.panel_images is not None:
+        log_method_panel(cfg, parts, data.panel_images, writer, step)
+    if data.source_val_loader is not None:
+        run_evaluation(cfg, parts, data.source_val_loader, writer, progress, step, prefix="val_source")
     return metrics
 
 
-def evaluate_source(cfg: Config, parts: Training, loader: Iterable, writer: MetricWriter, progress: Progress,
-                    step: int) -> None:
-    """Domain adaptation with ``train.eval_source``: the source's val split, as ``val_source/*``."""
-    metrics = evaluate(generator_for_evaluation(parts), loader, parts.device_map.generator, cfg.data.num_classes,
-                       autocast=parts.g.opt.autocast).metrics
-    writer.scalars(step, {"val_source/mIoU": metrics["mIoU"], "val_source/pixel_acc": metrics["pixel_acc"]})
-    progress.write(f"step {step}: source val mIoU {metrics['mIoU']:.4f}")
+def run_evaluation(
+    cfg: Config, parts: Training, loader: Iterable, writer: MetricWriter, progress: Progress, step: int,
+    prefix: str = "val", num_samples: int = 0, extra: dict[str, float] | None = None,
+) -> dict[str, object]:
+    """G on one val split, logged as ``<prefix>/mIoU``, ``<prefix>/pixel_acc``, ``<prefix>/IoU/<class>``
+    (and ``num_samples`` input/truth/prediction panels). ``extra``: scalars logged with them
+    (``perf/train_seconds``: accuracy against time, tools/demo_curves.py)."""
+    result = evaluate(
+        generator_for_evaluation(parts), loader, parts.device_map.generator, cfg.data.num_classes,
+        autocast=parts.g.opt.autocast, num_samples=num_samples,
+    )
+    metrics = result.metrics
+    scalars = {f"{prefix}/mIoU": metrics["mIoU"], f"{prefix}/pixel_acc": metrics["pixel_acc"], **(extra or {})}
+    names = class_names_for(cfg)
+    scalars.update({f"{prefix}/IoU/{name}": iou for name, iou in zip(names, metrics["iou"]) if iou == iou})
+    writer.scalars(step, scalars)
+    if result.samples is not None:
+        panel = segmentation_panel(*result.samples, palette(cfg.data.num_classes), cfg.data.mean, cfg.data.std)
+        writer.image(step, f"{prefix}/input_gt_pred", panel)
+    progress.write(f"step {step}: {prefix} mIoU {metrics['mIoU']:.4f}, pixel accuracy {metrics['pixel_acc']:.4f}")
+    return metrics
 
 
 def first_images(stream: Stream, count: int) -> torch.Tensor:
@@ -315,7 +320,7 @@ def generator_for_evaluation(parts: Training) -> nn.Module:
     """G as every rank evaluates it: under DDP with rank 0's BatchNorm statistics (after the last
     step each rank's hold one local update), and outside DDP's collective forward."""
     if isinstance(parts.g.module, DistributedDataParallel):
-        distributed.broadcast_buffers(unwrap(parts.g.module))
+        distributed.broadcast_buffers(parts.g.bare)
     return for_inference(parts.g.module)
 
 
@@ -332,10 +337,9 @@ def prepare_run_dir(cfg: Config, config_name: str) -> Path:
         run_dir = Path("runs") / f"{config_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"run dir {run_dir} exists and is not a directory")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"cannot create run dir {run_dir}: {err.strerror}") from None
+    cause = unwritable(run_dir)
+    if cause is not None:
+        raise UserError(f"cannot write to run dir {run_dir}: {cause}")
     return run_dir
 
 
@@ -351,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="continue from the newest complete checkpoint in the run dir (auto) or from PATH")
     parser.add_argument("--trust-checkpoint", action="store_true",
                         help="allow checkpoints that need arbitrary pickled code (off: weights only)")
+    parser.add_argument("--force", action="store_true",
+                        help="start even if the run dir looks too small for the checkpoints the run keeps")
     parser.add_argument("--nproc-per-node", type=int, metavar="N",
                         help="launch N processes on this node through torchrun (DDP)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
@@ -385,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.run_dir = args.run_dir
     name = Path(args.config).stem if args.config else "default"
     try:
-        train(cfg, config_name=name, resume=args.resume, trusted=args.trust_checkpoint)
+        train(cfg, config_name=name, resume=args.resume, trusted=args.trust_checkpoint, force=args.force)
     finally:
         distributed.destroy_process_group()
     return 0

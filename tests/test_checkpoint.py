@@ -5,10 +5,12 @@ import torch
 from torch import nn
 
 from segadv.build import build_training
-from segadv.checkpoint import Checkpointer, read_checkpoint, restore_training_state, training_state
+from segadv.checkpoint import CheckpointManager, read_checkpoint, restore
 from segadv.config import config_from_dict, config_to_dict
+from segadv.data.streams import Streams
 from segadv.errors import UserError
 from segadv.parallel import parse_device_map
+from segadv.train import run_state
 
 from test_step import batch
 
@@ -34,14 +36,13 @@ def test_round_trip_restores_everything_and_continues_identically(tiny_cfg, tmp_
     parts = build(tiny_cfg, seed=0)
     for step in range(2):
         parts.method.iteration(*batch(tiny_cfg, seed=step), step=step)
-    ckpt_path = Checkpointer(tmp_path, every=2).save(
-        2, training_state(2, parts.g.module, parts.d.module, parts.g.opt, parts.d.opt, config_to_dict(tiny_cfg))
-    )
+    ckpt_path = CheckpointManager(tmp_path, run_state(parts, Streams()), every=2,
+                                  config=config_to_dict(tiny_cfg)).save(2)
     assert ckpt_path.name == "step_2.pt" and (tmp_path / "checkpoints" / "last.pt").is_file()
 
     restored = build(tiny_cfg, seed=123)  # different init: everything must come from the file
     ckpt = read_checkpoint(ckpt_path)
-    assert restore_training_state(ckpt, restored.g.module, restored.d.module, restored.g.opt, restored.d.opt) == 2
+    assert restore(ckpt, run_state(restored, Streams())) == 2
     assert config_from_dict(ckpt["config"]) == tiny_cfg
     assert_same(params(parts.g.module), params(restored.g.module))
     assert_same(params(parts.d.module), params(restored.d.module))
@@ -56,10 +57,10 @@ def test_round_trip_restores_everything_and_continues_identically(tiny_cfg, tmp_
     assert_same(params(parts.d.module), params(restored.d.module))
 
 
-def test_wrapped_networks_are_saved_unwrapped(tiny_cfg):
+def test_wrapped_networks_are_saved_unwrapped(tiny_cfg, tmp_path):
     parts = build(tiny_cfg, seed=0)
-    wrapped_g, wrapped_d = nn.DataParallel(parts.g.module), nn.DataParallel(parts.d.module)
-    state = training_state(0, wrapped_g, wrapped_d, parts.g.opt, parts.d.opt, {})
+    parts.g.module, parts.d.module = nn.DataParallel(parts.g.module), nn.DataParallel(parts.d.module)
+    state = CheckpointManager(tmp_path, run_state(parts, Streams()), every=1).state_dict()
     for net in ("generator", "discriminator"):
         assert not any(k.startswith("module.") for k in state[net])
     build(tiny_cfg, seed=1).g.module.load_state_dict(state["generator"])  # strict by default
@@ -67,9 +68,7 @@ def test_wrapped_networks_are_saved_unwrapped(tiny_cfg):
 
 def test_atomic_save_leaves_no_temporary_files(tiny_cfg, tmp_path):
     parts = build(tiny_cfg, seed=0)
-    checkpointer = Checkpointer(tmp_path, every=5)
-    state = training_state(3, parts.g.module, parts.d.module, parts.g.opt, parts.d.opt, {})
-    checkpointer.save(3, state)  # not a multiple of every: last.pt only
+    CheckpointManager(tmp_path, run_state(parts, Streams()), every=5).save(3)  # not a multiple of every: last.pt only
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last.pt"]
 
 

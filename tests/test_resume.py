@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from segadv.checkpoint import Checkpointer, read_checkpoint
+from segadv.checkpoint import CheckpointManager, read_checkpoint
 from segadv.config import load_config
 from segadv.train import train
 
@@ -104,7 +104,7 @@ def test_corrupt_newest_checkpoints_fall_back_to_previous(tmp_path, caplog):
         data = (ckpt_dir / name).read_bytes()
         (ckpt_dir / name).write_bytes(data[: len(data) // 3])  # as a crash mid-write would (without atomicity)
     with caplog.at_level("WARNING"):
-        path, ckpt = Checkpointer(tmp_path / "corrupt", every=2).newest_loadable()
+        path, ckpt = CheckpointManager(tmp_path / "corrupt", every=2).newest_loadable()
     assert path.name == "step_2.pt" and ckpt["step"] == 2
     assert "last.pt is truncated or corrupt" in caplog.text and "step_4.pt" in caplog.text
 
@@ -160,7 +160,7 @@ def test_sigkill_at_random_moments_never_loses_the_run(tmp_path):
         time.sleep(rng.uniform(4.0, 8.0))  # somewhere in start-up, a step or a checkpoint write
         proc.kill()
         proc.wait()
-        found = Checkpointer(run_dir, every=2).newest_loadable()
+        found = CheckpointManager(run_dir, every=2).newest_loadable()
         if found is not None:  # killed after the first save: it must load
             assert found[1]["step"] % 2 == 0 or found[0].name == "last.pt"
         leftovers = [p.name for p in (run_dir / "checkpoints").glob(".*tmp*")] if (run_dir / "checkpoints").exists() else []

@@ -254,6 +254,10 @@ class TrainConfig(Section):
     # Precise per-phase timing: synchronise the device around every phase of the step (costs a
     # sync per phase on CUDA). Off: CUDA events, read at log time (segadv/monitor/profile.py).
     profile: bool = False
+    # A non-finite loss or weight (docs/failures.md). stop: end the run (exit 3), nothing non-finite
+    # saved. skip_step: skip each network's update whose gradients are non-finite (a GradScaler
+    # held at scale 1 where no fp16 one runs: a host read of its flag per step), counted and logged.
+    on_nonfinite: Literal["stop", "skip_step"] = "stop"
 
 
 class CheckpointConfig(Section):

@@ -98,15 +98,11 @@ class Streams(dict[str, Stream]):
     def state_dict(self) -> dict[str, dict[str, int]]:
         return {name: stream.state_dict() for name, stream in self.items()}
 
-    def load_state_dict(self, state: Mapping[str, Any] | None, step: int) -> None:
-        """``state`` None (a checkpoint from before streams were saved): every stream was drawn
-        from once per step, as the supervised method does. A stream the checkpoint does not
-        know (the method changed at resume) starts at its beginning."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """A stream the checkpoint does not know (the method changed at resume) starts at its
+        beginning."""
         for name, stream in self.items():
-            if state is None:
-                stream.load_state_dict({"batches": step})
-            else:
-                stream.load_state_dict(state.get(name, {"batches": 0}))
+            stream.load_state_dict(state.get(name, {"batches": 0}))
 
     def pop_wait(self) -> dict[str, float]:
         return {name: stream.pop_wait() for name, stream in self.items()}

@@ -6,6 +6,11 @@ D skips only D's step and only halves D's scale.
 A network's loss is scaled whenever its backward passes through float16, its own or another
 network's: G's adversarial term flows back through D, so an fp16 D needs G's loss scaled even when
 G itself runs in float32 or bfloat16 (``loss_scaling``, decided in ``build.py``).
+
+``skip_nonfinite`` (``train.on_nonfinite: skip_step``): a network without loss scaling gets a
+GradScaler held at scale 1 (exact: the loss and gradients are multiplied by 1), so a step with
+non-finite gradients is skipped as an fp16 overflow is; ``skipped`` counts them on the device. Like
+every GradScaler step it reads a device flag on the host each step: an opt-in cost.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class AmpOptimizer:
         amp: NetworkAmpConfig,
         loss_scaling: bool | None = None,
         name: str = "network",
+        skip_nonfinite: bool = False,
     ) -> None:
         self.name = name  # for log lines
         self.optimizer = optimizer
@@ -50,7 +56,10 @@ class AmpOptimizer:
         # Loss scaling only matters for float16; bfloat16 has float32's exponent range.
         if loss_scaling is None:
             loss_scaling = uses_float16(amp)
-        self.scaler = torch.amp.GradScaler(device.type, init_scale=amp.init_scale, enabled=loss_scaling)
+        self.scales_loss = loss_scaling
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=amp.init_scale if loss_scaling else 1.0,
+                                           enabled=loss_scaling or skip_nonfinite)
+        self.skipped = torch.zeros((), dtype=torch.int64, device=device) if skip_nonfinite else None
 
     def autocast(self) -> AbstractContextManager:
         """Autocast for this network's own device type and dtype."""
@@ -62,7 +71,10 @@ class AmpOptimizer:
     def step(self) -> None:
         """Optimizer step (skipped on inf/nan gradients), scale update, gradients cleared, LR step."""
         self.scaler.step(self.optimizer)
-        self.scaler.update()
+        if self.skipped is not None:
+            found = self.scaler._found_inf_per_device(self.optimizer).values()
+            self.skipped += torch.stack([f.to(self.skipped.device) for f in found]).amax().long()
+        self.scaler.update(None if self.scales_loss else 1.0)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
 
@@ -72,23 +84,32 @@ class AmpOptimizer:
 
     def loss_scale(self) -> float:
         """The current loss scale (1.0 when scaling is off). Syncs with the device: log time only."""
-        return float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
+        return float(self.scaler.get_scale()) if self.scales_loss else 1.0
+
+    def state_bytes(self) -> int:
+        """Bytes of this optimizer's state once it has stepped (before the first step it has none):
+        Adam's two moments, SGD's momentum buffer, per parameter."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        per_param = {torch.optim.Adam: 2, torch.optim.AdamW: 2}.get(type(self.optimizer))
+        if per_param is None:
+            per_param = int(any(group.get("momentum", 0) for group in self.optimizer.param_groups))
+        return per_param * sum(p.numel() * p.element_size() for p in params)
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scales_loss else {},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         saved_scaler = state["scaler"]  # {} when saved with loss scaling off
-        if self.scaler.is_enabled() and not saved_scaler:
+        if self.scales_loss and not saved_scaler:
             log.info("%s: loss scaling is on now but was off in the checkpoint: the GradScaler starts "
                      "fresh (scale %g)", self.name, self.scaler.get_scale())
-        elif saved_scaler and not self.scaler.is_enabled():
+        elif saved_scaler and not self.scales_loss:
             log.info("%s: loss scaling is off now; the checkpoint's scale (%g) is not used",
                      self.name, saved_scaler.get("scale", float("nan")))
         else:

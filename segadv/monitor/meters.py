@@ -18,9 +18,18 @@ class LossAverager:
             self._sums[name] = value if total is None else total + value
         self._count += 1
 
+    @property
+    def steps(self) -> int:
+        """Steps averaged since the last pop."""
+        return self._count
+
+    def means(self) -> dict[str, float]:
+        """Mean of each loss since the last pop; reading the values syncs with the device."""
+        return {name: float(total) / self._count for name, total in self._sums.items()}
+
     def pop_means(self) -> dict[str, float]:
-        """Mean of each loss since the last call; reading the values syncs with the device."""
-        means = {name: float(total) / self._count for name, total in self._sums.items()}
+        """:meth:`means`, and start over."""
+        means = self.means()
         self._sums.clear()
         self._count = 0
         return means

@@ -2,32 +2,51 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
+from segadv.errors import WriteFailed
 from segadv.fsutil import atomic_write_text
 
 
 class MetricWriter:
     """``resume_step``: a resumed run continues the same files; whatever the interrupted run
-    logged after that step is dropped so no step appears twice."""
+    logged after that step is dropped so no step appears twice. A failed write (a full disk, no
+    permission) raises :class:`segadv.errors.WriteFailed` naming the file; ``close()`` after one
+    does not raise again."""
 
     def __init__(self, run_dir: Path, tensorboard: bool = True, resume_step: int | None = None) -> None:
         self.jsonl_path = run_dir / "metrics.jsonl"
         self.tensorboard_dir = run_dir / "tensorboard"
+        self.failed = False
         if resume_step is not None:
             self._drop_records_after(resume_step)
-        self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
+        with self._writing(self.jsonl_path):
+            self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             # purge_step: TensorBoard hides the old run's events from this step on.
             purge = None if resume_step is None else resume_step + 1
-            self._tb = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=purge)
+            with self._writing(self.tensorboard_dir):
+                self._tb = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=purge)
+
+    @contextlib.contextmanager
+    def _writing(self, path: Path) -> Iterator[None]:
+        try:
+            yield
+        except WriteFailed:
+            self.failed = True
+            raise
+        except OSError as err:  # TensorBoard's writer thread re-raises its error on the next call
+            self.failed = True
+            raise WriteFailed(path, err) from None
 
     def _drop_records_after(self, step: int) -> None:
         if not self.jsonl_path.is_file():
@@ -44,15 +63,18 @@ class MetricWriter:
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         record = {"step": step, "time": round(time.time(), 3), **values}
-        self._jsonl.write(json.dumps(record) + "\n")
-        self._jsonl.flush()
+        with self._writing(self.jsonl_path):
+            self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.flush()
         if self._tb is not None:
-            for tag, value in values.items():
-                self._tb.add_scalar(tag, value, step)
+            with self._writing(self.tensorboard_dir):
+                for tag, value in values.items():
+                    self._tb.add_scalar(tag, value, step)
 
     def image(self, step: int, tag: str, image_chw_uint8: torch.Tensor) -> None:
         if self._tb is not None:
-            self._tb.add_image(tag, image_chw_uint8, step, dataformats="CHW")
+            with self._writing(self.tensorboard_dir):
+                self._tb.add_image(tag, image_chw_uint8, step, dataformats="CHW")
 
     def histogram(self, step: int, tag: str, values: torch.Tensor) -> None:
         """A TensorBoard histogram of ``values`` (any shape; copied to the CPU); not in metrics.jsonl."""
@@ -60,14 +82,22 @@ class MetricWriter:
             self._tb.add_histogram(tag, values.detach().float().cpu(), step)
 
     def flush(self) -> None:
-        self._jsonl.flush()
+        with self._writing(self.jsonl_path):
+            self._jsonl.flush()
         if self._tb is not None:
-            self._tb.flush()
+            with self._writing(self.tensorboard_dir):
+                self._tb.flush()
 
     def close(self) -> None:
-        self._jsonl.close()
-        if self._tb is not None:
-            self._tb.close()
+        for path, closable in ((self.jsonl_path, self._jsonl), (self.tensorboard_dir, self._tb)):
+            if closable is None:
+                continue
+            try:
+                closable.close()
+            except OSError as err:
+                if not self.failed:  # after a failure, its error has been reported already
+                    self.failed = True
+                    raise WriteFailed(path, err) from None
 
 
 class NullWriter:

@@ -36,7 +36,7 @@ def network_row(rank: int, role: str, wrapped: nn.Module, devices, opt) -> dict[
         "weights MiB": f"{(param_bytes + buffer_bytes) / MiB:.1f}",
         "grads MiB": f"{param_bytes / MiB:.1f}",
         "optimizer MiB": f"{state_bytes / MiB:.1f} on {','.join(state_devices)}",
-        "scaler": f"{'on' if opt.scaler.is_enabled() else 'off'} ({opt.device.type})",
+        "scaler": f"{'on' if opt.scales_loss else 'off'} ({opt.device.type})",
     }
 
 

@@ -1,0 +1,306 @@
+"""A run's checkpoints: what is due, saving, the best, finding what to resume, archiving a rewind's
+abandoned future (torchtitan's CheckpointManager, for segadv's files).
+
+Layout under ``RUN/checkpoints/``: ``last.pt`` (always the newest), ``step_<N>.pt`` every
+``checkpoint.every`` steps (the newest ``keep_last`` kept), ``best.pt`` + ``best.json`` (the best
+evaluation), ``abandoned/`` (checkpoints of a future a rewind abandoned). Every file is written
+atomically, so a crash at any moment leaves the previous complete checkpoint in place; retention
+deletes only after the new file is complete. A state with a NaN or an infinity is never written
+(:class:`Diverged`), so every checkpoint here is finite and retention never removes the newest
+finite one; a failed write is a :class:`WriteFailed` naming the last complete checkpoint. Under
+DDP every rank calls :meth:`start`, :meth:`check_room`, :meth:`save` and :meth:`keep_if_best` (the
+RNGs are gathered from every rank) and every rank raises together; rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from segadv.checkpoint.io import read_checkpoint, save_checkpoint
+from segadv.checkpoint.state import Attribute, Stateful, expected_bytes, nonfinite_entries, restore, snapshot
+from segadv.errors import Diverged, UserError, WriteFailed
+from segadv.fsutil import atomic_write_text, unwritable
+from segadv.parallel import distributed
+from segadv.parallel.distributed import DistEnv
+
+log = logging.getLogger(__name__)
+
+ABANDONED_DIR = "abandoned"
+STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+BEST_RECORD = "best.json"
+MIB = 2**20
+
+
+class CheckpointManager:
+    """``states``: the run's stateful parts by checkpoint key; the manager adds its own two,
+    ``step`` and ``best`` (the best evaluation so far, ``{"mIoU", "step"}``, so a resumed run keeps
+    ``best.pt`` honest). ``config``: the run's config as a dict, saved with every checkpoint."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        states: Mapping[str, Stateful] | None = None,
+        *,
+        every: int,
+        keep_last: int | None = None,
+        config: dict[str, Any] | None = None,
+        env: DistEnv = DistEnv(),
+    ) -> None:
+        self.directory = run_dir / "checkpoints"
+        self.every = every
+        self.keep_last = keep_last
+        self.config = config or {}
+        self.env = env
+        self.step = 0
+        self.best: dict[str, Any] | None = None
+        self.last_complete: tuple[Path, int] | None = None  # the newest complete checkpoint, its step
+        self.states = {"step": Attribute(self, "step"), **(states or {}), "best": Attribute(self, "best")}
+
+    @property
+    def last_path(self) -> Path:
+        return self.directory / "last.pt"
+
+    @property
+    def best_path(self) -> Path:
+        """The checkpoint of the best evaluation (by val mIoU); ``best.json`` beside it says which."""
+        return self.directory / "best.pt"
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint of the run as it is now (every rank: the RNGs are gathered)."""
+        return snapshot(self.states, self.config)
+
+    # ------------------------------------------------------------------ starting a run
+
+    def start(self, resume: str | None, trusted: bool = False) -> int:
+        """Clean up after a crashed write, load ``resume`` ("auto": the newest complete checkpoint
+        here, if any; else a path; None: a fresh start) and archive the checkpoints of a later,
+        abandoned future. Returns the step to continue from."""
+        if self.env.is_main:
+            self.remove_stale_temp_files()
+        resumed_from = None if resume is None else self.load(resume, trusted)
+        if self.env.is_main:
+            self.archive_later_checkpoints(self.step, resumed_from)
+        distributed.barrier()  # everyone has read the checkpoint (and rank 0 archived) before anything is written
+        if self.best is not None and not self.best_path.is_file():
+            log.warning("best.pt (val mIoU %.4f at step %d) is gone (abandoned or removed): the next evaluation "
+                        "writes a new one", self.best["mIoU"], self.best["step"])
+            self.best = None
+        return self.step
+
+    def load(self, resume: str, trusted: bool = False) -> Path | None:
+        """Restore every state from ``resume`` ("auto" or a path); returns the file it came from
+        (None: "auto" found nothing, a fresh start)."""
+        if resume == "auto":
+            found = self.newest_loadable(trusted)
+            if found is None:
+                log.info("--resume auto: no checkpoint in %s, starting fresh", self.directory)
+                return None
+            path, ckpt = found
+        else:
+            path, ckpt = Path(resume), read_checkpoint(resume, trusted=trusted)
+        restore(ckpt, self.states)
+        self.last_complete = (path, self.step)
+        log.info("resumed from %s at step %d", path, self.step)
+        return path
+
+    def check_room(self, max_steps: int, force: bool = False) -> None:
+        """Before the first step: the run dir must be writable and have room for the checkpoints
+        the run keeps (its size estimated from the states, times what retention keeps, plus one
+        temp file). Too little room is a UserError, or a warning with ``force``."""
+        size = expected_bytes(self.states)
+        problem = None
+        if self.env.is_main:
+            cause = unwritable(self.directory)
+            problem = None if cause is None else f"cannot write checkpoints to {self.directory}: {cause}"
+            if problem is None:
+                problem = self._too_small(size, max_steps)
+                if problem is not None and force:
+                    log.warning("%s; going on (--force)", problem)
+                    problem = None
+        if distributed.any_rank(problem is not None):
+            raise UserError(problem or "rank 0 refused the run dir (its message says why)")
+
+    def _too_small(self, size: int, max_steps: int) -> str | None:
+        """``size``: one checkpoint's expected bytes. Kept: ``keep_last`` step files (all of them
+        without it), last.pt, best.pt, and a temp file while one is written; the checkpoint files
+        here already count as room (they are kept or replaced)."""
+        step_files = self.keep_last if self.keep_last is not None else (
+            len(self.step_files()) + max_steps // self.every - self.step // self.every)
+        files = step_files + 3
+        present = sum(p.stat().st_size for p in self.directory.glob("*.pt"))
+        free = shutil.disk_usage(self.directory).free
+        if free + present >= files * size:
+            return None
+        kept = (f"kept by checkpoint.keep_last={self.keep_last}" if self.keep_last is not None
+                else "all kept: checkpoint.keep_last is not set")
+        return (f"not enough room for this run's checkpoints in {self.directory}: {files} files of about "
+                f"{size / MIB:.1f} MiB ({step_files} step_<N>.pt {kept}, last.pt, best.pt, one temp file) "
+                f"need {files * size / MIB:.1f} MiB, "
+                f"and {free / MIB:.1f} MiB are free (+{present / MIB:.1f} MiB in checkpoints already there): "
+                "free space, set checkpoint.keep_last, or pass --force to start anyway")
+
+    def resume_note(self) -> str:
+        """Where a stopped run can go on from, for its error message."""
+        if self.last_complete is None:
+            return "no checkpoint was written before it"
+        path, step = self.last_complete
+        return f"the last complete checkpoint is {path} (step {step}; resume: --resume auto)"
+
+    def newest_loadable(self, trusted: bool = False) -> tuple[Path, dict[str, Any]] | None:
+        """The newest checkpoint that loads: last.pt, or a newer step file (a run dir written by
+        another tool or copied in), else step files from newest to oldest. A truncated or corrupt
+        file is skipped with a warning. Each file is read at most once; normally only last.pt is."""
+        last = self._try_read(self.last_path, trusted) if self.last_path.is_file() else None
+        last_step = int(last[1].get("step", -1)) if last else -1
+        for step, path in self.step_files():
+            if step <= last_step:
+                break  # last.pt is at least as new as every remaining step file
+            found = self._try_read(path, trusted)
+            if found is not None:
+                return found
+        return last
+
+    def archive_later_checkpoints(self, start_step: int, resumed_from: Path | None) -> Path | None:
+        """A run starting at ``start_step`` (0 fresh, else the step of the file it resumed from)
+        abandons every checkpoint here from a later step, and ``last.pt`` unless it is the file
+        resumed from. They move to ``abandoned/from_step_<N>-<time>/`` (nothing is deleted), so
+        ``--resume auto`` and ``keep_last`` never pick a file of the abandoned future: after a
+        rewind to step 500 of a run that once reached 1000, a preemption at 700 resumes at 700.
+        Returns the archive folder, or None when nothing was moved."""
+        later = [path for step, path in self.step_files() if step > start_step]
+        last = self.last_path
+        if last.is_file() and (resumed_from is None or resumed_from.resolve() != last.resolve()):
+            later.append(last)
+        best_step = self.best_step()
+        if self.best_path.is_file() and (best_step is None or best_step > start_step or start_step == 0):
+            later += [p for p in (self.best_path, self.directory / BEST_RECORD) if p.is_file()]
+        if not later:
+            return None
+        base = self.directory / ABANDONED_DIR / f"from_step_{start_step}-{time.strftime('%Y%m%d-%H%M%S')}"
+        archive, n = base, 1
+        while archive.exists():
+            archive, n = base.with_name(f"{base.name}.{n}"), n + 1
+        archive.mkdir(parents=True)
+        for path in later:
+            os.replace(path, archive / path.name)
+        log.warning("starting at step %d: moved %s (checkpoints of an abandoned later run) to %s",
+                    start_step, ", ".join(p.name for p in later), archive)
+        return archive
+
+    def remove_stale_temp_files(self) -> None:
+        """Temp files of a write that a crash cut short (the checkpoint they were to replace is
+        intact): safe to delete when a run starts."""
+        if self.directory.is_dir():
+            for path in self.directory.glob(".*.tmp-*"):
+                path.unlink(missing_ok=True)
+                log.info("removed %s, left by an interrupted checkpoint write", path.name)
+
+    # ------------------------------------------------------------------ during a run
+
+    def due(self, step: int, final: bool = False) -> bool:
+        """Whether ``step`` gets a checkpoint: every ``every`` steps, and the last step of the run
+        (``final``: the end, or a stop)."""
+        return final or step % self.every == 0
+
+    def save(self, step: int) -> Path | None:
+        """``last.pt``, and ``step_<N>.pt`` on a multiple of ``every``, then retention. Returns
+        the newest file written (None on ranks other than 0)."""
+        self.step = step
+        state = self.finite_state(step)
+        # last.pt first: a kill between the two writes then leaves last.pt the newest complete
+        # checkpoint (and only the step file missing), never a step file ahead of last.pt.
+        paths = [self.last_path]
+        if step % self.every == 0:
+            paths.append(self.directory / f"step_{step}.pt")
+        failure = None
+        if self.env.is_main:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                save_checkpoint(state, *paths)
+            except OSError as err:
+                failure = err if isinstance(err, WriteFailed) else WriteFailed(self.directory, err)
+            else:
+                log.info("checkpoint saved at step %d: %s", step, ", ".join(p.name for p in paths))
+                self._apply_retention(keep=paths[-1])
+        self._agree_written(failure)  # nobody races ahead of (or exits before) the write
+        self.last_complete = (self.last_path, step)
+        return paths[-1] if self.env.is_main else None
+
+    def keep_if_best(self, step: int, miou: float) -> bool:
+        """An evaluation's val mIoU: when it beats the best so far (the same metrics on every rank,
+        all-reduced, so every rank agrees), ``best.pt`` (a full training state), then ``best.json``
+        (its step and mIoU), each atomic: a kill between them leaves a best.json one evaluation
+        behind best.pt, never ahead of it."""
+        if self.best is not None and miou <= self.best["mIoU"]:
+            return False
+        self.step, self.best = step, {"mIoU": float(miou), "step": step}
+        state = self.finite_state(step)
+        failure = None
+        if self.env.is_main:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                save_checkpoint(state, self.best_path)
+                atomic_write_text(self.directory / BEST_RECORD, json.dumps({"step": step, **self.best}) + "\n")
+            except OSError as err:
+                failure = err if isinstance(err, WriteFailed) else WriteFailed(self.directory, err)
+            else:
+                log.info("best val mIoU so far (%.4f at step %d): %s", miou, step, self.best_path.name)
+        self._agree_written(failure)
+        return True
+
+    def finite_state(self, step: int, cause: str = "") -> dict[str, Any]:
+        """The state to save, refused (:class:`Diverged` on every rank) if any rank's holds a NaN
+        or an infinity. ``cause``: what led here, for the message."""
+        state = self.state_dict()
+        bad = nonfinite_entries(state)
+        if distributed.any_rank(bool(bad)):
+            raise Diverged(f"training diverged: {cause}non-finite values in {', '.join(bad) or 'another rank'} at "
+                           f"step {step}, so no checkpoint of it was written; {self.resume_note()}")
+        return state
+
+    def _agree_written(self, failure: WriteFailed | None) -> None:
+        """Every rank waits for rank 0's write and learns whether it failed."""
+        if distributed.any_rank(failure is not None):
+            if failure is None:
+                failure = WriteFailed(self.directory, OSError("rank 0's write failed (its message says why)"))
+            failure.after = self.resume_note()
+            raise failure
+
+    # ------------------------------------------------------------------ the files
+
+    def best_step(self) -> int | None:
+        """The step of ``best.pt`` per ``best.json`` (None: no record)."""
+        try:
+            return int(json.loads((self.directory / BEST_RECORD).read_text())["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def step_files(self) -> list[tuple[int, Path]]:
+        """``(step, path)`` of every step_<N>.pt, newest first."""
+        if not self.directory.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := STEP_FILE.match(p.name))]
+        return sorted(found, reverse=True)
+
+    def _apply_retention(self, keep: Path) -> None:
+        if self.keep_last is None:
+            return
+        for _, path in self.step_files()[self.keep_last:]:
+            if path != keep:
+                path.unlink(missing_ok=True)
+                log.info("retention (checkpoint.keep_last=%d): removed %s", self.keep_last, path.name)
+
+    @staticmethod
+    def _try_read(path: Path, trusted: bool) -> tuple[Path, dict[str, Any]] | None:
+        try:
+            return path, read_checkpoint(path, trusted=trusted)
+        except UserError as err:
+            log.warning("skipping %s: %s", path, err)
+            return None

@@ -1,0 +1,149 @@
+"""The checkpoint manager on its own: what is due, the best, retention, resume discovery, archiving."""
+
+import json
+
+import pytest
+import torch
+
+from segadv.checkpoint import CheckpointManager, read_checkpoint
+from segadv.errors import UserError
+
+
+class Weights:
+    """A stand-in for a network or optimizer: one tensor that training changes."""
+
+    def __init__(self, value: float = 0.0) -> None:
+        self.value = torch.tensor([value])
+
+    def state_dict(self):
+        return {"w": self.value.clone()}
+
+    def load_state_dict(self, state):
+        self.value = state["w"].clone()
+
+
+def manager(tmp_path, weights=None, **kwargs):
+    kwargs.setdefault("every", 2)
+    return CheckpointManager(tmp_path, {"generator": weights or Weights()}, config={"run": "test"}, **kwargs)
+
+
+def names(tmp_path):
+    return sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_file())
+
+
+def test_due_every_n_steps_and_at_the_end(tmp_path):
+    m = CheckpointManager(tmp_path, every=3)
+    assert [s for s in range(1, 10) if m.due(s)] == [3, 6, 9]
+    assert m.due(4, final=True) and not m.due(4)
+
+
+def test_save_writes_last_always_and_step_files_on_multiples(tmp_path):
+    weights = Weights()
+    m = manager(tmp_path, weights)
+    for step in (1, 2, 3):
+        weights.value += 1
+        m.save(step)
+    assert names(tmp_path) == ["last.pt", "step_2.pt"]
+    last, step_2 = read_checkpoint(tmp_path / "checkpoints" / "last.pt"), read_checkpoint(tmp_path / "checkpoints" / "step_2.pt")
+    assert (last["step"], last["generator"]["w"].item(), last["config"]) == (3, 3.0, {"run": "test"})
+    assert (step_2["step"], step_2["generator"]["w"].item(), step_2["format"]) == (2, 2.0, "segadv")
+
+
+def test_retention_keeps_the_newest_step_files(tmp_path):
+    m = manager(tmp_path, every=1, keep_last=2)
+    for step in range(1, 6):
+        m.save(step)
+    assert names(tmp_path) == ["last.pt", "step_4.pt", "step_5.pt"]
+
+
+def test_best_is_kept_only_when_an_evaluation_beats_it(tmp_path):
+    weights = Weights()
+    m = manager(tmp_path, weights)
+    for step, miou in ((1, 0.3), (2, 0.5), (3, 0.5), (4, 0.4)):
+        weights.value += 1
+        assert m.keep_if_best(step, miou) == (step in (1, 2))  # equal is not better: the first stays
+    best = read_checkpoint(tmp_path / "checkpoints" / "best.pt")
+    assert (best["step"], best["best"], best["generator"]["w"].item()) == (2, {"mIoU": 0.5, "step": 2}, 2.0)
+    assert json.loads((tmp_path / "checkpoints" / "best.json").read_text()) == {"step": 2, "mIoU": 0.5}
+    assert m.best == {"mIoU": 0.5, "step": 2}
+    m.save(4)  # every checkpoint carries the best so far
+    assert read_checkpoint(tmp_path / "checkpoints" / "last.pt")["best"] == {"mIoU": 0.5, "step": 2}
+
+
+def test_resume_auto_restores_every_state_from_the_newest_file(tmp_path):
+    weights = Weights()
+    m = manager(tmp_path, weights)
+    m.keep_if_best(2, 0.7)
+    for step in (2, 3):
+        weights.value += 1
+        m.save(step)
+    fresh = Weights(-1.0)
+    resumed = manager(tmp_path, fresh)
+    assert resumed.start("auto") == 3
+    assert fresh.value.item() == 2.0 and resumed.best == {"mIoU": 0.7, "step": 2}
+    assert names(tmp_path) == ["best.json", "best.pt", "last.pt", "step_2.pt"]  # nothing abandoned
+
+
+def test_resume_auto_prefers_a_newer_step_file_and_skips_corrupt_files(tmp_path, caplog):
+    m = manager(tmp_path)
+    for step in (2, 4, 6):
+        m.save(step)
+    ckpt_dir = tmp_path / "checkpoints"
+    (ckpt_dir / "last.pt").write_bytes((ckpt_dir / "step_2.pt").read_bytes())  # older than step_6.pt
+    (ckpt_dir / "step_6.pt").write_bytes(b"cut short")
+    path, ckpt = manager(tmp_path).newest_loadable()
+    assert (path.name, ckpt["step"]) == ("step_4.pt", 4)
+    assert "skipping" in caplog.text and "step_6.pt" in caplog.text
+
+
+def test_resume_auto_in_an_empty_dir_starts_fresh(tmp_path):
+    assert manager(tmp_path).start("auto") == 0
+
+
+def test_a_fresh_start_archives_everything_and_a_rewind_archives_the_later_future(tmp_path):
+    m = manager(tmp_path)
+    for step in (2, 4, 6):
+        m.save(step)
+    m.keep_if_best(6, 0.9)
+    ckpt_dir = tmp_path / "checkpoints"
+    rewound = manager(tmp_path)
+    assert rewound.start(str(ckpt_dir / "step_4.pt")) == 4
+    assert names(tmp_path) == ["step_2.pt", "step_4.pt"]
+    (archive,) = (ckpt_dir / "abandoned").iterdir()
+    assert sorted(p.name for p in archive.iterdir()) == ["best.json", "best.pt", "last.pt", "step_6.pt"]
+    assert rewound.best is None  # its best.pt was in the abandoned future
+
+    assert manager(tmp_path).start(None) == 0  # a fresh start in the same dir abandons the rest
+    assert names(tmp_path) == [] and len(list((ckpt_dir / "abandoned").iterdir())) == 2
+
+
+def test_start_removes_temp_files_of_an_interrupted_write(tmp_path):
+    m = manager(tmp_path)
+    m.save(2)
+    stale = tmp_path / "checkpoints" / ".last.pt.tmp-12345"
+    stale.write_bytes(b"half a checkpoint")
+    assert manager(tmp_path).start("auto") == 2
+    assert not stale.exists()
+
+
+def test_resume_from_a_file_without_a_state_is_a_user_error(tmp_path):
+    manager(tmp_path).save(2)
+    ckpt_dir = tmp_path / "checkpoints"
+    other = CheckpointManager(tmp_path, {"generator": Weights(), "discriminator": Weights()}, every=2)
+    with pytest.raises(UserError, match="lacks discriminator"):
+        other.load(str(ckpt_dir / "last.pt"))
+    torch.save({"w": torch.zeros(1)}, ckpt_dir / "raw.pt")
+    with pytest.raises(UserError, match="not a segadv training checkpoint"):
+        manager(tmp_path).load(str(ckpt_dir / "raw.pt"))
+
+
+def test_a_checkpoint_from_before_stream_positions_assumes_one_batch_a_step(tmp_path):
+    from segadv.data.streams import Stream, Streams
+
+    streams = Streams({name: Stream(name, loader=None) for name in ("labeled", "unlabeled")})
+    m = CheckpointManager(tmp_path, {"data_streams": streams}, every=1)
+    m.save(5)
+    path = tmp_path / "checkpoints" / "last.pt"
+    torch.save({**read_checkpoint(path), "data_streams": None}, path)
+    assert m.load("auto") == path
+    assert streams.state_dict() == {"labeled": {"batches": 5}, "unlabeled": {"batches": 5}}

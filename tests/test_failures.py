@@ -1,0 +1,254 @@
+"""Runs that go wrong stop cleanly and lose nothing: divergence, a failed write, a run dir that is
+unwritable or too small (docs/failures.md)."""
+
+import errno
+import math
+import os
+import re
+
+import pytest
+import torch
+
+from segadv import fsutil
+from segadv import train as train_cli
+from segadv.checkpoint import read_checkpoint
+from segadv.checkpoint.state import nonfinite_entries
+from segadv.data.streams import Stream
+from segadv.errors import EXIT_DIVERGED, EXIT_WRITE_FAILED, Diverged, UserError, WriteFailed
+from segadv.train import train
+
+from conftest import TINY_OVERRIDES
+from test_resume import per_step_losses, records, resume_cfg
+
+
+def nan_batch_at(monkeypatch, step):
+    """The labeled batch of ``step`` arrives with NaN images (a corrupt sample)."""
+    original = Stream.next
+
+    def next_batch(self):
+        batch = original(self)
+        if self.drawn == step:
+            batch = (torch.full_like(batch[0], math.nan), *batch[1:])
+        return batch
+
+    monkeypatch.setattr(Stream, "next", next_batch)
+
+
+def assert_finite(path):
+    assert nonfinite_entries(read_checkpoint(path)) == []
+
+
+@pytest.mark.parametrize("log_every", [1, 100])  # caught at its log step; caught before the save at 6
+def test_a_nan_batch_stops_the_run_before_anything_non_finite_is_saved(tmp_path, monkeypatch, log_every):
+    cfg = resume_cfg(tmp_path, "nan", "train.max_steps=8", "checkpoint.every=2", "checkpoint.keep_last=1",
+                     "train.eval_every=2", f"train.log_every={log_every}")
+    nan_batch_at(monkeypatch, 5)
+    with pytest.raises(Diverged) as raised:
+        train(cfg)
+    ckpt_dir = tmp_path / "nan" / "checkpoints"
+    where = "step 5" if log_every == 1 else "steps 5-6"
+    assert re.match(rf"training diverged: train/loss_seg = nan, .* in {where} \(train.on_nonfinite: stop\)",
+                    str(raised.value))
+    assert f"the last complete checkpoint is {ckpt_dir / 'last.pt'} (step 4" in str(raised.value)
+    # keep_last: 1 kept the newest finite checkpoint; nothing of step 5 or later was written.
+    assert sorted(p.name for p in ckpt_dir.glob("*.pt")) == ["best.pt", "last.pt", "step_4.pt"]
+    for name in ("best.pt", "last.pt", "step_4.pt"):
+        assert_finite(ckpt_dir / name)
+    assert read_checkpoint(ckpt_dir / "last.pt")["step"] == 4
+
+    monkeypatch.undo()
+    resumed = train(cfg, resume="auto")
+    assert resumed.step == 8 and read_checkpoint(ckpt_dir / "last.pt")["step"] == 8
+    assert_finite(ckpt_dir / "last.pt")
+
+
+def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
+    """A NaN that reaches the weights but not (yet) a logged loss: the save refuses it."""
+    cfg = resume_cfg(tmp_path, "weights", "train.max_steps=6", "checkpoint.every=2", "train.log_every=100",
+                     "train.eval_every=100")
+    original = train_cli.build_training
+
+    def build_with_a_poisoned_step(*args, **kwargs):
+        parts = original(*args, **kwargs)
+        step_d, steps = parts.d.opt.step, {"n": 0}
+
+        def poisoned_step():
+            step_d()
+            steps["n"] += 1
+            if steps["n"] == 4:  # D's fourth update leaves an infinite weight; no loss has seen it yet
+                with torch.no_grad():
+                    next(parts.d.bare.parameters()).fill_(math.inf)
+
+        parts.d.opt.step = poisoned_step
+        return parts
+
+    monkeypatch.setattr(train_cli, "build_training", build_with_a_poisoned_step)
+    with pytest.raises(Diverged, match=r"non-finite values in discriminator at step 4, so no checkpoint of it was "
+                                       r"written; the last complete checkpoint is .*last\.pt \(step 2"):
+        train(cfg)
+    assert read_checkpoint(tmp_path / "weights" / "checkpoints" / "last.pt")["step"] == 2
+
+
+def test_skip_step_skips_non_finite_updates_and_counts_them(tmp_path, monkeypatch):
+    cfg = resume_cfg(tmp_path, "skip", "train.max_steps=4", "checkpoint.every=2", "train.log_every=1",
+                     "train.eval_every=100", "train.on_nonfinite=skip_step")
+    original = train_cli.build_training
+
+    def build_with_a_nan_output(*args, **kwargs):
+        parts = original(*args, **kwargs)
+        forwards = {"n": 0}
+
+        def nan_at_third_training_forward(module, inputs, output):
+            if module.training:
+                forwards["n"] += 1
+                if forwards["n"] == 3:
+                    return output * math.nan
+            return output
+
+        parts.g.bare.segmentation_head.register_forward_hook(nan_at_third_training_forward)
+        return parts
+
+    monkeypatch.setattr(train_cli, "build_training", build_with_a_nan_output)
+    result = train(cfg)
+    assert result.step == 4
+    logged = {r["step"]: r for r in records(result.run_dir) if "train/loss_seg" in r}
+    assert math.isnan(logged[3]["train/loss_seg"]) and math.isfinite(logged[4]["train/loss_seg"])
+    assert [logged[s]["train/skipped_steps/generator"] for s in (1, 2, 3, 4)] == [0, 0, 1, 1]
+    assert [logged[s]["train/skipped_steps/discriminator"] for s in (1, 2, 3, 4)] == [0, 0, 1, 1]
+    assert_finite(result.run_dir / "checkpoints" / "last.pt")
+
+
+def fail_second_checkpoint_write(monkeypatch, err=errno.ENOSPC):
+    """The second write of last.pt hits a full disk (at fsync, after the data: the worst moment)."""
+    from segadv.checkpoint import io
+
+    real_write, real_fsync, calls = io.atomic_write_bytes, fsutil.os.fsync, {"last.pt": 0}
+
+    def failing_fsync(fd):
+        raise OSError(err, os.strerror(err))
+
+    def write(path, data):
+        calls[path.name] = calls.get(path.name, 0) + 1
+        if path.name == "last.pt" and calls["last.pt"] == 2:
+            monkeypatch.setattr(fsutil.os, "fsync", failing_fsync)
+        try:
+            real_write(path, data)
+        finally:
+            monkeypatch.setattr(fsutil.os, "fsync", real_fsync)
+
+    monkeypatch.setattr(io, "atomic_write_bytes", write)
+
+
+def test_a_full_disk_at_the_second_save_stops_with_the_first_intact_and_resumable(tmp_path, monkeypatch):
+    full = train(resume_cfg(tmp_path, "full"))  # 6 steps, checkpoints at 3 and 6
+    cfg = resume_cfg(tmp_path, "disk")
+    fail_second_checkpoint_write(monkeypatch)
+    with pytest.raises(WriteFailed) as raised:
+        train(cfg)
+    ckpt_dir = tmp_path / "disk" / "checkpoints"
+    assert str(raised.value) == (f"cannot write {ckpt_dir / 'last.pt'}: No space left on device (ENOSPC); the last "
+                                 f"complete checkpoint is {ckpt_dir / 'last.pt'} (step 3; resume: --resume auto)")
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["best.json", "best.pt", "last.pt", "step_3.pt"]  # no temp
+    assert read_checkpoint(ckpt_dir / "last.pt")["step"] == 3
+
+    monkeypatch.undo()
+    resumed = train(cfg, resume="auto")
+    assert resumed.step == 6
+    assert per_step_losses(resumed.run_dir) == per_step_losses(full.run_dir)  # bitwise
+
+
+def test_cli_a_full_disk_is_one_message_and_exit_4(tmp_path, monkeypatch, capsys):
+    fail_second_checkpoint_write(monkeypatch, errno.EIO)
+    code = train_cli.main(["--run-dir", str(tmp_path / "r"), "--device-map", "cpu", *TINY_OVERRIDES,
+                           "log.tensorboard=false", "checkpoint.every=1", "train.max_steps=3"])
+    err = capsys.readouterr().err
+    assert code == EXIT_WRITE_FAILED == 4
+    assert re.search(r"^error: cannot write .*last\.pt: Input/output error \(EIO\); the last complete checkpoint is "
+                     r".*last\.pt \(step 1; resume: --resume auto\)$", err, re.M)
+    assert "Traceback" not in err
+
+
+def test_a_metrics_write_failure_names_the_file_and_the_last_checkpoint(tmp_path, monkeypatch):
+    from segadv.monitor import writer
+
+    cfg = resume_cfg(tmp_path, "metrics", "train.max_steps=4", "checkpoint.every=2", "train.log_every=1")
+    real = writer.MetricWriter.scalars
+
+    def scalars(self, step, values):
+        if step == 3:
+            self._jsonl = open(os.devnull, "r")  # writing to it fails as a revoked permission would
+        real(self, step, values)
+
+    monkeypatch.setattr(writer.MetricWriter, "scalars", scalars)
+    with pytest.raises(WriteFailed, match=r"cannot write .*metrics\.jsonl: .*the last complete checkpoint is "
+                                          r".*last\.pt \(step 2"):
+        train(cfg)
+
+
+def test_cli_a_diverging_run_is_one_message_and_exit_3(tmp_path, capsys):
+    run_dir = tmp_path / "r"
+    code = train_cli.main(["--run-dir", str(run_dir), "--device-map", "cpu", *TINY_OVERRIDES, "log.tensorboard=false",
+                           "train.max_steps=30", "checkpoint.every=10", "train.log_every=10", "train.eval_every=100",
+                           "optim.generator.lr=1e30", "optim.discriminator.lr=1e30"])
+    err = capsys.readouterr().err
+    assert code == EXIT_DIVERGED == 3
+    assert re.search(r"^error: training diverged: train/loss_\w+ = nan.* in steps 1-10 \(train.on_nonfinite: stop\); "
+                     r"no checkpoint was written before it\.", err, re.M)
+    assert "Traceback" not in err
+    assert not (run_dir / "checkpoints" / "last.pt").exists()
+
+
+def test_an_unwritable_run_dir_is_refused_before_the_first_step(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cfg = resume_cfg(tmp_path, "unused")
+    cfg.run_dir = str(blocker / "run")
+    with pytest.raises(UserError, match=r"cannot write to run dir .*file/run: Not a directory"):
+        train(cfg)
+
+    from segadv.checkpoint import manager
+
+    monkeypatch.setattr(manager, "unwritable", lambda directory: "Read-only file system")
+    cfg = resume_cfg(tmp_path, "readonly")
+    with pytest.raises(UserError, match=r"cannot write checkpoints to .*readonly/checkpoints: Read-only file system"):
+        train(cfg)
+    assert not (tmp_path / "readonly" / "metrics.jsonl").exists()  # no step was taken
+
+
+def test_a_run_dir_too_small_for_the_checkpoints_is_refused_or_forced(tmp_path, monkeypatch, caplog):
+    from collections import namedtuple
+
+    from segadv.checkpoint import manager
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(manager.shutil, "disk_usage", lambda path: usage(2**30, 2**30 - 2**20, 2**20))
+    cfg = resume_cfg(tmp_path, "small", "train.max_steps=4", "checkpoint.every=2", "checkpoint.keep_last=2")
+    with pytest.raises(UserError) as raised:
+        train(cfg)
+    message = str(raised.value)
+    match = re.search(r"5 files of about ([\d.]+) MiB \(2 step_<N>\.pt kept by checkpoint\.keep_last=2, last\.pt, "
+                      r"best\.pt, one temp file\) need ([\d.]+) MiB, and 1\.0 MiB are free", message)
+    assert match, message
+    assert not (tmp_path / "small" / "metrics.jsonl").exists()
+
+    with caplog.at_level("WARNING"):
+        assert train(cfg, force=True).step == 4
+    assert "going on (--force)" in caplog.text
+    # The estimate is the size of a checkpoint of the run once it has stepped.
+    actual = (tmp_path / "small" / "checkpoints" / "last.pt").stat().st_size / 2**20
+    assert float(match.group(1)) == pytest.approx(actual, rel=0.05)
+
+
+def test_cli_ddp_every_rank_stops_on_divergence_with_exit_3(tmp_path):
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "ddp"
+    result = subprocess.run(
+        [sys.executable, "-m", "segadv.train", "--run-dir", str(run_dir), "--device-map", "cpu", *TINY_OVERRIDES,
+         "log.tensorboard=false", "train.max_steps=30", "checkpoint.every=10", "train.log_every=10",
+         "train.eval_every=100", "optim.generator.lr=1e30", "optim.discriminator.lr=1e30", "--nproc-per-node", "2"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == EXIT_DIVERGED, result.stderr[-3000:]
+    assert result.stderr.count("error: training diverged: train/loss_") == 2  # each rank, the same decision
+    assert not (run_dir / "checkpoints" / "last.pt").exists()
