@@ -57,7 +57,9 @@ class SyntheticDataConfig(Section):
     seed: int = 0
     # The look of the images (same shapes and classes): "source", or "target", a second domain
     # with other textures, colour statistics, blur, noise and lighting (domain adaptation).
-    domain: Literal["source", "target"] = "source"
+    # "pretext": the source look with other shape classes (cross, star, hexagon, crescent), a task
+    # to pretrain an encoder on (configs/pretext.yaml) that shares no image or label with the others.
+    domain: Literal["source", "target", "pretext"] = "source"
 
 
 # Dataset kinds and their layouts: README "Datasets". Relative paths inside the data section are

@@ -20,6 +20,11 @@ A second domain, ``domain="target"``, draws the same classes and shapes with ano
 domain adaptation): a strong checkerboard over the background (edges a source-trained network
 takes for shapes), a colour cast with less saturation, uneven lighting, slight blur and more
 noise. Its samples are drawn from their own random streams (not restyled copies of the source's).
+
+A third, ``domain="pretext"``, is another task for pretraining an encoder (a warm start like the
+references' ImageNet weights): the source look, but other shape classes (``PRETEXT_CLASSES``: a
+cross, a star, a hexagon, a crescent), none of which 5-class source or target data draw (the
+experiments'), and its own random streams, so it shares no image and no label with them.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ import torch
 from torch.utils.data import Dataset
 
 SHAPE_CLASSES: tuple[str, ...] = ("background", "circle", "square", "triangle", "ring", "cross")
+# The pretext domain's classes: shapes the experiments' data (5 classes: background to ring) never draws.
+PRETEXT_CLASSES: tuple[str, ...] = ("background", "cross", "star", "hexagon", "crescent")
 
 MIN_SHAPES = 1
 MAX_SHAPES = 3
@@ -159,14 +166,40 @@ def _cross(u: np.ndarray, v: np.ndarray, r: float, rng: np.random.Generator) -> 
     return ((au <= r) & (av <= half_width)) | ((av <= r) & (au <= half_width))
 
 
+def _star(u: np.ndarray, v: np.ndarray, r: float, rng: np.random.Generator) -> np.ndarray:
+    # Five points: the radius swings between r and an inner radius with the angle.
+    inner = rng.uniform(0.4, 0.55)
+    phase = np.mod(np.arctan2(v, u), 2.0 * math.pi / 5) / (2.0 * math.pi / 5)  # 0..1 within a point
+    reach = r * (inner + (1.0 - inner) * np.abs(1.0 - 2.0 * phase))
+    return u * u + v * v <= reach * reach
+
+
+def _hexagon(u: np.ndarray, v: np.ndarray, r: float, rng: np.random.Generator) -> np.ndarray:
+    apothem = 0.9 * r
+    inside = np.ones(u.shape, dtype=bool)
+    for k in range(3):
+        a = math.pi * k / 3.0
+        inside &= np.abs(u * math.cos(a) + v * math.sin(a)) <= apothem
+    return inside
+
+
+def _crescent(u: np.ndarray, v: np.ndarray, r: float, rng: np.random.Generator) -> np.ndarray:
+    # A disc minus a shifted disc of the same size.
+    shift = r * rng.uniform(0.45, 0.7)
+    return (u * u + v * v <= r * r) & ((u - shift) ** 2 + v * v > r * r)
+
+
 _SHAPE_DRAWERS = {
     "circle": _circle,
     "square": _square,
     "triangle": _triangle,
     "ring": _ring,
     "cross": _cross,
+    "star": _star,
+    "hexagon": _hexagon,
+    "crescent": _crescent,
 }
-assert set(_SHAPE_DRAWERS) == set(SHAPE_CLASSES[1:]), "every shape class needs a drawer"
+assert set(_SHAPE_DRAWERS) == set(SHAPE_CLASSES[1:] + PRETEXT_CLASSES[1:]), "every shape class needs a drawer"
 
 
 def _shape_colour(rng: np.random.Generator, under: np.ndarray) -> np.ndarray:
@@ -214,7 +247,12 @@ def _paint_shape(
     mask[y0:y1, x0:x1][inside] = class_id
 
 
-DOMAINS = ("source", "target")
+DOMAINS = ("source", "target", "pretext")
+
+
+def domain_classes(domain: str) -> tuple[str, ...]:
+    """The class names a domain draws from, index = class id."""
+    return PRETEXT_CLASSES if domain == "pretext" else SHAPE_CLASSES
 
 
 def _checker_texture(rng: np.random.Generator, size: int) -> np.ndarray:
@@ -264,12 +302,13 @@ def generate_sample(
         image += _checker_texture(rng, image_size)[..., None]
     mask = np.zeros((image_size, image_size), dtype=np.uint8)
     n_shapes = int(rng.integers(MIN_SHAPES, MAX_SHAPES + 1))
+    names = domain_classes(domain)
     for class_id in rng.integers(1, num_classes, size=n_shapes):
-        _paint_shape(rng, image, mask, int(class_id), SHAPE_CLASSES[int(class_id)])
+        _paint_shape(rng, image, mask, int(class_id), names[int(class_id)])
     if domain == "target":
         image = _restyle_target(rng, image)
     noise = rng.standard_normal(image.shape, dtype=np.float32)
-    noise *= np.float32(rng.uniform(4.0, 14.0) if domain == "source" else rng.uniform(8.0, 16.0))
+    noise *= np.float32(rng.uniform(8.0, 16.0) if domain == "target" else rng.uniform(4.0, 14.0))
     image += noise
     np.clip(image, 0.0, 255.0, out=image)
     return image.astype(np.uint8), mask
@@ -298,9 +337,10 @@ class SyntheticShapes(Dataset):
     ) -> None:
         if domain not in DOMAINS:
             raise ValueError(f"domain must be one of {DOMAINS}, got {domain!r}")
-        if not 2 <= num_classes <= len(SHAPE_CLASSES):
+        names = domain_classes(domain)
+        if not 2 <= num_classes <= len(names):
             raise ValueError(
-                f"num_classes must be in [2, {len(SHAPE_CLASSES)}] for synthetic shapes, "
+                f"num_classes must be in [2, {len(names)}] for synthetic shapes ({domain} domain), "
                 f"got {num_classes}"
             )
         if length <= 0:
@@ -315,12 +355,12 @@ class SyntheticShapes(Dataset):
         self.transform = transform
         self.domain = domain
         # numpy seeds must be non-negative; wrapping keeps distinct int64 seeds distinct. The
-        # target domain draws from its own streams; the source keeps the original ones.
+        # target and pretext domains draw from their own streams; the source keeps the original ones.
         self._entropy = (seed % 2**64, split_id(split)) + ((split_id(domain),) if domain != "source" else ())
 
     @property
     def class_names(self) -> list[str]:
-        return list(SHAPE_CLASSES[: self.num_classes])
+        return list(domain_classes(self.domain)[: self.num_classes])
 
     def __len__(self) -> int:
         return self.length
