@@ -90,9 +90,14 @@ def test_metrics_reader_final_best_and_resumed_duplicates(tmp_path):
 def test_the_shipped_grid_is_valid(monkeypatch):
     monkeypatch.chdir(ROOT)
     grid = experiment.load_grid(ROOT / "configs" / "experiments" / "semi.yaml")
-    assert [r.name for r in grid.rows][1:] == ["CE only", "+ adversarial", "+ adversarial + semi"]
+    assert [r.name for r in grid.rows][1:] == ["CE only, warm", "+ adversarial, warm", "+ adversarial + semi, warm",
+                                               "CE only, scratch", "+ adversarial + semi, scratch"]
     assert grid.seeds == [0, 1, 2] and all(grid.seeds_of(r) == [0, 1, 2] for r in grid.rows[1:])
-    assert [grid.baseline_of(r) for r in grid.rows] == ["CE only", None, "CE only", "CE only"]
+    assert [grid.baseline_of(r) for r in grid.rows] == ["CE only, warm", None, "CE only, warm", "CE only, warm",
+                                                        "CE only, warm", "CE only, scratch"]
+    uda = experiment.load_grid(ROOT / "configs" / "experiments" / "uda.yaml")
+    assert all(len(uda.seeds_of(r)) >= 3 for r in uda.rows if "oracle" not in r.name)
+    assert all(uda.baseline_of(r) in [row.name for row in uda.rows] for r in uda.rows[1:])
 
 
 def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys):
