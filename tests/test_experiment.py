@@ -106,7 +106,7 @@ def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path)
     assert experiment.main(["semi", "--dry-run", "--out", str(tmp_path / "out")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 11 and all(" -m segadv.train --config semi --run-dir " in line for line in lines)
+    assert len(lines) == 17 and all(" -m segadv.train --config semi --run-dir " in line for line in lines)
     assert experiment.main(["semii"]) == 2
     assert "unknown grid 'semii'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
