@@ -13,6 +13,7 @@ import yaml
 
 from segadv.checkpoint import load_weights, read_checkpoint
 from segadv.config import load_config
+from segadv.data import class_names
 from segadv.data.synthetic import PRETEXT_CLASSES, SHAPE_CLASSES, SyntheticShapes
 from segadv.models import build_generator
 from segadv.train import main as train_main
@@ -57,7 +58,8 @@ def test_a_pretext_run_loads_into_the_experiments_generator_with_the_head_fresh(
     monkeypatch.chdir(ROOT)
     init = grid_init(grid, row)
     assert init["path"] == "runs/pretext/checkpoints/last.pt"  # where configs/pretext.yaml writes it
-    assert load_config("configs/pretext.yaml", []).run_dir == "runs/pretext"
+    pretext_cfg = load_config("configs/pretext.yaml", [])
+    assert pretext_cfg.run_dir == "runs/pretext" and class_names(pretext_cfg.data) == list(PRETEXT_CLASSES)
     pretext_dir = tmp_path / "pretext"
     assert train_main(["--config", "configs/pretext.yaml", "--run-dir", str(pretext_dir), "--device-map", "cpu",
                        *SMALL]) == 0

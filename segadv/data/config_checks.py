@@ -8,7 +8,7 @@ from pathlib import Path
 from segadv.config.schema import DataConfig
 from segadv.data.files import display
 from segadv.data.layouts import FIXED_CLASSES, folder_class_names
-from segadv.data.synthetic import SHAPE_CLASSES
+from segadv.data.synthetic import domain_classes
 from segadv.errors import UserError
 
 __all__ = ["check_config", "class_names", "data_root"]
@@ -17,10 +17,11 @@ __all__ = ["check_config", "class_names", "data_root"]
 def check_config(cfg: DataConfig) -> None:
     """Cross-field checks the schema cannot express, each naming the key at fault."""
     kind = cfg.kind
-    if kind == "synthetic" and cfg.num_classes > len(SHAPE_CLASSES):
+    shapes = domain_classes(cfg.synthetic.domain)
+    if kind == "synthetic" and cfg.num_classes > len(shapes):
         raise UserError(
-            f"data.num_classes: synthetic shapes have at most {len(SHAPE_CLASSES)} classes "
-            f"({', '.join(SHAPE_CLASSES)}), got {cfg.num_classes}"
+            f"data.num_classes: synthetic shapes ({cfg.synthetic.domain} domain) have at most {len(shapes)} "
+            f"classes ({', '.join(shapes)}), got {cfg.num_classes}"
         )
     if kind in FIXED_CLASSES and cfg.num_classes != len(FIXED_CLASSES[kind]):
         raise UserError(
@@ -53,7 +54,7 @@ def class_names(cfg: DataConfig) -> list[str]:
     """The class names for ``cfg``, index = class id."""
     check_config(cfg)
     if cfg.kind == "synthetic":
-        return list(SHAPE_CLASSES[: cfg.num_classes])
+        return list(domain_classes(cfg.synthetic.domain)[: cfg.num_classes])
     if cfg.kind == "folder":
         return list(folder_class_names(cfg))
     return list(FIXED_CLASSES[cfg.kind])
