@@ -119,8 +119,11 @@ class DryRunMode(TorchDispatchMode):
             if out.device in self.allowed or (out.device.type == "cpu" and (out.dim() == 0 or host_inputs_only)):
                 continue
             named = ", ".join(sorted(real_name(d) for d in self.allowed))
+            where = real_name(out.device)
+            if out.device.type == "cuda":  # the plan's devices stand in for CUDA ones: this one bypassed the map
+                where += " (named in the code, not taken from the device map)"
             raise PlacementError(
-                f"placement: {func} made a tensor of shape {tuple(out.shape)} on {real_name(out.device)}, "
+                f"placement: {func} made a tensor of shape {tuple(out.shape)} on {where}, "
                 f"which the device map does not name ({named})\n  at {segadv_line()}")
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
