@@ -72,7 +72,7 @@ def train(
 
     parts = build_training(cfg, device_map, env)
     loaders, val_loader = build_stream_loaders(
-        cfg.data, parts.method.streams, seed=cfg.train.seed, pin_memory=device_map.generator.type == "cuda",
+        cfg.data, parts.method.streams, seed=cfg.train.seed, pin_memory=device_map.generator.type != "cpu",
         run_dir=run_dir, rank=env.rank, world_size=env.world_size, batch_sizes=stream_batch_sizes(cfg),
         target=cfg.target_data,
     )

@@ -50,9 +50,9 @@ class DeviceMemory:
         self.peak_bytes = max(self.peak_bytes, sum(self.live.values()))
 
 
-def segadv_line() -> str:
-    """The innermost segadv source line (outside this package) on the stack."""
-    for frame in reversed(traceback.extract_stack()):
+def segadv_line(frames: traceback.StackSummary | None = None) -> str:
+    """The innermost segadv source line (outside this package) on the stack, or in ``frames``."""
+    for frame in reversed(traceback.extract_stack() if frames is None else frames):
         path = os.path.abspath(frame.filename)
         if path.startswith(SEGADV_DIR) and not path.startswith(PLAN_DIR):
             return f"{os.path.relpath(path, os.path.dirname(SEGADV_DIR))}:{frame.lineno}: {(frame.line or '').strip()}"

@@ -14,7 +14,7 @@ import json
 import logging
 import sys
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 
 from segadv.cli_args import parse_args
 from segadv.config import Config, load_config
@@ -108,32 +108,34 @@ def plan_json(plan: Plan, budget: int | None, max_batch: int | None, searched: b
     return out
 
 
-def gib(n: int) -> str:
-    return f"{n / GiB:.2f}"
-
-
 def plan_table(plan: Plan, budget: int | None) -> str:
     short = shortfalls(plan, budget)
+    unit, size = ("GiB", GiB) if max(r.peak_bytes for r in plan.devices.values()) >= GiB else ("MiB", MiB)
+
+    def gib(n: int) -> str:
+        return f"{n / size:.2f}"
+
     measured = any(row.measured_peak_bytes is not None for row in plan.devices.values())
     columns = ["device", "params", "grads", "optimizer", "activations", "peak", "+allowance", "need"]
     if measured:
         columns += ["measured peak", "allocator peak"]
     if budget is not None:
-        columns.append(f"fits {gib(budget)}")
+        columns.append(f"fits {budget / GiB:.2f} GiB")
     rows = []
     for name, row in plan.devices.items():
         extra = allowance(name, row.peak_bytes)
+        extra_cells = [_measured(row.measured_peak_bytes, row, gib), _measured(row.allocator_peak_bytes, row, gib)]
         cells = [name, gib(row.params_bytes), gib(row.grads_bytes), gib(row.optimizer_bytes),
                  gib(row.activations_bytes), gib(row.peak_bytes), gib(extra), gib(row.peak_bytes + extra)]
         if measured:
-            cells += [_measured(row.measured_peak_bytes, row), _measured(row.allocator_peak_bytes, row)]
+            cells += extra_cells
         if budget is not None:
             cells.append("no" if name in short else "yes" if name.startswith("cuda") else "(host)")
         rows.append(cells)
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(columns, widths)))]
     lines += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-    lines.append("GiB; each column its own largest over the iterations, peak the most live at once "
+    lines.append(f"{unit}; each column its own largest over the iterations, peak the most live at once "
                  "(tensor bytes, as torch.cuda.max_memory_allocated counts them)")
     lines.append(ALLOWANCE_TEXT)
     lines.append(f"between devices per iteration: {plan.transfer_bytes_per_iteration / MiB:.1f} MiB; "
@@ -142,10 +144,10 @@ def plan_table(plan: Plan, budget: int | None) -> str:
     return "\n".join(lines)
 
 
-def _measured(value: int | None, row: DevicePlan) -> str:
+def _measured(value: int | None, row: DevicePlan, fmt: Callable[[int], str]) -> str:
     if value is None:
         return "-"
-    return f"{gib(value)} ({(value - row.peak_bytes) / row.peak_bytes:+.1%})" if row.peak_bytes else gib(value)
+    return f"{fmt(value)} ({(value - row.peak_bytes) / row.peak_bytes:+.1%})" if row.peak_bytes else fmt(value)
 
 
 def build_parser() -> argparse.ArgumentParser:

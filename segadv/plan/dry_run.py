@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -24,7 +25,7 @@ from segadv.errors import UserError
 from segadv.parallel.device_map import DeviceMap, parse_device_map
 from segadv.parallel.placement import unwrap
 from segadv.plan import standin
-from segadv.plan.accounting import DryRunMode
+from segadv.plan.accounting import DryRunMode, segadv_line
 from segadv.plan.batches import FixedStream, make_batch, stream_shapes
 
 log = logging.getLogger(__name__)
@@ -171,9 +172,9 @@ def dry_run_settings() -> Iterator[None]:
         threads(True)
 
 
-def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, batches: dict[str, Any]) -> int:
-    """``steps`` iterations of the method, the run's last ones (every term of the loss on);
-    returns the device-to-device and host bytes of the last one."""
+def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, batches: dict[str, Any]) -> None:
+    """``steps`` iterations of the method, the run's last ones (every term of the loss on); the
+    tracker's transfers are the last one's."""
     streams = {name: FixedStream(batch) for name, batch in batches.items()}
     first = max(cfg.train.max_steps - steps, 0)
     with accounting(parts, tracker):
@@ -182,6 +183,10 @@ def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, batch
             for step in range(first, first + steps):
                 tracker.transfers.clear()
                 parts.method(streams, step)
+        except ValueError as err:  # a shape or batch the networks refuse: training would stop there too
+            where = segadv_line(traceback.extract_tb(err.__traceback__))
+            raise UserError(f"the {cfg.method.name} iteration fails as segadv-train's would: {err}\n  at {where}") \
+                from None
         finally:
             tracker.enforce = False
 
