@@ -10,7 +10,7 @@ import torch
 
 import segadv.engine.step as step_module
 from segadv.config import load_config
-from segadv.config.loading import CONFIGS_DIR
+from segadv.config import CONFIGS_DIR
 from segadv.errors import UserError
 from segadv.plan.accounting import PlacementError
 from segadv.plan.cli import main

@@ -1,7 +1,7 @@
 """Stand-in batches: each stream's batch shape from the config, no file read.
 
-A stream's batch is what its loader would hand out: ``(images, labels)`` for the labeled streams
-(labeled, gt, source), images alone for unlabeled and target. The image size is what the
+A stream's batch is what its loader would hand out: ``(images, labels)`` from the labeled pool,
+images alone from the unlabeled pool and the target (segadv/data/streams.py ``StreamSpec``). The image size is what the
 configured train pipeline makes: it is run once on blank images of two sizes, and must give one
 size for both (the fixed-size step every batched pipeline ends with); synthetic data is
 ``data.synthetic.image_size`` through it.
@@ -18,10 +18,10 @@ import torch
 from segadv.config import Config
 from segadv.config.schema import DataConfig
 from segadv.data.augment import build_transform
+from segadv.data.streams import StreamSpec
 from segadv.errors import UserError
 from segadv.methods import stream_batch_sizes
 
-LABELED_STREAMS = ("labeled", "gt", "source")
 # Blank inputs of two unrelated sizes (H, W): a pipeline that ends in a fixed size maps both to it.
 PROBE_SIZES = ((375, 500), (1024, 2048))
 
@@ -48,16 +48,16 @@ def crop_size(data: DataConfig, key: str) -> tuple[int, int]:
     return out.pop()
 
 
-def stream_shapes(cfg: Config, streams: tuple[str, ...]) -> dict[str, BatchShape]:
+def stream_shapes(cfg: Config, streams: tuple[StreamSpec, ...]) -> dict[str, BatchShape]:
     sizes = stream_batch_sizes(cfg)
     shapes = {}
-    for name in streams:
-        data, key = (cfg.target_data, "target_data.train_transforms") if name == "target" else (
+    for spec in streams:
+        data, key = (cfg.target_data, "target_data.train_transforms") if spec.pool == "target" else (
             cfg.data, "data.train_transforms")
         if data is None:
             raise UserError(f"target_data: the {cfg.method.name} method draws a target stream; give target_data")
         h, w = crop_size(data, key)
-        shapes[name] = BatchShape(sizes.get(name, cfg.data.batch_size), h, w, name in LABELED_STREAMS)
+        shapes[spec.name] = BatchShape(sizes.get(spec.name, cfg.data.batch_size), h, w, spec.pool == "labeled")
     return shapes
 
 

@@ -1,6 +1,6 @@
 """segadv-plan: will this device map fit? segadv's own iteration dry-run on stand-in devices.
 
-    segadv-plan [--config FILE] --device-map MAP [--steps N] [--gpu-memory GIB] [--max-batch]
+    segadv-plan [--config FILE|NAME] --device-map MAP [--steps N] [--gpu-memory GIB] [--max-batch]
                 [--measure] [--json] [key=value ...]
 
 Exit codes: 0 every device fits (or no --gpu-memory given), 3 a device does not (named, with by
@@ -16,7 +16,7 @@ import sys
 from dataclasses import asdict
 from typing import Any, Callable
 
-from segadv.cli_args import parse_args
+from segadv.cli_args import add_config_arguments, parse_args
 from segadv.config import Config, load_config
 from segadv.errors import UserError, cli_entry
 from segadv.plan.dry_run import DevicePlan, Plan, dry_run, measure
@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="segadv-plan",
         description="Dry-run segadv's own training iteration on stand-in devices: placement checked, peak "
                     "memory per device, before the GPUs exist (docs/planning.md).")
-    parser.add_argument("--config", help="YAML config (default: configs/default.yaml)")
+    add_config_arguments(parser, "default: default, the embedded demo")
     parser.add_argument("--device-map", help="the map to plan, e.g. g:1,d:0 (any CUDA index, none need exist) or cpu")
     parser.add_argument("--steps", type=int, default=2, metavar="N", help="iterations to run (default 2)")
     parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="memory of each GPU, GiB: judge the fit")
