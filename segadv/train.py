@@ -153,7 +153,7 @@ def start_processes(cfg: Config) -> tuple[DistEnv, DeviceMap]:
 def build_data(cfg: Config, parts: Training, run_dir: Path) -> RunData:
     env, device_map = parts.env, parts.device_map
     loaders, val_loader = build_stream_loaders(
-        cfg.data, parts.method.streams, seed=cfg.train.seed, pin_memory=device_map.generator.type == "cuda",
+        cfg.data, parts.method.streams, seed=cfg.train.seed, pin_memory=device_map.generator.type != "cpu",
         run_dir=run_dir, rank=env.rank, world_size=env.world_size, batch_sizes=stream_batch_sizes(cfg),
         target=cfg.target_data,
     )

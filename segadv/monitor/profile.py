@@ -29,9 +29,9 @@ STEP_PHASES = ("input_copy", "g_fwd_bwd", "transfer", "d_fwd_bwd", "optimizer")
 
 
 def transfer_device(source: torch.device, target: torch.device) -> torch.device:
-    """The device whose stream runs a copy: the source's for a copy from CUDA (peer and
+    """The device whose stream runs a copy: the source's for a copy from an accelerator (peer and
     device-to-host copies run on the source's current stream), else the target's."""
-    return source if source.type == "cuda" else target
+    return source if source.type != "cpu" else target
 
 
 class PhaseTimer:
@@ -121,12 +121,18 @@ def profile_scalars(wall: float, seconds: dict[str, float], peaks: dict[str, flo
     return out
 
 
+def _accelerator_memory():
+    """torch.accelerator's memory statistics where this torch has them (2.9+), else torch.cuda's."""
+    accelerator = getattr(torch, "accelerator", None)
+    return accelerator if hasattr(accelerator, "max_memory_allocated") else torch.cuda
+
+
 def peak_memory_gib(devices: list[torch.device]) -> dict[str, float]:
-    """Peak memory per device: CUDA's ``max_memory_allocated``; for the CPU, the process's peak RSS."""
+    """Peak memory per device: an accelerator's ``max_memory_allocated``; for the CPU, the process's peak RSS."""
     peaks = {}
     for device in dict.fromkeys(devices):
-        if device.type == "cuda":
-            peaks[str(device)] = torch.cuda.max_memory_allocated(device) / 2**30
+        if device.type != "cpu":
+            peaks[str(device)] = _accelerator_memory().max_memory_allocated(device) / 2**30
         elif device.type == "cpu":
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
             peaks["cpu"] = rss / (2**30 if sys.platform == "darwin" else 2**20)

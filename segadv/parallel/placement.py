@@ -58,12 +58,12 @@ def unwrap(module: nn.Module) -> nn.Module:
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Move ``tensor`` to ``device``, asynchronously only where the consumer is ordered after the copy.
 
-    A copy *to* a CUDA device is enqueued on that device's current stream, before any kernel that
-    reads it, so it may return early. A copy to the CPU is read by the host at once: a
+    A copy *to* an accelerator (CUDA, or segadv-plan's stand-in for one) is enqueued on that
+    device's current stream, before any kernel that reads it, so it may return early. A copy to the CPU is read by the host at once: a
     non-blocking CUDA->CPU copy returns before the data has arrived, and the reader would see a
     half-copied tensor. So it blocks.
     """
-    return tensor.to(device, non_blocking=device.type == "cuda")
+    return tensor.to(device, non_blocking=device.type != "cpu")
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -1,0 +1,144 @@
+"""The dry run's dispatch mode: live storage bytes per device, bytes crossing devices, and the
+device map enforced on every op.
+
+Every op's outputs are seen as they are made (fake or real tensors alike): a storage not seen
+before is counted on its tensor's device until it is freed (a finalizer on the storage), so the
+peak is the peak of live tensor bytes, as ``torch.cuda.max_memory_allocated`` counts them less
+the allocator's rounding. Bytes are filed under parameters, gradients, optimizer state or other
+(activations, temporaries) when the plan marks them; the composition is recorded at each
+device's peak.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from segadv.errors import UserError
+from segadv.plan.standin import real_name
+
+CATEGORIES = ("params", "grads", "optimizer", "other")
+# Ops that move data between devices on purpose (the step's to_device, autograd's way back).
+COPIES = {torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default, torch.ops.aten._copy_from.default,
+          torch.ops.aten._copy_from_and_resize.default}
+SEGADV_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLAN_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class PlacementError(UserError):
+    """A tensor the device map does not place: made on a device the map does not name, or an op
+    mixing devices. Names the op and the segadv source line."""
+
+
+@dataclass
+class DeviceMemory:
+    live: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    peak_bytes: int = 0  # the most live at once
+    largest: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))  # each its own most
+
+    def add(self, category: str, nbytes: int) -> None:
+        self.live[category] += nbytes
+        self.largest[category] = max(self.largest[category], self.live[category])
+        self.peak_bytes = max(self.peak_bytes, sum(self.live.values()))
+
+
+def segadv_line(frames: traceback.StackSummary | None = None) -> str:
+    """The innermost segadv source line (outside this package) on the stack, or in ``frames``."""
+    for frame in reversed(traceback.extract_stack() if frames is None else frames):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(SEGADV_DIR) and not path.startswith(PLAN_DIR):
+            return f"{os.path.relpath(path, os.path.dirname(SEGADV_DIR))}:{frame.lineno}: {(frame.line or '').strip()}"
+    return "(no segadv frame on the stack)"
+
+
+class DryRunMode(TorchDispatchMode):
+    """Counts storages per device; with ``enforce`` set, checks every op against ``allowed``.
+
+    ``allowed``: the devices the map names. A CPU tensor is allowed as well when it is 0-dim (a
+    host scalar, e.g. an optimizer's step count) or made from CPU tensors only (the loader's batch
+    handled on the host before its copy).
+    """
+
+    def __init__(self, allowed: Iterable[torch.device]) -> None:
+        super().__init__()
+        self.allowed = set(allowed)
+        self.enforce = False
+        self.memory: dict[torch.device, DeviceMemory] = defaultdict(DeviceMemory)
+        self._storages: dict[int, tuple[torch.device, int, str]] = {}
+        self.transfers: dict[tuple[torch.device, torch.device], int] = defaultdict(int)
+
+    # ---------------------------------------------------------------- accounting
+    def _track(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key in self._storages:
+            return
+        device, nbytes = tensor.device, storage.nbytes()
+        self._storages[key] = (device, nbytes, "other")
+        weakref.finalize(storage, self._free, key)
+        self.memory[device].add("other", nbytes)
+
+    def _free(self, key: int) -> None:
+        device, nbytes, category = self._storages.pop(key)
+        self.memory[device].live[category] -= nbytes
+
+    def mark(self, tensors: Iterable[torch.Tensor], category: str) -> None:
+        """File these tensors' storages under ``category`` from now on."""
+        for tensor in tensors:
+            key = tensor.untyped_storage()._cdata
+            if key not in self._storages:
+                self._track(tensor)
+            device, nbytes, old = self._storages[key]
+            if old == category:
+                continue
+            self._storages[key] = (device, nbytes, category)
+            memory = self.memory[device]
+            memory.live[old] -= nbytes
+            memory.add(category, nbytes)
+
+    # ---------------------------------------------------------------- enforcement
+    def _check_inputs(self, func: Any, inputs: list[torch.Tensor]) -> None:
+        if func in COPIES:
+            return
+        devices = {t.device for t in inputs if not (t.device.type == "cpu" and t.dim() == 0)}
+        if len(devices) > 1:
+            raise PlacementError(f"placement: {func} mixes devices "
+                                 f"{', '.join(sorted(real_name(d) for d in devices))}\n  at {segadv_line()}")
+
+    def _check_outputs(self, func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        host_inputs_only = bool(inputs) and all(t.device.type == "cpu" for t in inputs)
+        for out in outputs:
+            if out.device in self.allowed or (out.device.type == "cpu" and (out.dim() == 0 or host_inputs_only)):
+                continue
+            named = ", ".join(sorted(real_name(d) for d in self.allowed))
+            where = real_name(out.device)
+            if out.device.type == "cuda":  # the plan's devices stand in for CUDA ones: this one bypassed the map
+                where += " (named in the code, not taken from the device map)"
+            raise PlacementError(
+                f"placement: {func} made a tensor of shape {tuple(out.shape)} on {where}, "
+                f"which the device map does not name ({named})\n  at {segadv_line()}")
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if self.enforce:
+            self._check_inputs(func, inputs)
+        result = func(*args, **kwargs)
+        outputs = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
+        if self.enforce:
+            self._check_outputs(func, inputs, outputs)
+        if func in COPIES and inputs and outputs:
+            source, target = (inputs[1], inputs[0]) if func is torch.ops.aten.copy_.default else (inputs[0], outputs[0])
+            if source.device != target.device:
+                self.transfers[(source.device, target.device)] += target.numel() * target.element_size()
+        for out in outputs:
+            self._track(out)
+        return result

@@ -1,0 +1,212 @@
+"""segadv-plan: will this device map fit? segadv's own iteration dry-run on stand-in devices.
+
+    segadv-plan [--config FILE|NAME] --device-map MAP [--steps N] [--gpu-memory GIB] [--max-batch]
+                [--measure] [--json] [key=value ...]
+
+Exit codes: 0 every device fits (or no --gpu-memory given), 3 a device does not (named, with by
+how much), 2 a user error (including a tensor the map does not place).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import asdict
+from typing import Any, Callable
+
+from segadv.cli_args import add_config_arguments, parse_args
+from segadv.config import Config, load_config
+from segadv.errors import UserError, cli_entry
+from segadv.plan.dry_run import DevicePlan, Plan, dry_run, measure
+from segadv.runtime import setup_logging
+
+log = logging.getLogger("segadv.plan")
+
+EXIT_DOES_NOT_FIT = 3
+GiB, MiB = 2**30, 2**20
+# What a tensor count cannot see on a CUDA device (an assumption, stated beside every plan): the
+# CUDA context with cuBLAS/cuDNN handles and a cuDNN workspace, and the caching allocator's
+# block rounding and fragmentation over the counted peak.
+CONTEXT_BYTES = 768 * MiB
+ALLOCATOR_OVERHEAD = 0.10
+ALLOWANCE_TEXT = (f"allowance per CUDA device (assumed, not measured): {CONTEXT_BYTES // MiB} MiB for the CUDA "
+                  f"context, library handles and cuDNN workspace + {ALLOCATOR_OVERHEAD:.0%} of the peak for the "
+                  "caching allocator's rounding and fragmentation")
+MAX_BATCH_LIMIT = 4096
+
+
+def allowance(device: str, peak: int) -> int:
+    return CONTEXT_BYTES + int(ALLOCATOR_OVERHEAD * peak) if device.startswith("cuda") else 0
+
+
+def shortfalls(plan: Plan, budget: int | None) -> dict[str, int]:
+    """Bytes by which each CUDA device misses ``budget`` (none: it fits). The host is not budgeted."""
+    if budget is None:
+        return {}
+    short = {}
+    for name, row in plan.devices.items():
+        need = row.peak_bytes + allowance(name, row.peak_bytes)
+        if name.startswith("cuda") and need > budget:
+            short[name] = need - budget
+    return short
+
+
+def with_batch(cfg: Config, batch_size: int) -> Config:
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update={"batch_size": batch_size})})
+
+
+def largest_batch(cfg: Config, steps: int, budget: int) -> tuple[int | None, Plan | None]:
+    """The largest ``data.batch_size`` whose dry run fits every device, and its plan.
+
+    A device's need grows affinely with the batch, so each next probe is where the line through
+    the last two probes meets the budget (kept strictly between the largest fit and the smallest
+    miss known), and the search ends when those are neighbours."""
+    plans: dict[int, Plan] = {}
+    excess: dict[int, int] = {}
+
+    def probe(batch: int) -> None:
+        plans[batch] = dry_run(with_batch(cfg, batch), steps)
+        excess[batch] = max((row.peak_bytes + allowance(name, row.peak_bytes) - budget
+                             for name, row in plans[batch].devices.items() if name.startswith("cuda")), default=-1)
+        log.info("batch %d: %s", batch, "fits" if excess[batch] <= 0 else f"{excess[batch] / GiB:.2f} GiB over")
+
+    first = cfg.data.batch_size
+    probe(first)
+    probe(first * 2 if excess[first] <= 0 else max(first // 2, 1))
+    while True:
+        fit = max((b for b, e in excess.items() if e <= 0), default=0)
+        miss = min((b for b, e in excess.items() if e > 0), default=None)
+        if miss is not None and miss == fit + 1 or fit >= MAX_BATCH_LIMIT:
+            return (fit, plans[fit]) if fit else (None, None)
+        a, b = sorted(excess, key=lambda n: abs(excess[n]))[:2]  # the two probes nearest the budget
+        slope = (excess[b] - excess[a]) / (b - a)
+        guess = int(a - excess[a] / slope) if slope > 0 else fit * 2
+        upper = MAX_BATCH_LIMIT + 1 if miss is None else miss
+        probe(min(max(guess, fit + 1), upper - 1))
+
+
+def plan_json(plan: Plan, budget: int | None, max_batch: int | None, searched: bool) -> dict[str, Any]:
+    short = shortfalls(plan, budget)
+    devices = {}
+    for name, row in plan.devices.items():
+        entry = {k: v for k, v in asdict(row).items() if k != "device" and v is not None}
+        entry["allowance_bytes"] = allowance(name, row.peak_bytes)
+        entry["fits"] = name not in short
+        devices[name] = entry
+    out: dict[str, Any] = {
+        "devices": devices,
+        "transfer_bytes_per_iteration": plan.transfer_bytes_per_iteration,
+        "host_to_device_bytes_per_iteration": plan.host_to_device_bytes_per_iteration,
+        "fits": not short,
+        "gpu_memory_bytes": budget,
+        "steps": plan.steps,
+    }
+    if searched:
+        out["max_batch"] = max_batch
+    return out
+
+
+def plan_table(plan: Plan, budget: int | None) -> str:
+    short = shortfalls(plan, budget)
+    unit, size = ("GiB", GiB) if max(r.peak_bytes for r in plan.devices.values()) >= GiB else ("MiB", MiB)
+
+    def gib(n: int) -> str:
+        return f"{n / size:.2f}"
+
+    measured = any(row.measured_peak_bytes is not None for row in plan.devices.values())
+    columns = ["device", "params", "grads", "optimizer", "activations", "peak", "+allowance", "need"]
+    if measured:
+        columns += ["measured peak", "allocator peak"]
+    if budget is not None:
+        columns.append(f"fits {budget / GiB:.2f} GiB")
+    rows = []
+    for name, row in plan.devices.items():
+        extra = allowance(name, row.peak_bytes)
+        extra_cells = [_measured(row.measured_peak_bytes, row, gib), _measured(row.allocator_peak_bytes, row, gib)]
+        cells = [name, gib(row.params_bytes), gib(row.grads_bytes), gib(row.optimizer_bytes),
+                 gib(row.activations_bytes), gib(row.peak_bytes), gib(extra), gib(row.peak_bytes + extra)]
+        if measured:
+            cells += extra_cells
+        if budget is not None:
+            cells.append("no" if name in short else "yes" if name.startswith("cuda") else "(host)")
+        rows.append(cells)
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(columns, widths)))]
+    lines += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.append(f"{unit}; each column its own largest over the iterations, peak the most live at once "
+                 "(tensor bytes, as torch.cuda.max_memory_allocated counts them)")
+    lines.append(ALLOWANCE_TEXT)
+    lines.append(f"between devices per iteration: {plan.transfer_bytes_per_iteration / MiB:.1f} MiB; "
+                 f"host to devices: {plan.host_to_device_bytes_per_iteration / MiB:.1f} MiB")
+    lines.extend(f"note: {note}" for note in plan.notes)
+    return "\n".join(lines)
+
+
+def _measured(value: int | None, row: DevicePlan, fmt: Callable[[int], str]) -> str:
+    if value is None:
+        return "-"
+    return f"{fmt(value)} ({(value - row.peak_bytes) / row.peak_bytes:+.1%})" if row.peak_bytes else fmt(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="segadv-plan",
+        description="Dry-run segadv's own training iteration on stand-in devices: placement checked, peak "
+                    "memory per device, before the GPUs exist (docs/planning.md).")
+    add_config_arguments(parser, "default: default, the embedded demo")
+    parser.add_argument("--device-map", help="the map to plan, e.g. g:1,d:0 (any CUDA index, none need exist) or cpu")
+    parser.add_argument("--steps", type=int, default=2, metavar="N", help="iterations to run (default 2)")
+    parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="memory of each GPU, GiB: judge the fit")
+    parser.add_argument("--max-batch", action="store_true",
+                        help="find the largest data.batch_size that fits every device (needs --gpu-memory)")
+    parser.add_argument("--measure", action="store_true",
+                        help="also run the iterations for real on the map's devices and show the real peaks")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    return parser
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(build_parser(), sys.argv[1:] if argv is None else argv)
+    setup_logging(level=logging.WARNING if args.json else logging.INFO)
+    if args.steps < 1:
+        raise UserError(f"--steps: at least 1, got {args.steps}")
+    if args.gpu_memory is not None and args.gpu_memory <= 0:
+        raise UserError(f"--gpu-memory: a size in GiB above 0, got {args.gpu_memory}")
+    if args.max_batch and args.gpu_memory is None:
+        raise UserError("--max-batch needs --gpu-memory (the budget to fit)")
+    cfg = load_config(args.config, args.overrides)
+    if args.device_map is not None:
+        cfg.device_map = args.device_map
+    budget = None if args.gpu_memory is None else int(args.gpu_memory * GiB)
+    max_batch = None
+    if args.max_batch:
+        max_batch, plan = largest_batch(cfg, args.steps, budget)
+        if plan is None:
+            plan = dry_run(with_batch(cfg, 1), args.steps)
+        else:
+            cfg = with_batch(cfg, max_batch)
+    else:
+        plan = dry_run(cfg, args.steps)
+    if args.measure:
+        measure(cfg, plan, args.steps)
+    if args.json:
+        print(json.dumps(plan_json(plan, budget, max_batch, args.max_batch), indent=1))
+    else:
+        batch = "" if not args.max_batch else (
+            f"largest data.batch_size that fits: {max_batch}\n" if max_batch else "no batch size fits (not even 1)\n")
+        print(f"plan of {cfg.method.name}, data.batch_size {cfg.data.batch_size}, {plan.steps} iterations "
+              f"({plan.seconds:.1f} s), device map {cfg.device_map}:\n{batch}{plan_table(plan, budget)}")
+    short = shortfalls(plan, budget)
+    if short:
+        for name, missing in short.items():
+            log.error("%s does not fit in %.2f GiB: %.2f GiB short", name, budget / GiB, missing / GiB)
+        return EXIT_DOES_NOT_FIT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""The dry run: segadv's own build and iteration on stand-in devices, under fake tensors.
+
+``build_training`` (segadv/build.py) builds the run as segadv-train does, with the networks'
+construction on ``meta`` (no values, no time) and their placement onto the stand-in devices
+under ``FakeTensorMode``; then the configured method runs its iterations on stand-in batches of
+the configured shape. ``measure`` runs the same iterations for real, on the map's own devices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.overrides import TorchFunctionMode
+
+from segadv.build import Training, build_training
+from segadv.config import Config
+from segadv.errors import UserError
+from segadv.parallel.device_map import DeviceMap, parse_device_map
+from segadv.parallel.placement import unwrap
+from segadv.plan import standin
+from segadv.plan.accounting import DryRunMode, segadv_line
+from segadv.plan.batches import FixedStream, make_batch, stream_shapes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DevicePlan:
+    device: str  # as the map names it: cuda:1, cpu
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    # Each column is its own largest over the iterations; activations_bytes: everything else
+    # (activations, temporaries, the scalers' few bytes). peak_bytes: the most live at one moment.
+    activations_bytes: int
+    peak_bytes: int
+    measured_peak_bytes: int | None = None  # --measure: the real tensors' peak
+    allocator_peak_bytes: int | None = None  # --measure: the allocator's own peak
+
+
+@dataclass
+class Plan:
+    devices: dict[str, DevicePlan]
+    transfer_bytes_per_iteration: int  # between the map's devices (G's maps to D, gradients back)
+    host_to_device_bytes_per_iteration: int  # the batches' copies from the host
+    steps: int
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_config(cfg: Config) -> Config:
+    """The run as planned: no encoder weights (their values do not matter, and nothing may be
+    downloaded or read)."""
+    generator = cfg.model.generator.model_copy(update={"encoder_weights": None})
+    model = cfg.model.model_copy(update={"generator": generator})
+    return cfg.model_copy(update={"model": model, "init": type(cfg.init)()})
+
+
+def map_devices(spec: str | None) -> DeviceMap:
+    """The map as written (any CUDA index, any count: nothing needs to be visible), replica sets refused."""
+    device_map = parse_device_map(spec, cuda_device_count=standin.DEVICE_COUNT)
+    if spec is None or not spec.strip():
+        raise UserError("segadv-plan: give the device map to plan (--device-map g:1,d:0, or cpu)")
+    for role, devices in (("g", device_map.generator_devices), ("d", device_map.discriminator_devices),
+                          ("d_aux", device_map.named_aux_discriminator_devices or ())):
+        if len(devices) > 1:
+            names = "+".join(str(d) for d in devices)
+            raise UserError(f"device map {spec!r}: {role}:{names} is a DataParallel replica set, which segadv-plan "
+                            f"does not dry-run; plan one replica ({role}:{devices[0]}) with data.batch_size divided "
+                            f"by {len(devices)}: each replica holds that, the first also the gathered outputs")
+    return device_map
+
+
+def standin_map(device_map: DeviceMap, device_type: str) -> DeviceMap:
+    def swap(devices: tuple[torch.device, ...] | None) -> tuple[torch.device, ...] | None:
+        return None if devices is None else tuple(standin.standin_for(d, device_type) for d in devices)
+
+    return DeviceMap(swap(device_map.generator_devices), swap(device_map.discriminator_devices),
+                     swap(device_map.named_aux_discriminator_devices))
+
+
+class PlaceEmpty(TorchFunctionMode):
+    """``Tensor.to(device)`` of a ``meta`` tensor gives an empty (fake) tensor on ``device``:
+    the networks, built on meta, are placed by segadv's own ``place_networks``."""
+
+    def __init__(self, modes: list[Any]) -> None:
+        super().__init__()
+        self.modes = modes
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to and args[0].is_meta:
+            device, dtype, _, memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
+            if device is not None and device.type != "meta":
+                tensor = args[0]
+                if memory_format is None or memory_format == torch.preserve_format:
+                    memory_format = torch.contiguous_format
+                with contextlib.ExitStack() as stack:
+                    for mode in self.modes:
+                        stack.enter_context(mode)
+                    return torch.empty(tensor.shape, dtype=dtype or tensor.dtype, device=device,
+                                       memory_format=memory_format)
+        return func(*args, **kwargs)
+
+
+class DryRunScaler(torch.amp.GradScaler):
+    """GradScaler whose inf check steps as if every gradient were finite: fake tensors have no
+    values to read (the unscale and the check's tensors are still made, so counted)."""
+
+    def _maybe_opt_step(self, optimizer: torch.optim.Optimizer, optimizer_state: dict[str, Any],
+                        *args: Any, **kwargs: Any) -> Any:
+        return optimizer.step(*args, **kwargs)
+
+
+def as_on_cuda(opt: Any, real: DeviceMap) -> None:
+    """What the stand-in cannot decide as CUDA would: torch picks its multi-tensor (foreach)
+    optimizer kernels for plain tensors on CUDA only, never for fake ones, so a CUDA network's
+    optimizer left to torch's choice (optim.*.implementation: auto) gets foreach here; and the
+    scaler steps without reading its inf check."""
+    opt.scaler.__class__ = DryRunScaler
+    if opt.device.type == "cpu":
+        return
+    for group in opt.optimizer.param_groups:
+        if group.get("foreach") is None and not group.get("fused"):
+            group["foreach"] = True
+
+
+def networks(parts: Training) -> list[tuple[torch.nn.Module, Any]]:
+    """(bare network, its AmpOptimizer) of every network trained."""
+    return [(unwrap(module), opt) for _, module, opt, _ in parts.networks()]
+
+
+@contextlib.contextmanager
+def accounting(parts: Training, tracker: DryRunMode) -> Iterator[None]:
+    """File parameters, gradients (as they are accumulated) and optimizer state (after each
+    step) under their categories while the iterations run."""
+    handles = []
+    for bare, _ in networks(parts):
+        tracker.mark([*bare.parameters(), *bare.buffers()], "params")
+        for p in bare.parameters():
+            if p.requires_grad:
+                handles.append(p.register_post_accumulate_grad_hook(lambda p: tracker.mark([p.grad], "grads")))
+
+    def state_filed(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        tracker.mark([t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)],
+                     "optimizer")
+
+    handles.append(register_optimizer_step_post_hook(state_filed))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def dry_run_settings() -> Iterator[None]:
+    """The autograd engine's device threads check the real device count: run backward on the
+    calling thread (where the modes are). Module.to on fake tensors overwrites parameters."""
+    threads = torch.autograd.set_multithreading_enabled
+    try:
+        threads(False)
+        yield
+    finally:
+        threads(True)
+
+
+def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, batches: dict[str, Any]) -> None:
+    """``steps`` iterations of the method, the run's last ones (every term of the loss on); the
+    tracker's transfers are the last one's."""
+    streams = {name: FixedStream(batch) for name, batch in batches.items()}
+    first = max(cfg.train.max_steps - steps, 0)
+    with accounting(parts, tracker):
+        tracker.enforce = True
+        try:
+            for step in range(first, first + steps):
+                tracker.transfers.clear()
+                parts.method(streams, step)
+        except ValueError as err:  # a shape or batch the networks refuse: training would stop there too
+            where = segadv_line(traceback.extract_tb(err.__traceback__))
+            raise UserError(f"the {cfg.method.name} iteration fails as segadv-train's would: {err}\n  at {where}") \
+                from None
+        finally:
+            tracker.enforce = False
+
+
+def transfer_totals(tracker: DryRunMode) -> tuple[int, int]:
+    between = sum(n for (src, dst), n in tracker.transfers.items() if src.type != "cpu" and dst.type != "cpu")
+    host = sum(n for (src, dst), n in tracker.transfers.items() if src.type == "cpu")
+    return between, host
+
+
+def device_rows(tracker: DryRunMode, planned: DeviceMap, real: DeviceMap) -> dict[str, DevicePlan]:
+    rows = {}
+    for device, shown in zip(planned.devices, real.devices):
+        memory = tracker.memory[device]
+        most = memory.largest
+        rows[str(shown)] = DevicePlan(str(shown), most["params"], most["grads"], most["optimizer"], most["other"],
+                                      memory.peak_bytes)
+    return rows
+
+
+def dry_run(cfg: Config, steps: int = 2) -> Plan:
+    """Plan ``cfg`` (its ``device_map``) by ``steps`` iterations on stand-in devices."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    start = time.perf_counter()
+    cfg = plan_config(cfg)
+    real = map_devices(cfg.device_map)
+    device_type = standin.register()
+    planned = standin_map(real, device_type)
+    notes = []
+    if device_type == "meta" and any(a.enabled for a in (cfg.amp.generator, cfg.amp.discriminator)):
+        notes.append("this torch has no Python backend registration: planned on meta devices, where autocast "
+                     "does nothing (an fp32 plan)")
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    tracker = DryRunMode(planned.devices)
+    with dry_run_settings():
+        with torch.device("meta"), PlaceEmpty([fake, tracker]):
+            parts = build_training(cfg, planned)
+        for _, opt in networks(parts):
+            as_on_cuda(opt, real)
+        shapes = stream_shapes(cfg, parts.method.streams)
+        batches = {name: make_batch(shape, cfg.data.num_classes) for name, shape in shapes.items()}
+        with fake, tracker:
+            batches = {name: _fake(fake, batch) for name, batch in batches.items()}
+            iterate(parts, cfg, steps, tracker, batches)
+    between, host = transfer_totals(tracker)
+    return Plan(device_rows(tracker, planned, real), between, host, steps, time.perf_counter() - start, notes)
+
+
+def _fake(mode: Any, batch: Any) -> Any:
+    if isinstance(batch, tuple):
+        return tuple(mode.from_tensor(t) for t in batch)
+    return mode.from_tensor(batch)
+
+
+def measure(cfg: Config, plan: Plan, steps: int = 2) -> None:
+    """Run the same iterations for real on the map's own devices and put, beside each device's
+    plan, the real tensors' peak (counted as the dry run counts) and the allocator's own peak:
+    ``torch.cuda.max_memory_allocated`` on CUDA, torch.profiler's memory events on the CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = plan_config(cfg)
+    real = map_devices(cfg.device_map)
+    missing = [d for d in real.devices if d.type == "cuda" and d.index >= torch.cuda.device_count()]
+    if missing:
+        raise UserError(f"--measure runs the iterations for real: {', '.join(map(str, missing))} is not here "
+                        "(plan with --device-map cpu on a machine without those GPUs)")
+    cuda = [d for d in real.devices if d.type == "cuda"]
+    for device in cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    tracker = DryRunMode(real.devices)
+    torch.manual_seed(cfg.train.seed)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with tracker:
+            parts = build_training(cfg, real)
+        shapes = stream_shapes(cfg, parts.method.streams)
+        batches = {name: make_batch(shape, cfg.data.num_classes) for name, shape in shapes.items()}
+        with tracker:
+            iterate(parts, cfg, steps, tracker, batches)
+    for device in real.devices:
+        row = plan.devices[str(device)]
+        row.measured_peak_bytes = tracker.memory[device].peak_bytes
+        row.allocator_peak_bytes = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+                                    else profiler_peak(prof))
+
+
+def profiler_peak(prof: Any) -> int:
+    """The CPU allocator's peak over the profiled span: its allocation events summed in order."""
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak

@@ -1,0 +1,85 @@
+"""The stand-in device: a Python-registered PrivateUse1 backend that takes a CUDA device's place.
+
+Under ``FakeTensorMode`` no kernel runs and no memory is allocated, but the autograd engine and
+autocast still treat the tensors as living on an accelerator: ``standin:1`` walks the branches
+``cuda:1`` walks, on any CPU machine. ``torch.utils.backend_registration``'s Python backend is
+private and experimental; when it is missing (``available()`` is False) the plan runs on
+``meta:N`` devices instead, where autocast does nothing (an fp32 plan).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+NAME = "standin"
+# Indices up to this are valid stand-in devices (a device map names CUDA indices this small).
+DEVICE_COUNT = 64
+
+
+class _Module:
+    """``torch.standin``: what torch asks of a backend module (autocast, the autograd engine)."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def device_count() -> int:
+        return DEVICE_COUNT
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        """No values are ever drawn on a stand-in device."""
+
+    @staticmethod
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        return [torch.float16, torch.bfloat16]
+
+
+def available() -> bool:
+    from torch.utils import backend_registration
+
+    return hasattr(backend_registration, "_setup_privateuseone_for_python_backend")
+
+
+@functools.cache
+def register() -> str:
+    """Register the stand-in backend (once per process) and CUDA's autocast policy for it; returns
+    the device type the plan uses: ``standin``, or ``meta`` where the API is missing."""
+    if not available():
+        return "meta"
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    from segadv.plan.autocast_policy import register_cuda_policy
+
+    _setup_privateuseone_for_python_backend(NAME, backend_module=_Module())
+    register_cuda_policy("AutocastPrivateUse1")
+    return NAME
+
+
+def standin_for(device: torch.device, device_type: str) -> torch.device:
+    """``cuda:N`` -> ``<device_type>:N``; any other device stays itself."""
+    if device.type != "cuda":
+        return device
+    return torch.device(device_type, 0 if device.index is None else device.index)
+
+
+def real_name(device: torch.device) -> str:
+    """The device a stand-in stands for, as the user wrote it (``standin:1`` -> ``cuda:1``)."""
+    if device.type in (NAME, "meta") and device.index is not None:
+        return f"cuda:{device.index}"
+    return str(device)

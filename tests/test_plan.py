@@ -1,0 +1,187 @@
+"""segadv-plan: segadv's own iteration dry-run on stand-in devices (docs/planning.md)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import segadv.engine.step as step_module
+from segadv.config import load_config
+from segadv.config import CONFIGS_DIR
+from segadv.errors import UserError
+from segadv.plan.accounting import PlacementError
+from segadv.plan.cli import main
+from segadv.plan.dry_run import dry_run, measure
+
+SHIPPED = sorted(p.name for p in CONFIGS_DIR.glob("*.yaml"))
+AUX_D = {"adaptsegnet_gta5_cityscapes.yaml", "advent_gta5_cityscapes.yaml", "uda.yaml"}
+# The configs' own architectures on small crops (a few seconds a dry run; fake tensors cost per op,
+# not per pixel, so this is about the crop's effect on nothing but the figures).
+SMALL_CROP = "[{name: Resize, height: 64, width: 64}]"
+# Shipped with data.batch_size 1 and DeepLabV3, whose ASPP pooling BatchNorm cannot train on one
+# sample: they fail at the first step (test_a_batch_the_networks_refuse_is_a_user_error); planned at 2.
+BATCH_OF_ONE = {"adaptsegnet_gta5_cityscapes.yaml", "advent_gta5_cityscapes.yaml"}
+
+
+def demo(*overrides):
+    return load_config(None, ["device_map=g:1,d:0", *overrides])
+
+
+def small(name, *overrides):
+    cfg = load_config(CONFIGS_DIR / name, [f"data.train_transforms={SMALL_CROP}", *overrides])
+    if cfg.target_data is not None:
+        cfg = load_config(CONFIGS_DIR / name, [f"data.train_transforms={SMALL_CROP}",
+                                               f"target_data.train_transforms={SMALL_CROP}", *overrides])
+    return cfg
+
+
+@pytest.mark.parametrize("g_dtype,d_dtype", [("bfloat16", "float16"), ("float16", "bfloat16")])
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_config_plans_on_two_gpus(name, g_dtype, d_dtype):
+    device_map = "g:1,d:0,d_aux:2" if name in AUX_D else "g:1,d:0"
+    batch = ["data.batch_size=2"] if name in BATCH_OF_ONE else []
+    cfg = small(name, *batch, f"device_map={device_map}", "amp.generator.enabled=true", f"amp.generator.dtype={g_dtype}",
+                "amp.discriminator.enabled=true", f"amp.discriminator.dtype={d_dtype}")
+    plan = dry_run(cfg, steps=1)
+    expected = ["cuda:1", "cuda:0", "cuda:2"] if name in AUX_D else ["cuda:1", "cuda:0"]
+    assert list(plan.devices) == expected
+    for row in plan.devices.values():
+        assert row.params_bytes > 0
+        assert max(row.params_bytes, row.grads_bytes, row.optimizer_bytes, row.activations_bytes) <= row.peak_bytes
+        assert row.peak_bytes <= row.params_bytes + row.grads_bytes + row.optimizer_bytes + row.activations_bytes
+    g_params = sum(p.numel() for p in build_generator_of(cfg).parameters())
+    assert plan.devices["cuda:1"].params_bytes >= 4 * g_params  # G's float32 weights on G's device
+    assert plan.transfer_bytes_per_iteration > 0
+
+
+def build_generator_of(cfg):
+    from segadv.models import build_generator
+
+    with torch.device("meta"):
+        return build_generator(cfg.model.generator.model_copy(update={"encoder_weights": None}),
+                               cfg.data.num_classes)
+
+
+def test_a_batch_the_networks_refuse_is_a_user_error():
+    with pytest.raises(UserError, match=r"the advent iteration fails as segadv-train's would: Expected more than 1 "
+                                        r"value per channel when training(.|\n)*at segadv/models/generator.py"):
+        dry_run(small("advent_gta5_cityscapes.yaml", "device_map=g:1,d:0"), steps=1)
+
+
+def test_bf16_lowers_the_generators_peak():
+    fp32 = dry_run(demo(), steps=1).devices["cuda:1"]
+    bf16 = dry_run(demo("amp.generator.enabled=true"), steps=1).devices["cuda:1"]
+    assert bf16.activations_bytes < 0.8 * fp32.activations_bytes
+    assert bf16.peak_bytes < fp32.peak_bytes
+    assert bf16.params_bytes == fp32.params_bytes  # weights stay float32 under autocast
+
+
+def test_doubling_the_batch_doubles_the_activations():
+    one = dry_run(demo("data.batch_size=8"), steps=2)
+    two = dry_run(demo("data.batch_size=16"), steps=2)
+    for device in ("cuda:1", "cuda:0"):
+        ratio = two.devices[device].activations_bytes / one.devices[device].activations_bytes
+        assert 1.7 <= ratio <= 2.3, (device, ratio)
+        assert two.devices[device].params_bytes == one.devices[device].params_bytes
+
+
+def test_measure_on_cpu_agrees_with_the_plan():
+    cfg = load_config(None, ["device_map=cpu"])
+    plan = dry_run(cfg, steps=2)
+    measure(cfg, plan, steps=2)
+    row = plan.devices["cpu"]
+    assert abs(row.measured_peak_bytes - row.peak_bytes) <= 0.02 * row.peak_bytes
+    # The allocator holds a little more than the tensors (its own rounding, CPU kernels' scratch).
+    assert row.peak_bytes <= row.allocator_peak_bytes <= 1.2 * row.peak_bytes
+
+
+@pytest.mark.cuda
+def test_measure_on_cuda_agrees_with_max_memory_allocated():
+    cfg = load_config(None, ["device_map=cuda:0"])
+    plan = dry_run(cfg, steps=2)
+    measure(cfg, plan, steps=2)
+    row = plan.devices["cuda:0"]
+    assert abs(row.measured_peak_bytes - row.peak_bytes) <= 0.02 * row.peak_bytes
+    assert abs(row.allocator_peak_bytes - row.peak_bytes) <= 0.05 * row.peak_bytes
+
+
+def planted(monkeypatch, stray):
+    real = step_module.masked_bce_with_logits
+
+    def with_stray(logits, target, valid):
+        return real(stray(logits), target, valid)
+
+    monkeypatch.setattr(step_module, "masked_bce_with_logits", with_stray)
+
+
+def test_a_stray_default_device_tensor_is_caught(monkeypatch):
+    planted(monkeypatch, lambda logits: logits + torch.zeros(logits.shape))  # the default device: the CPU
+    with pytest.raises(PlacementError) as caught:
+        dry_run(demo(), steps=1)
+    message = str(caught.value)
+    assert "aten.zeros.default" in message and "on cpu" in message
+    assert "segadv/engine/step.py:" in message and "masked_bce_with_logits(" in message
+
+
+def test_a_hard_coded_cuda_device_is_caught(monkeypatch):
+    planted(monkeypatch, lambda logits: logits.to("cuda:0"))
+    with pytest.raises(PlacementError) as caught:
+        dry_run(demo("device_map=g:1,d:2"), steps=1)
+    message = str(caught.value)
+    assert "aten._to_copy.default" in message and "cuda:0 (named in the code" in message
+    assert "segadv/engine/step.py:" in message
+
+
+def test_an_op_mixing_devices_is_caught(monkeypatch):
+    # D's logits moved to G's device, then met with D's validity mask: the ops mix devices.
+    planted(monkeypatch, lambda logits: logits.to(torch.device("standin", 1)))
+    with pytest.raises(PlacementError, match=r"mixes devices cuda:0, cuda:1"):
+        dry_run(demo(), steps=1)
+
+
+def test_replica_sets_are_refused_with_the_replica_to_plan():
+    with pytest.raises(UserError, match=r"g:cuda:1\+cuda:2 is a DataParallel replica set.*g:cuda:1"):
+        dry_run(demo("device_map=g:1+2,d:0"), steps=1)
+
+
+def test_cli_exit_codes_and_json(capsys, caplog):
+    assert main(["--device-map", "g:1,d:0", "--gpu-memory", "24"]) == 0
+    text = capsys.readouterr().out
+    assert "cuda:1" in text and "cuda:0" in text and "allowance per CUDA device (assumed" in text
+    assert main(["--device-map", "g:1,d:0", "--gpu-memory", "0.5", "--json"]) == 3
+    data = json.loads(capsys.readouterr().out)
+    assert list(data["devices"]) == ["cuda:1", "cuda:0"] and data["fits"] is False
+    assert data["devices"]["cuda:1"]["fits"] is False
+    assert "cuda:1 does not fit in 0.50 GiB" in caplog.text
+    for entry in data["devices"].values():
+        assert set(entry) >= {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes",
+                              "fits"}
+    assert main(["--max-batch"]) == 2
+    assert main(["--device-map", "g:1+2,d:0"]) == 2
+
+
+def test_max_batch_is_the_largest_that_fits(capsys):
+    assert main(["--device-map", "g:1,d:0", "--gpu-memory", "0.9", "--max-batch", "--json", "--steps", "1"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    best = data["max_batch"]
+    assert best and data["fits"]
+    assert main(["--device-map", "g:1,d:0", "--gpu-memory", "0.9", "--json", "--steps", "1",
+                 f"data.batch_size={best + 1}"]) == 3
+
+
+def test_voc_plans_without_voc_or_weights():
+    """configs/voc.yaml (DeepLabV3+/ResNet-101, batch 10, 320 px) as segadv-plan runs it: no data
+    files, no ImageNet weights; under a minute on a 2-core CPU."""
+    result = subprocess.run(
+        [sys.executable, "-m", "segadv.plan.cli", "--config", str(CONFIGS_DIR / "voc.yaml"), "--device-map",
+         "g:1,d:0", "--gpu-memory", "1", "--json"], capture_output=True, text=True, timeout=300,
+        cwd=Path(__file__).parent)
+    assert result.returncode == 3, result.stderr
+    data = json.loads(result.stdout)
+    assert list(data["devices"]) == ["cuda:1", "cuda:0"]
+    g = data["devices"]["cuda:1"]
+    assert 3.0 * 2**30 < g["peak_bytes"] < 5.0 * 2**30 and g["fits"] is False
+    assert "cuda:1 does not fit in 1.00 GiB" in result.stderr
