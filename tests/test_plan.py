@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import segadv.engine.step as step_module
+import segadv.methods.adversarial as step_module
 from segadv.config import load_config
 from segadv.config import CONFIGS_DIR
 from segadv.errors import UserError
@@ -123,7 +123,7 @@ def test_a_stray_default_device_tensor_is_caught(monkeypatch):
         dry_run(demo(), steps=1)
     message = str(caught.value)
     assert "aten.zeros.default" in message and "on cpu" in message
-    assert "segadv/engine/step.py:" in message and "masked_bce_with_logits(" in message
+    assert "segadv/methods/adversarial.py:" in message and "masked_bce_with_logits(" in message
 
 
 def test_a_hard_coded_cuda_device_is_caught(monkeypatch):
@@ -132,7 +132,7 @@ def test_a_hard_coded_cuda_device_is_caught(monkeypatch):
         dry_run(demo("device_map=g:1,d:2"), steps=1)
     message = str(caught.value)
     assert "aten._to_copy.default" in message and "cuda:0 (named in the code" in message
-    assert "segadv/engine/step.py:" in message
+    assert "segadv/methods/adversarial.py:" in message
 
 
 def test_an_op_mixing_devices_is_caught(monkeypatch):

@@ -23,7 +23,6 @@ from segadv.build import Training, build_training
 from segadv.config import Config
 from segadv.errors import UserError
 from segadv.parallel.device_map import DeviceMap, parse_device_map
-from segadv.parallel.placement import unwrap
 from segadv.plan import standin
 from segadv.plan.accounting import DryRunMode, segadv_line
 from segadv.plan.batches import FixedStream, make_batch, stream_shapes
@@ -134,7 +133,7 @@ def as_on_cuda(opt: Any, real: DeviceMap) -> None:
 
 def networks(parts: Training) -> list[tuple[torch.nn.Module, Any]]:
     """(bare network, its AmpOptimizer) of every network trained."""
-    return [(unwrap(module), opt) for _, module, opt, _ in parts.networks()]
+    return [(net.bare, net.opt) for net in parts.networks()]
 
 
 @contextlib.contextmanager
