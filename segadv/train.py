@@ -28,6 +28,7 @@ from segadv.engine.nonfinite import NonFiniteGuard
 from segadv.errors import UserError, WriteFailed, cli_entry
 from segadv.fsutil import unwritable
 from segadv.methods import stream_batch_sizes
+from segadv.monitor.diagnostics import D_LOSSES, DWinsWatch
 from segadv.monitor.images import confidence_panel, segmentation_panel
 from segadv.monitor.meters import LossAverager, StepTimer
 from segadv.monitor.profile import RunProfile, format_profile, peak_memory_gib, profile_scalars
@@ -90,6 +91,7 @@ def train(
     progress = Progress(max_steps, start=step, bar=cfg.log.progress_bar if env.is_main else False)
     losses, timer, profile = LossAverager(), StepTimer(), RunProfile(parts.phases)
     guard = NonFiniteGuard(cfg.train.on_nonfinite, checkpoints, device_map.generator)
+    d_wins = watch_d_wins(cfg, env)
     val_metrics: dict[str, object] = {}
     stopped_by: str | None = None
     with StopRequests() as stop:
@@ -108,6 +110,7 @@ def train(
                                              {**timer.pop(), **guard.skipped()})
                         parts.phases.resolve()  # the losses' read synced the devices
                     guard.check(step, means)
+                    d_wins.update(step, means)
                 evaluating = step % cfg.train.eval_every == 0 or final
                 saving = checkpoints.due(step, final or interrupted)
                 if evaluating or saving:
@@ -186,6 +189,12 @@ def open_writer(cfg: Config, run_dir: Path, env: DistEnv, resume_step: int | Non
         return NullWriter(run_dir)
     dump_config(cfg, run_dir / "config.yaml")
     return MetricWriter(run_dir, tensorboard=cfg.log.tensorboard, resume_step=resume_step)
+
+
+def watch_d_wins(cfg: Config, env: DistEnv) -> DWinsWatch:
+    """"D wins outright" (``log.d_wins_loss``) on rank 0 only: the losses it reads are averaged
+    over the ranks, and the other ranks log warnings too."""
+    return DWinsWatch(cfg.log, D_LOSSES if env.is_main else ())
 
 
 def count_data_waits(streams: Streams, timer: StepTimer, profile: RunProfile) -> None:
@@ -310,10 +319,13 @@ def first_images(stream: Stream, count: int) -> torch.Tensor:
 
 
 def log_method_panel(cfg: Config, parts: Training, images: torch.Tensor, writer: MetricWriter, step: int) -> None:
+    """The method's panel and, from the same maps, the histogram of D's confidence at every pixel
+    of the panel's images (``diag/d_confidence_<panel stream>``)."""
     maps = parts.method.panel(images)
     if maps is not None:
         panel = confidence_panel(maps, palette(cfg.data.num_classes), cfg.data.mean, cfg.data.std)
         writer.image(step, maps.tag, panel)
+        writer.histogram(step, f"diag/d_confidence_{parts.method.panel_stream}", maps.confidence)
 
 
 def generator_for_evaluation(parts: Training) -> nn.Module:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 
 import pytest
 import torch
 
+from segadv.config import load_config
 from segadv.config.schema import LogConfig
 from segadv.monitor.diagnostics import DWinsDetector, d_accuracy, d_confidence
 from segadv.monitor.writer import MetricWriter, NullWriter
+from segadv.train import train
+
+from test_domain_adaptation import UDA_OVERRIDES
 
 LOGITS = torch.tensor([[[[2.0, -1.0], [0.5, -3.0]]], [[[0.0, 1.0], [-2.0, 4.0]]]])  # (2,1,2,2)
 VALID = torch.tensor([[[True, True], [False, True]], [[True, False], [True, True]]])
@@ -69,3 +74,32 @@ def test_histogram_goes_to_tensorboard(tmp_path):
     quiet.close()
     assert not quiet.tensorboard_dir.exists()
     NullWriter(tmp_path).histogram(5, "d/confidence_unlabeled", values)
+
+
+# ------------------------------------------------------------------------- in a run
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("d_wins_loss", ["100", "null"])
+def test_a_run_warns_once_per_d_that_wins_with_the_numbers(tmp_path, caplog, d_wins_loss):
+    """Multi-level AdaptSegNet logs loss_d and loss_d_aux; a bound above any BCE loss makes both Ds
+    "win" from the first log step: one warning each once log.d_wins_steps log steps are in."""
+    cfg = load_config(None, [*UDA_OVERRIDES, "train.log_every=1", f"log.d_wins_loss={d_wins_loss}",
+                             "log.d_wins_steps=2", "log.tensorboard=false"])
+    cfg.run_dir, cfg.device_map = str(tmp_path / "run"), "cpu"
+    with caplog.at_level(logging.WARNING, logger="segadv.monitor.diagnostics"):
+        train(cfg)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "segadv.monitor.diagnostics"]
+    if d_wins_loss == "null":
+        assert warnings == []
+        return
+    logged = {r["step"]: r for r in read_metrics(tmp_path / "run") if "train/loss_d" in r}
+    expected = []
+    for name in ("loss_d", "loss_d_aux"):
+        first, second = logged[1][f"train/{name}"], logged[2][f"train/{name}"]
+        expected.append(f"D wins outright: {name} below 100 at 2 consecutive log steps (steps 1-2; "
+                        f"min {min(first, second):.4f}, now {second:.4f})")
+    assert [w.split(": D tells")[0] for w in warnings] == expected

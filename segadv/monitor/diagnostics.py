@@ -6,7 +6,7 @@ self-training's confidence mask empties)."""
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 
@@ -67,3 +67,20 @@ class DWinsDetector:
             "a confidence-masked self-training loss passes few pixels (log.d_wins_loss, log.d_wins_steps).",
             self.name, self.bound, self.steps, self._streak[0][0], step, min(values), loss_d)
         return True
+
+
+D_LOSSES = ("loss_d", "loss_d_aux")  # the methods' D losses: the main D's, the aux level's D's
+
+
+class DWinsWatch:
+    """One :class:`DWinsDetector` per D loss, fed the averaged losses of each log step. A loss the
+    run does not log (``loss_d_aux`` with one D, any with MinEnt) is skipped."""
+
+    def __init__(self, cfg: LogConfig, names: tuple[str, ...] = D_LOSSES) -> None:
+        detectors = (DWinsDetector.from_config(cfg, name) for name in names)
+        self.detectors = [detector for detector in detectors if detector is not None]
+
+    def update(self, step: int, losses: Mapping[str, float]) -> None:
+        for detector in self.detectors:
+            if detector.name in losses:
+                detector.update(step, losses[detector.name])
