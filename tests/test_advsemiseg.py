@@ -179,6 +179,33 @@ def test_trains_logs_new_scalars_and_panel_and_checkpoints_stream_positions(tmp_
     assert "train/unlabeled_confidence_pseudo" in events.Tags()["images"]
 
 
+def test_panel_confidence_histogram_is_logged_at_each_evaluation_from_the_panels_maps(tmp_path, monkeypatch):
+    from segadv.config import load_config
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    panels = []
+    real_panel = AdvSemiSeg.panel
+
+    def recorded_panel(self, images):
+        panels.append(real_panel(self, images))
+        return panels[-1]
+
+    monkeypatch.setattr(AdvSemiSeg, "panel", recorded_panel)
+    cfg = load_config(None, semi_overrides("train.max_steps=4"))
+    cfg.run_dir, cfg.device_map = str(tmp_path / "run"), "cpu"
+    train(cfg)
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"histograms": 0}).Reload()
+    histograms = events.Histograms("diag/d_confidence_unlabeled")
+    assert [h.step for h in histograms] == [2, 4] and len(panels) == 2  # one panel (one D pass) per evaluation
+    for histogram, maps in zip(histograms, panels):
+        confidence = maps.confidence.double()
+        assert confidence.shape == (2, 64, 64)  # log.num_images unlabeled images, every pixel
+        value = histogram.histogram_value
+        assert value.num == confidence.numel()
+        assert (value.min, value.max, value.sum) == pytest.approx(
+            (confidence.min().item(), confidence.max().item(), confidence.sum().item()), rel=1e-6)
+
+
 def test_unlabeled_masks_are_never_read_in_training(tmp_path, monkeypatch):
     from segadv.config import load_config
     import segadv.data.files as files

@@ -79,7 +79,8 @@ class MetricWriter:
     def histogram(self, step: int, tag: str, values: torch.Tensor) -> None:
         """A TensorBoard histogram of ``values`` (any shape; copied to the CPU); not in metrics.jsonl."""
         if self._tb is not None:
-            self._tb.add_histogram(tag, values.detach().float().cpu(), step)
+            with self._writing(self.tensorboard_dir):
+                self._tb.add_histogram(tag, values.detach().float().cpu(), step)
 
     def flush(self) -> None:
         with self._writing(self.jsonl_path):
