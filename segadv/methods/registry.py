@@ -67,7 +67,8 @@ def check_method_config(cfg: Config) -> None:
     if name == "s4gan" and cfg.model.discriminator.kind != "image":
         raise UserError("model.discriminator.kind: s4gan's D scores whole images with their class maps; set "
                         "model.discriminator.kind: image (configs/s4gan_voc.yaml)")
-    for key, section in (("discriminator", cfg.model.discriminator), ("discriminator_aux", cfg.model.discriminator_aux)):
+    for key in ("discriminator", "discriminator_aux"):
+        section = getattr(cfg.model, key)
         if name != "s4gan" and section is not None and section.kind == "image":
             raise UserError(f"model.{key}.kind: image is s4gan's image-level D; the {name} method's D scores "
                             "pixels (kind: fc)")

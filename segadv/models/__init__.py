@@ -3,4 +3,5 @@
 from segadv.models.discriminator import DISCRIMINATORS, FCDiscriminator, ImageDiscriminator, build_discriminator
 from segadv.models.generator import GENERATORS, build_generator, build_generator_for_weights
 
-__all__ = ["DISCRIMINATORS", "GENERATORS", "FCDiscriminator", "ImageDiscriminator", "build_discriminator", "build_generator", "build_generator_for_weights"]
+__all__ = ["DISCRIMINATORS", "GENERATORS", "FCDiscriminator", "ImageDiscriminator", "build_discriminator",
+           "build_generator", "build_generator_for_weights"]
