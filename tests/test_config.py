@@ -148,7 +148,7 @@ def test_missing_base_names_both_files(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- shipped configs by name
 
 SHIPPED = ["adaptsegnet_gta5_cityscapes", "advent_gta5_cityscapes", "advsemiseg_voc", "cityscapes", "default",
-           "folder", "gta5", "pretext", "semi", "synthetic", "uda", "voc"]
+           "folder", "gta5", "pretext", "s4gan_voc", "semi", "synthetic", "uda", "voc"]
 
 
 def test_configs_dir_is_the_checkouts_configs() -> None:

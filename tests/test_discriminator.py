@@ -1,4 +1,5 @@
-"""D's depth: ``model.discriminator.num_downsamples`` stride-2 convolutions, the reference's five by default."""
+"""D: the fc D's depth, ``model.discriminator.num_downsamples`` stride-2 convolutions (the
+reference's five by default), and s4GAN's image-level D."""
 
 from __future__ import annotations
 
@@ -53,3 +54,24 @@ def test_num_downsamples_is_checked(tmp_path: Path):
     with pytest.raises(UserError) as info:
         load_config(empty, ["model.discriminator.num_downsamples=0"])
     assert "model.discriminator.num_downsamples: must be greater than or equal to 1" in str(info.value)
+
+
+def test_the_image_discriminator_is_s4gans():
+    """Classes + RGB in, the reference's four stride-2 convolutions by default, dropout after the
+    first three, one logit per image and the pooled features beside it."""
+    from segadv.models import ImageDiscriminator
+
+    d = build_discriminator(DiscriminatorConfig(kind="image", ndf=4), num_classes=5)
+    assert isinstance(d, ImageDiscriminator)
+    assert [tuple(conv.weight.shape) for conv in d.features] == [(4, 8, 4, 4), (8, 4, 4, 4), (16, 8, 4, 4),
+                                                                  (32, 16, 4, 4)]
+    assert tuple(d.classifier.weight.shape) == (1, 32)
+    dropped = []
+    d.dropout.register_forward_hook(lambda module, args, out: dropped.append(args[0].shape[1]))
+    logits, features = d(torch.rand(2, 8, 48, 48), return_features=True)
+    assert logits.shape == (2, 1) and features.shape == (2, 32, 1, 1) and dropped == [4, 8, 16]
+    torch.testing.assert_close(d.classifier(features.flatten(1)), logits)
+    d.eval()
+    x = torch.rand(2, 8, 48, 48)
+    assert torch.equal(d(x), d(x))  # no dropout in eval
+    assert len(build_discriminator(DiscriminatorConfig(kind="image", num_downsamples=3), 5).features) == 3

@@ -204,7 +204,7 @@ def reference_step(g: nn.Module, d: nn.Module, images, labels, cfg) -> torch.Ten
 
 def no_dropout(module: nn.Module) -> nn.Module:
     for m in module.modules():
-        if isinstance(m, nn.Dropout):
+        if isinstance(m, nn.modules.dropout._DropoutNd):  # nn.Dropout, and the image-level D's nn.Dropout2d
             m.p = 0.0
     return module
 
@@ -518,6 +518,97 @@ def semi_iteration(parts, cfg) -> None:
 def test_advsemiseg_iteration_matches_the_plain_float32_loop(case, semi_references, no_tf32):
     got = segadv_outcome(case, *SEMI_OVERRIDES, run=semi_iteration)
     print(f"advsemiseg {case.name}: {assert_equivalent(case, got, semi_references(case.freeze_stats))}")
+
+
+# ----------------------------------------------------------------------------------- s4GAN
+
+# s4GAN's iteration (image-level D, feature matching as G's only term through D, whole-image
+# self-training) under the same placements, wrappers and precisions, its reference defaults
+# (lambda_fm 0.1, lambda_st 1). Threshold 0 lets every image through (a near-tie score would flip
+# under reduced precision; that the selection is exact is tested in test_s4gan.py). D's dropout is
+# off on both sides, as G's is. Split batches are left out: under DDP each rank's feature matching
+# compares its own shard's means, by design not the full batch's (docs/methods.md).
+S4GAN_OVERRIDES = ("method.name=s4gan", "model.discriminator.kind=image", "method.s4gan.st_start=0",
+                   "method.s4gan.threshold=0.0", "data.labeled_fraction=0.5")
+S4GAN_CASES = [c for c in CASES if c.name in {
+    "cpu", "cpu-dataparallel", "cpu-channels_last", "g-bf16", "d-fp16", "both-bf16", "g-bf16-d-fp16",
+    "dataparallel-bf16", "g:cuda:0,d:cpu", "g:cpu,d:cuda:0", "cuda-both-fp16", "g:1,d:0"}]
+
+
+def make_s4gan_batches(cfg):
+    images_l, labels_l, images_u, labels_gt = make_semi_batches(cfg)
+    images_gt = torch.randn(images_l.shape, generator=torch.Generator().manual_seed(8))
+    return images_l, labels_l, images_u, images_gt, labels_gt
+
+
+def unit_range(images: torch.Tensor) -> torch.Tensor:
+    low, high = images.amin(dim=(1, 2, 3), keepdim=True), images.amax(dim=(1, 2, 3), keepdim=True)
+    return (images - low) / (high - low)
+
+
+def reference_s4gan_step(g: nn.Module, d: nn.Module, images_l, labels_l, images_u, images_gt, labels_gt,
+                         cfg) -> torch.Tensor:
+    """One s4GAN iteration on the CPU in float32, plainly; returns the feature-matching gradient at
+    D's input (the unlabeled images with G's softmax)."""
+    num_classes, ignore, s = cfg.data.num_classes, cfg.data.ignore_index, cfg.method.s4gan
+    opt_g, opt_d = plain_optimizer(g, cfg.optim.generator), plain_optimizer(d, cfg.optim.discriminator)
+
+    loss_ce = F.cross_entropy(g(images_l), labels_l, ignore_index=ignore)
+    logits_u = g(images_u)
+    fake = torch.cat([logits_u.softmax(dim=1), unit_range(images_u)], dim=1)
+    valid_gt = (labels_gt != ignore).float()
+    onehot = F.one_hot(labels_gt.clamp(0, num_classes - 1), num_classes).permute(0, 3, 1, 2).float() * valid_gt[:, None]
+    real = torch.cat([onehot, unit_range(images_gt)], dim=1)
+    _, features_fake = d(fake, return_features=True)
+    _, features_real = d(real, return_features=True)
+    loss_fm = s.lambda_fm * (features_real.mean(dim=0) - features_fake.mean(dim=0)).abs().mean()
+    loss_st = s.lambda_st * F.cross_entropy(logits_u, logits_u.detach().argmax(dim=1))  # threshold 0: every image
+    (adv_grad,) = torch.autograd.grad(loss_fm, fake, retain_graph=True)
+    grads = torch.autograd.grad(loss_ce + loss_fm + loss_st, list(g.parameters()))
+    for p, grad in zip(g.parameters(), grads):
+        p.grad = grad
+    opt_g.step()
+
+    loss_d = 0.5 * (bce(d(fake.detach()), 0.0) + bce(d(real), 1.0))
+    opt_d.zero_grad()
+    loss_d.backward()
+    opt_d.step()
+    return adv_grad
+
+
+@pytest.fixture(scope="module")
+def s4gan_references():
+    cache = {}
+
+    def get(freeze_stats: bool) -> Outcome:
+        if freeze_stats not in cache:
+            cfg = harness_config(*S4GAN_OVERRIDES)
+            g, d = initial_networks(cfg)
+            no_dropout(d)
+            g.train()
+            if freeze_stats:
+                freeze_batch_statistics(g)
+            g0, d0 = params(g), params(d)
+            adv_grad = reference_s4gan_step(g, d, *make_s4gan_batches(cfg), cfg)
+            cache[freeze_stats] = Outcome(update(g0, g), update(d0, d), adv_grad)
+        return cache[freeze_stats]
+
+    return get
+
+
+def s4gan_iteration(parts, cfg) -> None:
+    no_dropout(parts.d.module)
+    images_l, labels_l, images_u, images_gt, labels_gt = make_s4gan_batches(cfg)
+    streams = {"labeled": FixedStream((images_l, labels_l)), "unlabeled": FixedStream(images_u),
+               "gt": FixedStream((images_gt, labels_gt))}
+    out = parts.method(streams, step=0)
+    assert out["st_image_ratio"].item() == 1.0
+
+
+@pytest.mark.parametrize("case", [c.param() for c in S4GAN_CASES])
+def test_s4gan_iteration_matches_the_plain_float32_loop(case, s4gan_references, no_tf32):
+    got = segadv_outcome(case, *S4GAN_OVERRIDES, run=s4gan_iteration)
+    print(f"s4gan {case.name}: {assert_equivalent(case, got, s4gan_references(case.freeze_stats))}")
 
 
 # ----------------------------------------------------------------------------------- domain adaptation

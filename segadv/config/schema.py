@@ -36,11 +36,14 @@ class GeneratorConfig(Section):
 
 
 class DiscriminatorConfig(Section):
-    kind: Literal["fc"] = "fc"
+    # fc: AdvSemiSeg's fully convolutional D, a logit per pixel of a class-probability map.
+    # image: s4GAN's image-level D, one logit per image from the image and its class maps.
+    kind: Literal["fc", "image"] = "fc"
     ndf: int = Field(64, gt=0)
-    # Stride-2 convolutions (the last one D's classifier): D's logit map is the training size
-    # halved this many times; 5 is the reference's (10x10 at 321 px, but 2x2 at 80 px: use 3 there).
-    num_downsamples: int = Field(5, ge=1)
+    # Stride-2 convolutions. fc: the last one is D's classifier and its logit map is the training
+    # size halved this many times; 5 is the reference's (10x10 at 321 px, but 2x2 at 80 px: use 3
+    # there). image: before the global pooling; 4 is the reference's. None: the kind's reference.
+    num_downsamples: Optional[int] = Field(None, ge=1)
 
 
 class ModelConfig(Section):
@@ -175,6 +178,21 @@ class AdvSemiSegConfig(Section):
     unlabeled_batch_size: Optional[int] = Field(None, gt=0)  # None: data.batch_size
 
 
+class S4GanConfig(Section):
+    """s4GAN's terms (Mittal et al., TPAMI 2019); defaults are the reference's for VOC."""
+
+    # Feature matching: L1 between the batch means of D's pooled features on real (a labeled image
+    # with its one-hot labels) and on fake (an unlabeled image with G's softmax), G's adversarial term.
+    lambda_fm: float = Field(0.1, ge=0)
+    # Self-training: CE of G on its argmax over the unlabeled images whose D score
+    # sigmoid(D(x_u, softmax G(x_u))) exceeds threshold (whole images), from step st_start on
+    # (the reference's: from its second iteration). Threshold: 0.6 VOC, 0.7 Cityscapes.
+    lambda_st: float = Field(1.0, ge=0)
+    threshold: float = Field(0.6, ge=0, le=1)
+    st_start: int = Field(1, ge=0)
+    unlabeled_batch_size: Optional[int] = Field(None, gt=0)  # None: data.batch_size
+
+
 class DomainAdaptationConfig(Section):
     """Unsupervised domain adaptation from the labeled source (``data``) to the unlabeled target
     (``target_data``). Levels: main, and aux when ``model.generator.aux_head`` (multi-level).
@@ -203,13 +221,15 @@ class MethodConfig(Section):
 
     supervised: CE + lambda_adv * adversarial on labeled images, D on G's maps vs the same batch's
     labels (``loss.lambda_adv: 0`` is the CE-only baseline). advsemiseg: AdvSemiSeg's iteration
-    with three data streams (labeled, unlabeled, and a labeled batch D sees as real).
+    with three data streams (labeled, unlabeled, and a labeled batch D sees as real). s4gan:
+    s4GAN's iteration on the same three streams (an image-level D, ``model.discriminator.kind: image``).
     adaptsegnet / advent / minent: domain adaptation, source and target streams (D on softmax
     maps / on self-information maps / no D).
     """
 
-    name: Literal["supervised", "advsemiseg", "adaptsegnet", "advent", "minent"] = "supervised"
+    name: Literal["supervised", "advsemiseg", "s4gan", "adaptsegnet", "advent", "minent"] = "supervised"
     advsemiseg: AdvSemiSegConfig = AdvSemiSegConfig()
+    s4gan: S4GanConfig = S4GanConfig()
     adaptsegnet: DomainAdaptationConfig = DomainAdaptationConfig()
     advent: DomainAdaptationConfig = DomainAdaptationConfig()
     minent: MinEntConfig = MinEntConfig()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -107,13 +107,14 @@ def frozen(module: nn.Module) -> Iterator[None]:
             p.requires_grad_(True)
 
 
-def discriminator_view(d: Network, maps: torch.Tensor) -> torch.Tensor:
+def discriminator_view(d: Network, maps: torch.Tensor, **forward_kwargs) -> Any:
     """D's logits on G's maps for G's loss: D frozen, so the gradient reaches only G.
+    ``forward_kwargs`` go to D's forward (the image-level D's ``return_features``).
 
     Through the bare module: a frozen D must not take part in D's wrapper's gradient sync.
     """
     with frozen(d.bare), d.opt.autocast():
-        return d.bare(maps)
+        return d.bare(maps, **forward_kwargs)
 
 
 # ---------------------------------------------------------------------------- updates

@@ -41,6 +41,7 @@ from segadv.methods.adversarial import (
     optimizer_step,
 )
 from segadv.methods.base import PanelMaps
+from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import for_inference, to_device
 
@@ -136,7 +137,7 @@ class AdvSemiSeg:
                 valid_fake = torch.cat([valid_l_d, torch.ones_like(valid_l_d[:1]).expand(len(images_u), -1, -1)])
             real = one_hot_labels(labels_gt, self.num_classes, valid_gt)
         batches = [DiscriminatorBatch(fake, LABELS.fake, valid_fake), DiscriminatorBatch(real, LABELS.real, valid_gt)]
-        loss_d, _ = discriminator_backward(self.phases, d, batches, weight=0.5)
+        loss_d, (logits_fake, logits_real) = discriminator_backward(self.phases, d, batches, weight=0.5)
         optimizer_step(self.phases, d)
         return {
             "loss_seg": loss_seg.detach(),
@@ -145,6 +146,8 @@ class AdvSemiSeg:
             "loss_semi": loss_semi.detach(),
             "loss_semi_adv": loss_semi_adv.detach(),
             "semi_pixel_ratio": semi_ratio,
+            "d_acc_real": d_accuracy(logits_real, LABELS.real, valid_gt),
+            "d_acc_fake": d_accuracy(logits_fake, LABELS.fake, valid_fake),
         }
 
     @torch.no_grad()

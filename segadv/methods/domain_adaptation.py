@@ -44,6 +44,7 @@ from segadv.methods.adversarial import (
     optimizer_step,
 )
 from segadv.methods.base import PanelMaps
+from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import to_device
 
@@ -168,10 +169,13 @@ class DomainAdaptation:
         # ---- each D: source maps as real, target maps as fake; the mean of the two. As in the
         # references, each half is its own forward and backward; one step follows.
         for level in adversarial:
-            halves = [discriminator_backward(self.phases, level.d, [DiscriminatorBatch(maps[level.name], label)],
-                                             weight=0.5, kind=s.gan)[0]
-                      for maps, label in ((source_maps, LABELS.real), (target_maps, LABELS.fake))]
-            losses[f"loss_d{level.suffix}"] = halves[0] + halves[1]
+            (loss_source, (logits_source,)), (loss_target, (logits_target,)) = [
+                discriminator_backward(self.phases, level.d, [DiscriminatorBatch(maps[level.name], label)],
+                                       weight=0.5, kind=s.gan)
+                for maps, label in ((source_maps, LABELS.real), (target_maps, LABELS.fake))]
+            losses[f"loss_d{level.suffix}"] = loss_source + loss_target
+            losses[f"d_acc_source{level.suffix}"] = d_accuracy(logits_source, LABELS.real)
+            losses[f"d_acc_target{level.suffix}"] = d_accuracy(logits_target, LABELS.fake)
             optimizer_step(self.phases, level.d)
         return losses
 

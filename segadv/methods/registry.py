@@ -11,6 +11,7 @@ from segadv.errors import UserError
 from segadv.methods.advsemiseg import AdvSemiSeg
 from segadv.methods.base import Method
 from segadv.methods.domain_adaptation import DomainAdaptation, self_information
+from segadv.methods.s4gan import S4Gan
 from segadv.methods.supervised import Supervised
 from segadv.monitor.profile import PhaseTimer
 
@@ -33,13 +34,17 @@ def _advsemiseg(cfg: Config, g: Network, d: Network, d_aux: Optional[Network], p
                       adv_warmup_steps=cfg.loss.adv_warmup_steps)
 
 
+def _s4gan(cfg: Config, g: Network, d: Network, d_aux: Optional[Network], phases: PhaseTimer) -> Method:
+    return S4Gan(g, d, phases, cfg.method.s4gan, num_classes=cfg.data.num_classes, ignore_index=cfg.data.ignore_index)
+
+
 def _domain_adaptation(cfg: Config, g: Network, d: Network, d_aux: Optional[Network], phases: PhaseTimer) -> Method:
     return DomainAdaptation(g, d, d_aux, phases, adaptation_settings(cfg), DISCRIMINATOR_INPUTS[cfg.method.name],
                             ignore_index=cfg.data.ignore_index, multi_level=cfg.model.generator.aux_head)
 
 
 METHODS: dict[str, Callable[..., Method]] = {
-    "supervised": _supervised, "advsemiseg": _advsemiseg,
+    "supervised": _supervised, "advsemiseg": _advsemiseg, "s4gan": _s4gan,
     **{name: _domain_adaptation for name in DOMAIN_ADAPTATION},
 }
 
@@ -59,6 +64,14 @@ def check_method_config(cfg: Config) -> None:
     if cfg.model.generator.aux_head and name not in DOMAIN_ADAPTATION:
         raise UserError(f"model.generator.aux_head: the {name} method trains the main output only; the aux head "
                         f"is for {', '.join(DOMAIN_ADAPTATION)} (multi-level adaptation)")
+    if name == "s4gan" and cfg.model.discriminator.kind != "image":
+        raise UserError("model.discriminator.kind: s4gan's D scores whole images with their class maps; set "
+                        "model.discriminator.kind: image (configs/s4gan_voc.yaml)")
+    for key in ("discriminator", "discriminator_aux"):
+        section = getattr(cfg.model, key)
+        if name != "s4gan" and section is not None and section.kind == "image":
+            raise UserError(f"model.{key}.kind: image is s4gan's image-level D; the {name} method's D scores "
+                            "pixels (kind: fc)")
     if name in DOMAIN_ADAPTATION and cfg.target_data is None:
         raise UserError(f"target_data: method {name} adapts to a target domain; give target_data "
                         "(README \"Domain adaptation\")")
@@ -81,6 +94,8 @@ def passes_generator_loss_through_discriminator(cfg: Config) -> bool:
         settings = adaptation_settings(cfg)
         return DISCRIMINATOR_INPUTS[name] is not None and (
             settings.lambda_adv_main > 0 or (cfg.model.generator.aux_head and settings.lambda_adv_aux > 0))
+    if name == "s4gan":  # feature matching is its only term through D (loss.lambda_adv is not used)
+        return cfg.method.s4gan.lambda_fm > 0
     if cfg.loss.lambda_adv > 0:
         return True
     return name == "advsemiseg" and cfg.method.advsemiseg.lambda_semi_adv > 0
@@ -88,8 +103,8 @@ def passes_generator_loss_through_discriminator(cfg: Config) -> bool:
 
 def stream_batch_sizes(cfg: Config) -> dict[str, int]:
     """Per-stream batch sizes a method asks for (others: data.batch_size)."""
-    if cfg.method.name == "advsemiseg" and cfg.method.advsemiseg.unlabeled_batch_size is not None:
-        return {"unlabeled": cfg.method.advsemiseg.unlabeled_batch_size}
+    if cfg.method.name in ("advsemiseg", "s4gan") and getattr(cfg.method, cfg.method.name).unlabeled_batch_size:
+        return {"unlabeled": getattr(cfg.method, cfg.method.name).unlabeled_batch_size}
     if cfg.method.name in DOMAIN_ADAPTATION and adaptation_settings(cfg).target_batch_size is not None:
         return {"target": adaptation_settings(cfg).target_batch_size}
     return {}

@@ -28,6 +28,7 @@ from segadv.methods.adversarial import (
     optimizer_step,
 )
 from segadv.methods.base import PanelMaps
+from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import to_device
 
@@ -39,9 +40,12 @@ class StepLosses:
     loss_seg: torch.Tensor
     loss_adv: torch.Tensor
     loss_d: torch.Tensor
+    d_acc_real: torch.Tensor  # D's accuracy on the one-hot maps (valid pixels), in its update
+    d_acc_fake: torch.Tensor  # and on G's maps
 
     def as_dict(self) -> dict[str, torch.Tensor]:
-        return {"loss_seg": self.loss_seg, "loss_adv": self.loss_adv, "loss_d": self.loss_d}
+        return {"loss_seg": self.loss_seg, "loss_adv": self.loss_adv, "loss_d": self.loss_d,
+                "d_acc_real": self.d_acc_real, "d_acc_fake": self.d_acc_fake}
 
 
 class Supervised:
@@ -73,11 +77,12 @@ class Supervised:
         self.d.module.train()
 
         probs_d, loss_seg, loss_adv = self.update_generator(images, labels_g, valid_d, step)
-        loss_d, fake_logits = self.update_discriminator(probs_d, labels_d, valid_d)
+        loss_d, fake_logits, real_logits = self.update_discriminator(probs_d, labels_d, valid_d)
         if loss_adv is None:
             # Same value G's update would have seen: D was frozen there and G's output is the same.
             loss_adv = gan_loss(fake_logits, LABELS.real, valid_d)
-        return StepLosses(loss_seg, loss_adv, loss_d)
+        return StepLosses(loss_seg, loss_adv, loss_d, d_accuracy(real_logits, LABELS.real, valid_d),
+                          d_accuracy(fake_logits, LABELS.fake, valid_d))
 
     def update_generator(
         self, images: torch.Tensor, labels: torch.Tensor, valid_d: torch.Tensor, step: int
@@ -103,14 +108,14 @@ class Supervised:
 
     def update_discriminator(
         self, probs_d: torch.Tensor, labels_d: torch.Tensor, valid_d: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns D's loss (fake and real summed) and its detached logits on the fake maps."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns D's loss (fake and real summed) and its detached logits on the fake and the real maps."""
         with self.phases.phase("d_fwd_bwd", self.d.device):
             real = one_hot_labels(labels_d, self.num_classes, valid_d)
-        loss_d, (fake_logits, _) = discriminator_backward(self.phases, self.d, [
+        loss_d, (fake_logits, real_logits) = discriminator_backward(self.phases, self.d, [
             DiscriminatorBatch(probs_d, LABELS.fake, valid_d), DiscriminatorBatch(real, LABELS.real, valid_d)])
         optimizer_step(self.phases, self.d)
-        return loss_d, fake_logits
+        return loss_d, fake_logits, real_logits
 
     def panel(self, images: torch.Tensor) -> Optional[PanelMaps]:
         return None

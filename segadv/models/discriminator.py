@@ -1,6 +1,7 @@
-"""The discriminator D: AdvSemiSeg's fully convolutional discriminator (Hung et al., 2018).
-
-It scores a class-probability map per pixel: real (one-hot ground truth) vs fake (softmax of G).
+"""The discriminators D (``model.discriminator.kind``): AdvSemiSeg's fully convolutional one (Hung
+et al., 2018), which scores a class-probability map per pixel, real (one-hot ground truth) vs fake
+(softmax of G); s4GAN's image-level one (Mittal et al., 2019), which scores an image with its class
+maps as a whole.
 """
 
 from __future__ import annotations
@@ -39,7 +40,45 @@ class FCDiscriminator(nn.Module):
         return F.interpolate(logits, size=probs.shape[-2:], mode="bilinear", align_corners=False)
 
 
-DISCRIMINATORS: dict[str, type[nn.Module]] = {"fc": FCDiscriminator}
+IMAGE_CHANNELS = 3  # RGB: what the image-level D reads besides the class maps
+
+
+class ImageDiscriminator(nn.Module):
+    """s4GAN's D: ``num_downsamples`` 4x4 stride-2 convolutions (ndf, 2ndf, 4ndf, 8ndf, then 8ndf)
+    with LeakyReLU(0.2), Dropout2d(0.5) after each but the last, global average pooling and a
+    linear layer to one logit per image.
+
+    Its input is C class maps (softmax or one-hot) and the image, concatenated on channels:
+    ``num_classes + 3`` channels. ``forward`` returns the (N,1) logits; with
+    ``return_features``, also the pooled (N,8ndf,1,1) features (feature matching). Logits, not the
+    reference's sigmoid: the losses take BCE with logits, numerically safe in reduced precision.
+    """
+
+    def __init__(self, num_classes: int, ndf: int = 64, num_downsamples: int = 4) -> None:
+        super().__init__()
+        widths = [num_classes + IMAGE_CHANNELS] + [ndf * 2 ** min(i, 3) for i in range(num_downsamples)]
+        self.features = nn.ModuleList(
+            nn.Conv2d(c_in, c_out, kernel_size=4, stride=2, padding=1)
+            for c_in, c_out in zip(widths[:-1], widths[1:])
+        )
+        self.dropout = nn.Dropout2d(0.5)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Linear(widths[-1], 1)
+
+    def forward(
+        self, x: torch.Tensor, return_features: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        for i, conv in enumerate(self.features):
+            x = F.leaky_relu(conv(x), negative_slope=0.2)
+            if i < len(self.features) - 1:
+                x = self.dropout(x)
+        features = self.pool(x)
+        logits = self.classifier(features.flatten(1))
+        return (logits, features) if return_features else logits
+
+
+DISCRIMINATORS: dict[str, type[nn.Module]] = {"fc": FCDiscriminator, "image": ImageDiscriminator}
+DEFAULT_DOWNSAMPLES = {"fc": 5, "image": 4}  # each reference's
 
 
 def build_discriminator(cfg: DiscriminatorConfig, num_classes: int) -> nn.Module:
@@ -47,4 +86,5 @@ def build_discriminator(cfg: DiscriminatorConfig, num_classes: int) -> nn.Module
         cls = DISCRIMINATORS[cfg.kind]
     except KeyError:
         raise KeyError(f"unknown discriminator {cfg.kind!r}; valid: {sorted(DISCRIMINATORS)}") from None
-    return cls(num_classes=num_classes, ndf=cfg.ndf, num_downsamples=cfg.num_downsamples)
+    depth = DEFAULT_DOWNSAMPLES[cfg.kind] if cfg.num_downsamples is None else cfg.num_downsamples
+    return cls(num_classes=num_classes, ndf=cfg.ndf, num_downsamples=depth)
