@@ -148,7 +148,7 @@ def test_cli_ddp_advsemiseg_shards_and_checkpoints_its_three_streams(tmp_path):
 def test_cli_ddp_multi_level_adaptation_wraps_each_of_three_networks(tmp_path):
     """AdaptSegNet multi-level under DDP (gloo, 2 ranks): G, D and D_aux each in their own DDP;
     source and target streams sharded and checkpointed; best.pt written once."""
-    from test_domain_adaptation import TARGET_DATA
+    from helpers import TARGET_DATA
 
     run_dir = tmp_path / "ddp-uda"
     result = run(train_cli(run_dir, "train.max_steps=3", TARGET_DATA, "method.name=adaptsegnet",

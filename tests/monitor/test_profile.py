@@ -14,7 +14,7 @@ from segadv.monitor.profile import STEP_PHASES, PhaseTimer, RunProfile, transfer
 from segadv.parallel import parse_device_map, unwrap
 from segadv.train import train
 
-from test_step import batch
+from helpers import batch
 
 SLEEP = 0.2
 

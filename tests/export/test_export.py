@@ -293,6 +293,6 @@ def test_user_errors_exit_2(model, tmp_path, args, message, capsys):
 
 
 def test_tools_export_is_the_same_entry_point():
-    namespace = runpy.run_path(str(Path(__file__).parent.parent / "tools" / "export.py"), run_name="not_main")
+    namespace = runpy.run_path(str(Path(__file__).resolve().parents[2] / "tools" / "export.py"), run_name="not_main")
     assert namespace["main"] is cli.main
-    assert os.access(Path(__file__).parent.parent / "tools" / "export.py", os.R_OK)
+    assert os.access(Path(__file__).resolve().parents[2] / "tools" / "export.py", os.R_OK)

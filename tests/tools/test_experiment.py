@@ -8,7 +8,7 @@ import yaml
 
 from conftest import TINY_OVERRIDES, load_tool
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 experiment = load_tool("experiment")
 
 

@@ -36,11 +36,9 @@ from segadv.train import train
 
 from conftest import TINY_OVERRIDES
 from data_builders import make_folder
+from helpers import UDA_OVERRIDES
 
 C = 3
-TARGET_DATA = ("target_data={kind: synthetic, num_classes: 5, val_batch_size: 4, num_workers: 0, "
-               "synthetic: {image_size: 64, train_size: 12, val_size: 8, domain: target, seed: 1}}")
-UDA_OVERRIDES = [*TINY_OVERRIDES, TARGET_DATA, "method.name=adaptsegnet", "model.generator.aux_head=true"]
 
 
 def uda_cfg(tmp_path, name="run", *extra):

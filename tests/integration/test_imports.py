@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "segadv"
+PACKAGE = Path(__file__).resolve().parents[2] / "segadv"
 # (package, what it must never import): models are pure nn.Modules, loaded by checkpoint/; the
 # data pipeline knows nothing of the training methods that consume it.
 FORBIDDEN = [("models", "segadv.checkpoint"), ("data", "segadv.methods")]

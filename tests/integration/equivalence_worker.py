@@ -1,6 +1,6 @@
-"""One DDP step for tests/test_equivalence.py, under torchrun (not collected by pytest).
+"""One DDP step for tests/integration/test_equivalence.py, under torchrun (not collected by pytest).
 
-    torchrun --standalone --nproc-per-node 2 tests/equivalence_worker.py OUT_DIR DEVICE_MAP [key=value ...]
+    torchrun --standalone --nproc-per-node 2 tests/integration/equivalence_worker.py OUT_DIR DEVICE_MAP [key=value ...]
 
 Each rank loads the reference's initial weights and takes its half of the batch; it saves its
 networks and the adversarial gradient G's update sent into D's input. An input with target images

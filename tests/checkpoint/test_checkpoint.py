@@ -12,7 +12,7 @@ from segadv.errors import UserError
 from segadv.parallel import parse_device_map
 from segadv.train import run_state
 
-from test_step import batch
+from helpers import batch
 
 
 def build(cfg, seed):

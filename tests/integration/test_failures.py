@@ -18,7 +18,7 @@ from segadv.errors import EXIT_DIVERGED, EXIT_WRITE_FAILED, Diverged, UserError,
 from segadv.train import train
 
 from conftest import TINY_OVERRIDES
-from test_resume import per_step_losses, records, resume_cfg
+from helpers import per_step_losses, records, resume_cfg
 
 
 def nan_batch_at(monkeypatch, step):

@@ -1,6 +1,6 @@
-"""Run under torchrun by tests/test_distributed.py (not collected by pytest).
+"""Run under torchrun by tests/parallel/test_distributed.py (not collected by pytest).
 
-    torchrun --standalone --nproc-per-node 2 tests/ddp_worker.py MODE OUT_DIR [key=value ...]
+    torchrun --standalone --nproc-per-node 2 tests/parallel/ddp_worker.py MODE OUT_DIR [key=value ...]
 """
 
 import json

@@ -18,7 +18,7 @@ from segadv.data.synthetic import PRETEXT_CLASSES, SHAPE_CLASSES, SyntheticShape
 from segadv.models import build_generator
 from segadv.train import main as train_main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["data.synthetic.image_size=32", "data.synthetic.train_size=40", "data.synthetic.val_size=4",
          "data.batch_size=2", "data.val_batch_size=4", "train.max_steps=2", "train.eval_every=2",
          "train.log_every=1", "checkpoint.every=2", "log.tensorboard=false", "log.num_images=0"]

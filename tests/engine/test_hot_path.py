@@ -17,7 +17,7 @@ from torch.overrides import TorchFunctionMode
 from segadv.build import build_training
 from segadv.parallel import parse_device_map, to_device
 
-from test_step import batch
+from helpers import batch
 
 HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
               torch.Tensor.__int__, torch.Tensor.__index__}

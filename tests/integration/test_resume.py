@@ -1,7 +1,5 @@
 """Resume: exact continuation, crash safety (SIGKILL, SIGTERM), retention, corrupt fallback."""
 
-import json
-import os
 import random
 import signal
 import subprocess
@@ -9,33 +7,12 @@ import sys
 import time
 
 import pytest
-import torch
 
 from segadv.checkpoint import CheckpointManager, read_checkpoint
-from segadv.config import load_config
 from segadv.train import train
 
 from conftest import TINY_OVERRIDES
-
-LOSSES = ("train/loss_seg", "train/loss_adv", "train/loss_d")
-
-
-def records(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def per_step_losses(run_dir):
-    return {r["step"]: tuple(r[k] for k in LOSSES) for r in records(run_dir) if "train/loss_seg" in r}
-
-
-def resume_cfg(tmp_path, name, *extra):
-    cfg = load_config(None, [*TINY_OVERRIDES, "train.max_steps=6", "train.log_every=1", "train.eval_every=100",
-                             "checkpoint.every=3", "train.deterministic=true", "log.tensorboard=false",
-                             "data.train_transforms=[{name: HorizontalFlip, p: 0.5}, "
-                             "{name: RandomBrightnessContrast, p: 0.5}]", *extra])
-    cfg.run_dir = str(tmp_path / name)
-    cfg.device_map = "cpu"
-    return cfg
+from helpers import LOSSES, per_step_losses, records, resume_cfg
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -9,21 +9,14 @@ import torch.nn.functional as F
 from segadv.build import build_training
 from segadv.parallel import devices_of, parse_device_map, unwrap
 
+from helpers import batch
+
 DEVICE_MAPS = [
     "g:cpu,d:cpu",
     pytest.param("g:cuda:0,d:cpu", marks=pytest.mark.cuda),
     pytest.param("g:cpu,d:cuda:0", marks=pytest.mark.cuda),
     pytest.param("g:1,d:0", marks=pytest.mark.cuda2),
 ]
-
-
-def batch(cfg, n=2, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    size = cfg.data.synthetic.image_size
-    images = torch.randn(n, 3, size, size, generator=gen)
-    labels = torch.randint(0, cfg.data.num_classes, (n, size, size), generator=gen)
-    labels[:, :4, :4] = cfg.data.ignore_index
-    return images, labels
 
 
 def snapshot(module):

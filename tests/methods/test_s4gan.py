@@ -27,7 +27,7 @@ from segadv.checkpoint import read_checkpoint
 from segadv.train import train
 
 from conftest import TINY_OVERRIDES
-from test_resume import records, resume_cfg
+from helpers import records, resume_cfg
 
 C, IGNORE, LR, SEED = 3, 255, 0.1, 7
 

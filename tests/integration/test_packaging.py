@@ -21,7 +21,7 @@ import pytest
 
 from conftest import TINY_OVERRIDES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUN = [*TINY_OVERRIDES, "train.max_steps=2", "log.tensorboard=false", "device_map=cpu"]
 
 

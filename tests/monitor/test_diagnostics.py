@@ -15,7 +15,7 @@ from segadv.monitor.diagnostics import DWinsDetector, d_accuracy, d_confidence
 from segadv.monitor.writer import MetricWriter, NullWriter
 from segadv.train import train
 
-from test_domain_adaptation import UDA_OVERRIDES
+from helpers import UDA_OVERRIDES
 
 LOGITS = torch.tensor([[[[2.0, -1.0], [0.5, -3.0]]], [[[0.0, 1.0], [-2.0, 4.0]]]])  # (2,1,2,2)
 VALID = torch.tensor([[[True, True], [False, True]], [[True, False], [True, True]]])

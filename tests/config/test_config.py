@@ -153,8 +153,8 @@ SHIPPED = ["adaptsegnet_gta5_cityscapes", "advent_gta5_cityscapes", "advsemiseg_
 
 def test_configs_dir_is_the_checkouts_configs() -> None:
     # PYTHONPATH on a checkout (segadv.configs does not import) and an editable install of it
-    # both find <checkout>/configs; the wheel's segadv/configs is tests/test_packaging.py's.
-    assert CONFIGS_DIR == Path(__file__).resolve().parents[1] / "configs"
+    # both find <checkout>/configs; the wheel's segadv/configs is tests/integration/test_packaging.py's.
+    assert CONFIGS_DIR == Path(__file__).resolve().parents[2] / "configs"
     assert config_names() == SHIPPED
 
 

@@ -24,7 +24,7 @@ from segadv.export.sidecar import prepare_input, sidecar_path
 from conftest import TINY_OVERRIDES
 from test_export import make_generator, save_segadv_checkpoint
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # Image sizes are multiples of 16 (the encoder's stride), so no padding is involved and the masks
 # must equal the eager argmax exactly.
 SIZES = {"square": (64, 64), "wide": (48, 112), "tall": (96, 80)}

@@ -1,0 +1,47 @@
+"""Helpers shared by test modules in different folders (tests/ is on sys.path through conftest.py):
+tiny batches, the tiny domain-adaptation overrides, and the resume tests' run config and records."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from segadv.config import load_config
+
+from conftest import TINY_OVERRIDES
+
+
+def batch(cfg, n=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    size = cfg.data.synthetic.image_size
+    images = torch.randn(n, 3, size, size, generator=gen)
+    labels = torch.randint(0, cfg.data.num_classes, (n, size, size), generator=gen)
+    labels[:, :4, :4] = cfg.data.ignore_index
+    return images, labels
+
+
+TARGET_DATA = ("target_data={kind: synthetic, num_classes: 5, val_batch_size: 4, num_workers: 0, "
+               "synthetic: {image_size: 64, train_size: 12, val_size: 8, domain: target, seed: 1}}")
+UDA_OVERRIDES = [*TINY_OVERRIDES, TARGET_DATA, "method.name=adaptsegnet", "model.generator.aux_head=true"]
+
+
+LOSSES = ("train/loss_seg", "train/loss_adv", "train/loss_d")
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def per_step_losses(run_dir):
+    return {r["step"]: tuple(r[k] for k in LOSSES) for r in records(run_dir) if "train/loss_seg" in r}
+
+
+def resume_cfg(tmp_path, name, *extra):
+    cfg = load_config(None, [*TINY_OVERRIDES, "train.max_steps=6", "train.log_every=1", "train.eval_every=100",
+                             "checkpoint.every=3", "train.deterministic=true", "log.tensorboard=false",
+                             "data.train_transforms=[{name: HorizontalFlip, p: 0.5}, "
+                             "{name: RandomBrightnessContrast, p: 0.5}]", *extra])
+    cfg.run_dir = str(tmp_path / name)
+    cfg.device_map = "cpu"
+    return cfg
