@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]  # its folder and tests/ (conftest, helpers)
 from test_equivalence import (  # noqa: E402
     FixedStream, capture_adversarial_gradient, freeze_batch_statistics, harness_config, no_dropout,
 )

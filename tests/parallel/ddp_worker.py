@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]  # its folder and tests/ (conftest, helpers)
 from conftest import TINY_OVERRIDES  # noqa: E402
 
 from segadv.build import build_training  # noqa: E402
