@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from segadv.engine.losses import masked_bce_with_logits
+from segadv.engine.losses import masked_bce_with_logits, one_hot_labels
 from segadv.engine.network import Network
 from segadv.monitor.profile import PhaseTimer, transfer_device
 from segadv.parallel.placement import to_device
@@ -62,16 +62,6 @@ def copy_in(phases: PhaseTimer, device: torch.device, *tensors: torch.Tensor) ->
     """The loader's tensors onto a network's device (host-to-device copies run on the target's stream)."""
     with phases.phase("input_copy", transfer_device(tensors[0].device, device)):
         return [to_device(t, device) for t in tensors]
-
-
-def labeled_batch(
-    phases: PhaseTimer, g: Network, d: Network, images: torch.Tensor, labels: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A labeled batch onto G's device and its labels onto D's too: ``(images, labels on G's device,
-    labels on D's)``, one copy per distinct device."""
-    images, labels_g = copy_in(phases, g.device, images, labels)
-    labels_d = labels_g if d.device == g.device else copy_in(phases, d.device, labels)[0]
-    return images, labels_g, labels_d
 
 
 def hand_over(phases: PhaseTimer, maps: torch.Tensor, source: Network, target: Network) -> torch.Tensor:
@@ -155,3 +145,55 @@ def optimizer_step(phases: PhaseTimer, net: Network) -> None:
     """The network's optimizer step (skipped on inf/nan gradients), scale update, LR step."""
     with phases.phase("optimizer", net.device):
         net.opt.step()
+
+
+# ---------------------------------------------------------------------------- methods
+
+
+class LabeledAdversarial:
+    """What the supervised method and AdvSemiSeg share: G, its pixel-level D and the phase timer,
+    the label space, the labeled adversarial term (``loss.*``: ``lambda_adv`` times D's GAN loss
+    on G's labeled maps, from step ``adv_warmup_steps`` on), and D's update on G's maps against
+    one-hot ground truth (``GROUND_TRUTH_REAL``)."""
+
+    def __init__(
+        self, g: Network, d: Network, phases: PhaseTimer, *, num_classes: int, ignore_index: int,
+        lambda_adv: float, adv_warmup_steps: int = 0,
+    ) -> None:
+        self.g, self.d, self.phases = g, d, phases
+        self.num_classes = num_classes
+        self.ignore_index = ignore_index
+        self.lambda_adv = lambda_adv
+        self.adv_warmup_steps = adv_warmup_steps
+
+    def adversarial_active(self, step: int) -> bool:
+        return self.lambda_adv > 0 and step >= self.adv_warmup_steps
+
+    def labeled_batch(
+        self, images: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """An iteration's start: the images onto G's device, their labels onto G's and D's (one
+        copy per distinct device), G and D in training mode. Returns ``(images, labels on G's
+        device, labels on D's, their valid pixels on D's)``."""
+        images, labels_g = copy_in(self.phases, self.g.device, images, labels)
+        labels_d = labels_g if self.d.device == self.g.device else copy_in(self.phases, self.d.device, labels)[0]
+        valid_d = labels_d != self.ignore_index
+        self.g.module.train()
+        self.d.module.train()
+        return images, labels_g, labels_d, valid_d
+
+    def update_discriminator(
+        self, fake: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, *,
+        valid_fake: Optional[torch.Tensor] = None, weight: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """D's update: G's maps ``fake`` against the one-hot ``labels`` as real (``valid``: their
+        pixels; ``valid_fake``: fake's, by default the same), all on D's device, ``weight`` times
+        the sum of the two GAN losses; then D's step. Returns D's detached loss and its detached
+        logits on the fake and the real maps."""
+        with self.phases.phase("d_fwd_bwd", self.d.device):
+            real = one_hot_labels(labels, self.num_classes, valid)
+        loss_d, (fake_logits, real_logits) = discriminator_backward(self.phases, self.d, [
+            DiscriminatorBatch(fake, GROUND_TRUTH_REAL.fake, valid if valid_fake is None else valid_fake),
+            DiscriminatorBatch(real, GROUND_TRUTH_REAL.real, valid)], weight=weight)
+        optimizer_step(self.phases, self.d)
+        return loss_d, fake_logits, real_logits

@@ -26,18 +26,16 @@ import torch.nn.functional as F
 
 from segadv.config.schema import AdvSemiSegConfig
 from segadv.data.streams import Stream, StreamSpec
-from segadv.engine.losses import masked_cross_entropy, one_hot_labels, pseudo_labels
+from segadv.engine.losses import masked_cross_entropy, pseudo_labels
 from segadv.engine.network import Network
 from segadv.methods.adversarial import (
     GROUND_TRUTH_REAL as LABELS,
-    DiscriminatorBatch,
+    LabeledAdversarial,
     copy_in,
-    discriminator_backward,
     discriminator_view,
     gan_loss,
     generator_logits,
     hand_over,
-    labeled_batch,
     optimizer_step,
 )
 from segadv.methods.base import PanelMaps
@@ -46,7 +44,7 @@ from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import for_inference, to_device
 
 
-class AdvSemiSeg:
+class AdvSemiSeg(LabeledAdversarial):
     # Seed words 1 and 2: each stream shuffles and augments independently of the others.
     streams = (
         StreamSpec("labeled", "labeled"),
@@ -61,17 +59,12 @@ class AdvSemiSeg:
     ) -> None:
         """``lambda_adv`` after ``adv_warmup_steps``: the labeled adversarial term (``loss.*``, as
         the supervised method's)."""
-        self.g, self.d, self.phases = g, d, phases
+        super().__init__(g, d, phases, num_classes=num_classes, ignore_index=ignore_index, lambda_adv=lambda_adv,
+                         adv_warmup_steps=adv_warmup_steps)
         self.settings = settings
-        self.num_classes = num_classes
-        self.ignore_index = ignore_index
-        self.lambda_adv = lambda_adv
-        self.adv_warmup_steps = adv_warmup_steps
 
-    # Which terms are on at a step. The unlabeled batch is drawn only while one of its terms is.
-    def adversarial_active(self, step: int) -> bool:
-        return self.lambda_adv > 0 and step >= self.adv_warmup_steps
-
+    # Which terms are on at a step (adversarial_active: the labeled term's). The unlabeled batch
+    # is drawn only while one of its terms is.
     def semi_adv_active(self, step: int) -> bool:
         return self.settings.lambda_semi_adv > 0 and step >= self.settings.semi_start_adv
 
@@ -88,10 +81,7 @@ class AdvSemiSeg:
         use_unlabeled = self.unlabeled_active(step)
         images_u = streams["unlabeled"].next() if use_unlabeled else None
         images = images_l if images_u is None else torch.cat([images_l, images_u])
-        images, labels_l, labels_l_d = labeled_batch(self.phases, g, d, images, labels_l)
-        valid_l_d = labels_l_d != ignore
-        g.module.train()
-        d.module.train()
+        images, labels_l, labels_l_d, valid_l_d = self.labeled_batch(images, labels_l)
 
         # ---- G, with D frozen
         n_l = images_l.shape[0]
@@ -135,10 +125,8 @@ class AdvSemiSeg:
             if use_unlabeled and self.settings.d_sees_unlabeled:
                 fake = probs_d
                 valid_fake = torch.cat([valid_l_d, torch.ones_like(valid_l_d[:1]).expand(len(images_u), -1, -1)])
-            real = one_hot_labels(labels_gt, self.num_classes, valid_gt)
-        batches = [DiscriminatorBatch(fake, LABELS.fake, valid_fake), DiscriminatorBatch(real, LABELS.real, valid_gt)]
-        loss_d, (logits_fake, logits_real) = discriminator_backward(self.phases, d, batches, weight=0.5)
-        optimizer_step(self.phases, d)
+        loss_d, logits_fake, logits_real = self.update_discriminator(fake, labels_gt, valid_gt, valid_fake=valid_fake,
+                                                                     weight=0.5)
         return {
             "loss_seg": loss_seg.detach(),
             "loss_adv": loss_adv.detach(),

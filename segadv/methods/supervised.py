@@ -14,22 +14,17 @@ import torch
 import torch.nn.functional as F
 
 from segadv.data.streams import Stream, StreamSpec
-from segadv.engine.losses import one_hot_labels
-from segadv.engine.network import Network
 from segadv.methods.adversarial import (
     GROUND_TRUTH_REAL as LABELS,
-    DiscriminatorBatch,
-    discriminator_backward,
+    LabeledAdversarial,
     discriminator_view,
     gan_loss,
     generator_logits,
     hand_over,
-    labeled_batch,
     optimizer_step,
 )
 from segadv.methods.base import PanelMaps
 from segadv.monitor.diagnostics import d_accuracy
-from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import to_device
 
 
@@ -48,22 +43,9 @@ class StepLosses:
                 "d_acc_real": self.d_acc_real, "d_acc_fake": self.d_acc_fake}
 
 
-class Supervised:
+class Supervised(LabeledAdversarial):
     streams = (StreamSpec("labeled", "labeled"),)
     panel_stream = None
-
-    def __init__(
-        self, g: Network, d: Network, phases: PhaseTimer, *, num_classes: int, ignore_index: int,
-        lambda_adv: float, adv_warmup_steps: int = 0,
-    ) -> None:
-        self.g, self.d, self.phases = g, d, phases
-        self.num_classes = num_classes
-        self.ignore_index = ignore_index
-        self.lambda_adv = lambda_adv
-        self.adv_warmup_steps = adv_warmup_steps
-
-    def adversarial_active(self, step: int) -> bool:
-        return self.lambda_adv > 0 and step >= self.adv_warmup_steps
 
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
         images, labels = streams["labeled"].next()
@@ -71,11 +53,7 @@ class Supervised:
 
     def iteration(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> StepLosses:
         """One G update then one D update on this batch. ``step`` counts completed steps before it."""
-        images, labels_g, labels_d = labeled_batch(self.phases, self.g, self.d, images, labels)
-        valid_d = labels_d != self.ignore_index
-        self.g.module.train()
-        self.d.module.train()
-
+        images, labels_g, labels_d, valid_d = self.labeled_batch(images, labels)
         probs_d, loss_seg, loss_adv = self.update_generator(images, labels_g, valid_d, step)
         loss_d, fake_logits, real_logits = self.update_discriminator(probs_d, labels_d, valid_d)
         if loss_adv is None:
@@ -105,17 +83,6 @@ class Supervised:
             self.g.opt.backward(loss)
         optimizer_step(self.phases, self.g)
         return probs_d.detach(), loss_seg.detach(), None if loss_adv is None else loss_adv.detach()
-
-    def update_discriminator(
-        self, probs_d: torch.Tensor, labels_d: torch.Tensor, valid_d: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Returns D's loss (fake and real summed) and its detached logits on the fake and the real maps."""
-        with self.phases.phase("d_fwd_bwd", self.d.device):
-            real = one_hot_labels(labels_d, self.num_classes, valid_d)
-        loss_d, (fake_logits, real_logits) = discriminator_backward(self.phases, self.d, [
-            DiscriminatorBatch(probs_d, LABELS.fake, valid_d), DiscriminatorBatch(real, LABELS.real, valid_d)])
-        optimizer_step(self.phases, self.d)
-        return loss_d, fake_logits, real_logits
 
     def panel(self, images: torch.Tensor) -> Optional[PanelMaps]:
         return None
