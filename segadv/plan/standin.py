@@ -10,6 +10,7 @@ private and experimental; when it is missing (``available()`` is False) the plan
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 
@@ -18,36 +19,17 @@ NAME = "standin"
 DEVICE_COUNT = 64
 
 
-class _Module:
-    """``torch.standin``: what torch asks of a backend module (autocast, the autograd engine)."""
-
-    @staticmethod
-    def is_available() -> bool:
-        return True
-
-    @staticmethod
-    def is_initialized() -> bool:
-        return True
-
-    @staticmethod
-    def current_device() -> int:
-        return 0
-
-    @staticmethod
-    def device_count() -> int:
-        return DEVICE_COUNT
-
-    @staticmethod
-    def _is_in_bad_fork() -> bool:
-        return False
-
-    @staticmethod
-    def manual_seed_all(seed: int) -> None:
-        """No values are ever drawn on a stand-in device."""
-
-    @staticmethod
-    def get_amp_supported_dtype() -> list[torch.dtype]:
-        return [torch.float16, torch.bfloat16]
+# ``torch.standin``: what torch asks of a backend module (autocast, the autograd engine), each a
+# constant. ``manual_seed_all`` does nothing: no values are ever drawn on a stand-in device.
+_BACKEND_MODULE = types.SimpleNamespace(
+    is_available=lambda: True,
+    is_initialized=lambda: True,
+    current_device=lambda: 0,
+    device_count=lambda: DEVICE_COUNT,
+    _is_in_bad_fork=lambda: False,
+    manual_seed_all=lambda seed: None,
+    get_amp_supported_dtype=lambda: [torch.float16, torch.bfloat16],
+)
 
 
 def available() -> bool:
@@ -66,7 +48,7 @@ def register() -> str:
 
     from segadv.plan.autocast_policy import register_cuda_policy
 
-    _setup_privateuseone_for_python_backend(NAME, backend_module=_Module())
+    _setup_privateuseone_for_python_backend(NAME, backend_module=_BACKEND_MODULE)
     register_cuda_policy("AutocastPrivateUse1")
     return NAME
 
