@@ -107,6 +107,12 @@ class Gta5DataConfig(Section):
 class DataConfig(Section):
     kind: DataKind = "synthetic"
     root: Optional[str] = None  # the dataset directory (every kind but synthetic)
+    # Each kind's own settings; only ``kind``'s section is read.
+    synthetic: SyntheticDataConfig = SyntheticDataConfig()
+    folder: FolderDataConfig = FolderDataConfig()
+    voc: VocDataConfig = VocDataConfig()
+    cityscapes: CityscapesDataConfig = CityscapesDataConfig()
+    gta5: Gta5DataConfig = Gta5DataConfig()
     num_classes: int = Field(5, ge=2)
     ignore_index: int = 255
     # raise: a bad sample (unreadable, missing mask, size mismatch, bad label values) stops the
@@ -130,11 +136,6 @@ class DataConfig(Section):
     # Normalize(mean, std) and ToTensorV2 are appended to both pipelines.
     train_transforms: list[dict[str, Any]] = [{"name": "HorizontalFlip", "p": 0.5}]
     val_transforms: list[dict[str, Any]] = []
-    synthetic: SyntheticDataConfig = SyntheticDataConfig()
-    folder: FolderDataConfig = FolderDataConfig()
-    voc: VocDataConfig = VocDataConfig()
-    cityscapes: CityscapesDataConfig = CityscapesDataConfig()
-    gta5: Gta5DataConfig = Gta5DataConfig()
 
 
 class OptimizerConfig(Section):
