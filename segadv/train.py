@@ -226,8 +226,8 @@ def finished(cfg: Config, run_dir: Path, step: int, val_metrics: dict[str, objec
 
 
 def log_time_profile(writer: MetricWriter, profile: RunProfile, devices: list[torch.device], step: int) -> None:
-    """Where this run's wall time went (README "Time profile"): a table in the log and
-    ``perf/time/*``, ``perf/share/*``, ``perf/peak_mem_gib/*`` at the last step."""
+    """Where this run's wall time went (docs/performance.md "Time profile of a run"): a table in
+    the log and ``perf/time/*``, ``perf/share/*``, ``perf/peak_mem_gib/*`` at the last step."""
     wall, seconds = profile.table()
     peaks = peak_memory_gib(devices)
     log.info("time profile (this process, %d steps):\n%s", step, format_profile(wall, seconds, peaks))

@@ -3,7 +3,7 @@
 
     python tools/export.py --checkpoint RUN/checkpoints/last.pt --output model.onnx [options]
 
-See ``segadv-export --help`` and the README's "Export and inference" section.
+See ``segadv-export --help`` and docs/inference.md.
 """
 
 from __future__ import annotations

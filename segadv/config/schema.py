@@ -65,7 +65,7 @@ class SyntheticDataConfig(Section):
     domain: Literal["source", "target", "pretext"] = "source"
 
 
-# Dataset kinds and their layouts: README "Datasets". Relative paths inside the data section are
+# Dataset kinds and their layouts: docs/datasets.md. Relative paths inside the data section are
 # taken from ``data.root``; ``data.root`` itself from the working directory.
 DataKind = Literal["synthetic", "folder", "voc", "cityscapes", "gta5"]
 
@@ -197,7 +197,7 @@ class S4GanConfig(Section):
 class DomainAdaptationConfig(Section):
     """Unsupervised domain adaptation from the labeled source (``data``) to the unlabeled target
     (``target_data``). Levels: main, and aux when ``model.generator.aux_head`` (multi-level).
-    Defaults: AdaptSegNet's multi-level weights (README "Domain adaptation")."""
+    Defaults: AdaptSegNet's multi-level weights (docs/methods.md "Domain adaptation")."""
 
     lambda_seg_aux: float = Field(0.1, ge=0)  # source CE of the aux output
     lambda_adv_main: float = Field(0.001, ge=0)  # target maps made to look like source, main level
@@ -218,7 +218,7 @@ class MinEntConfig(DomainAdaptationConfig):
 
 
 class MethodConfig(Section):
-    """What one training iteration does (README "Methods").
+    """What one training iteration does (docs/methods.md).
 
     supervised: CE + lambda_adv * adversarial on labeled images, D on G's maps vs the same batch's
     labels (``loss.lambda_adv: 0`` is the CE-only baseline). advsemiseg: AdvSemiSeg's iteration

@@ -1,5 +1,5 @@
 """Data: dataset kinds (synthetic, folder, voc, cityscapes, gta5), config-driven augmentations
-and loaders. README "Datasets" documents each layout."""
+and loaders. docs/datasets.md documents each layout."""
 
 from segadv.data.augment import build_transform
 from segadv.data.files import SampleError

@@ -64,7 +64,7 @@ def data_root(cfg: DataConfig) -> Path:
     if cfg.root is None:
         raise UserError(
             f"data.root: required for data.kind={cfg.kind} (the dataset directory; "
-            "see README 'Datasets')"
+            "see docs/datasets.md)"
         )
     root = Path(cfg.root).expanduser()
     if not root.is_dir():

@@ -3,8 +3,8 @@
 Each kind provides ``label_spec(cfg)`` (its classes and how its mask files encode them) and
 ``list_split(cfg, root, split)`` (the samples of ``train`` or ``val`` as a :class:`Listing`).
 Listing only looks at directory entries and list files; reading the files is left to the
-dataset (and to the header scan of ``listing.py``). The layouts are documented in README
-"Datasets".
+dataset (and to the header scan of ``listing.py``). The layouts are documented in
+docs/datasets.md.
 """
 
 from __future__ import annotations

@@ -196,8 +196,8 @@ def build_stream_loaders(
 
 def _pool(pools: dict[str, Optional[Dataset]], spec: StreamSpec) -> Dataset:
     if spec.pool == "target" and "target" not in pools:
-        raise UserError("target_data: the method adapts to a target domain; give target_data (README "
-                        "\"Domain adaptation\")")
+        raise UserError("target_data: the method adapts to a target domain; give target_data "
+                        "(docs/methods.md \"Domain adaptation\")")
     dataset = pools[spec.pool]
     if dataset is None:
         raise UserError(

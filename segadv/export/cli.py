@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--with-preprocess", nargs="?", const="uint8", choices=("uint8", "unit"), default=None,
                    help="normalise in the graph: the model takes uint8 0..255 (default) or 'unit' float 0..1 RGB")
     p.add_argument("--with-argmax", action="store_true", help="output int64 class ids N x H x W instead of logits")
-    p.add_argument("--half", action="store_true", help="float16 weights and compute (see README for CPU caveats)")
+    p.add_argument("--half", action="store_true",
+                   help="float16 weights and compute (see docs/inference.md for CPU caveats)")
     p.add_argument("--atol", type=float, help="absolute tolerance (default 1e-4 float32, 1e-2 float16)")
     p.add_argument("--rtol", type=float, help="tolerance relative to max|eager| (default 1e-4 float32, 1e-2 float16)")
     p.add_argument("--min-agreement", type=float,

@@ -1,4 +1,4 @@
-"""Training methods: what one iteration does, one module each (README "Methods").
+"""Training methods: what one iteration does, one module each (docs/methods.md).
 
 A method names the data streams it draws from, draws its batches itself (some are drawn only on
 some iterations) and returns its detached losses. Methods get the trained networks as records

@@ -74,7 +74,7 @@ def check_method_config(cfg: Config) -> None:
                             "pixels (kind: fc)")
     if name in DOMAIN_ADAPTATION and cfg.target_data is None:
         raise UserError(f"target_data: method {name} adapts to a target domain; give target_data "
-                        "(README \"Domain adaptation\")")
+                        "(docs/methods.md \"Domain adaptation\")")
 
 
 def adaptation_settings(cfg: Config) -> DomainAdaptationConfig:

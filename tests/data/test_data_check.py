@@ -71,7 +71,7 @@ def test_module_entry_point_exits_2_without_traceback():
     bad = subprocess.run([sys.executable, "-m", "segadv.data.check", "check", "data.kind=voc", "data.num_classes=21"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    assert bad.stderr.strip() == "error: data.root: required for data.kind=voc (the dataset directory; see README 'Datasets')"
+    assert bad.stderr.strip() == "error: data.root: required for data.kind=voc (the dataset directory; see docs/datasets.md)"
 
 
 MAKERS = {
