@@ -21,9 +21,6 @@ AUX_D = {"adaptsegnet_gta5_cityscapes.yaml", "advent_gta5_cityscapes.yaml", "uda
 # The configs' own architectures on small crops (a few seconds a dry run; fake tensors cost per op,
 # not per pixel, so this is about the crop's effect on nothing but the figures).
 SMALL_CROP = "[{name: Resize, height: 64, width: 64}]"
-# Shipped with data.batch_size 1 and DeepLabV3, whose ASPP pooling BatchNorm cannot train on one
-# sample: they fail at the first step (test_a_batch_the_networks_refuse_is_a_user_error); planned at 2.
-BATCH_OF_ONE = {"adaptsegnet_gta5_cityscapes.yaml", "advent_gta5_cityscapes.yaml"}
 
 
 def demo(*overrides):
@@ -42,8 +39,7 @@ def small(name, *overrides):
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_config_plans_on_two_gpus(name, g_dtype, d_dtype):
     device_map = "g:1,d:0,d_aux:2" if name in AUX_D else "g:1,d:0"
-    batch = ["data.batch_size=2"] if name in BATCH_OF_ONE else []
-    cfg = small(name, *batch, f"device_map={device_map}", "amp.generator.enabled=true", f"amp.generator.dtype={g_dtype}",
+    cfg = small(name, f"device_map={device_map}", "amp.generator.enabled=true", f"amp.generator.dtype={g_dtype}",
                 "amp.discriminator.enabled=true", f"amp.discriminator.dtype={d_dtype}")
     plan = dry_run(cfg, steps=1)
     expected = ["cuda:1", "cuda:0", "cuda:2"] if name in AUX_D else ["cuda:1", "cuda:0"]
@@ -68,7 +64,7 @@ def build_generator_of(cfg):
 def test_a_batch_the_networks_refuse_is_a_user_error():
     with pytest.raises(UserError, match=r"the advent iteration fails as segadv-train's would: Expected more than 1 "
                                         r"value per channel when training(.|\n)*at segadv/models/generator.py"):
-        dry_run(small("advent_gta5_cityscapes.yaml", "device_map=g:1,d:0"), steps=1)
+        dry_run(small("advent_gta5_cityscapes.yaml", "data.batch_size=1", "device_map=g:1,d:0"), steps=1)
 
 
 def test_bf16_lowers_the_generators_peak():
