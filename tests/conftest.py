@@ -8,9 +8,18 @@ import torch
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
 
+# What `make test-fast` leaves out (`-m "not slow"`): multi-process runs, whole CLI trainings, the
+# wheel build, the full equivalence harness and the planner's per-config matrix. `make test` runs all.
+SLOW = ("integration/", "parallel/test_distributed.py", "plan/test_plan.py", "tools/test_experiment.py",
+        "tools/test_bench.py")
+
+
 def pytest_collection_modifyitems(config, items):
     cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    tests_dir = Path(__file__).resolve().parent
     for item in items:
+        if str(Path(item.fspath).resolve().relative_to(tests_dir)).startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
         if "cuda" in item.keywords and cuda_count < 1:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
         if "cuda2" in item.keywords and cuda_count < 2:
