@@ -1,13 +1,18 @@
 """Helpers shared by test modules in different folders (tests/ is on sys.path through conftest.py):
-tiny batches, the tiny domain-adaptation overrides, and the resume tests' run config and records."""
+tiny batches, hand-fed streams, the methods' tiny conv G and D, the tiny domain-adaptation overrides,
+and the resume tests' run config and records."""
 
 from __future__ import annotations
 
 import json
 
 import torch
+from torch import nn
 
+from segadv.build import build_amp_optimizer
 from segadv.config import load_config
+from segadv.config.schema import NetworkAmpConfig, OptimizerConfig
+from segadv.engine.network import Network
 
 from conftest import TINY_OVERRIDES
 
@@ -19,6 +24,31 @@ def batch(cfg, n=2, seed=0):
     labels = torch.randint(0, cfg.data.num_classes, (n, size, size), generator=gen)
     labels[:, :4, :4] = cfg.data.ignore_index
     return images, labels
+
+
+class FixedStream:
+    """A stream that hands out the same batch and counts draws (the Stream interface)."""
+
+    def __init__(self, batch):
+        self.batch = batch
+        self.drawn = 0
+
+    def next(self):
+        self.drawn += 1
+        return self.batch
+
+
+def conv_networks(seed, discriminator_cls, num_classes, lr):
+    """A tiny conv G (no BatchNorm, no dropout) and a real ``discriminator_cls`` D (ndf 4), each with
+    plain SGD on the CPU, built in that order after seeding torch: the methods' unit-test networks."""
+    torch.manual_seed(seed)
+    generator = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, num_classes, 3, padding=1))
+    discriminator = discriminator_cls(num_classes, ndf=4)
+    device = torch.device("cpu")
+    sgd = OptimizerConfig(name="sgd", lr=lr, momentum=0.0)
+    opt_g = build_amp_optimizer(generator, sgd, NetworkAmpConfig(), device, 100, name="generator")
+    opt_d = build_amp_optimizer(discriminator, sgd, NetworkAmpConfig(), device, 100, name="discriminator")
+    return Network("generator", generator, opt_g, (device,)), Network("discriminator", discriminator, opt_d, (device,))
 
 
 TARGET_DATA = ("target_data={kind: synthetic, num_classes: 5, val_batch_size: 4, num_workers: 0, "
@@ -33,8 +63,8 @@ def records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def per_step_losses(run_dir):
-    return {r["step"]: tuple(r[k] for k in LOSSES) for r in records(run_dir) if "train/loss_seg" in r}
+def per_step_losses(run_dir, keys=LOSSES):
+    return {r["step"]: tuple(r[k] for k in keys) for r in records(run_dir) if "train/loss_seg" in r}
 
 
 def resume_cfg(tmp_path, name, *extra):

@@ -15,9 +15,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from segadv.build import build_training
+from segadv.config import load_config
 from segadv.parallel import parse_device_map, to_device
 
-from helpers import batch
+from conftest import TINY_OVERRIDES
+from helpers import FixedStream, batch
 
 HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
               torch.Tensor.__int__, torch.Tensor.__index__}
@@ -122,59 +124,33 @@ def test_step_makes_no_cuda_sync(tiny_cfg, spec):
         assert syncs == [], syncs
 
 
-@pytest.mark.parametrize("bfloat16", [False, True], ids=["float32", "bfloat16"])
-def test_advsemiseg_iteration_reads_nothing_on_the_host(tiny_cfg, bfloat16):
-    """Every AdvSemiSeg term on (pseudo labels, confidence mask, pixel ratio stay on the device)."""
-    from segadv.config import load_config
-
-    from conftest import TINY_OVERRIDES
-
-    cfg = load_config(None, [*TINY_OVERRIDES, "method.name=advsemiseg", "method.advsemiseg.semi_start=0"])
+def semi_iterations(overrides, bfloat16):
+    """Two iterations of a semi-supervised method on fixed streams, under NoHostReads; their last output."""
+    cfg = load_config(None, [*TINY_OVERRIDES, *overrides])
     cfg.amp.generator.enabled = cfg.amp.discriminator.enabled = bfloat16
     parts = build_training(cfg, parse_device_map("cpu"))
     images, labels = batch(cfg)
-
-    class Fixed:
-        def __init__(self, value):
-            self.value = value
-
-        def next(self):
-            return self.value
-
-    streams = {"labeled": Fixed((images, labels)), "unlabeled": Fixed(images), "gt": Fixed((images, labels))}
+    streams = {"labeled": FixedStream((images, labels)), "unlabeled": FixedStream(images),
+               "gt": FixedStream((images, labels))}
     mode = NoHostReads()
     exempt_optimizer_steps(parts, mode)
     with mode:
         for step in range(2):
             out = parts.method(streams, step=step)
+    return out
+
+
+@pytest.mark.parametrize("bfloat16", [False, True], ids=["float32", "bfloat16"])
+def test_advsemiseg_iteration_reads_nothing_on_the_host(bfloat16):
+    """Every AdvSemiSeg term on (pseudo labels, confidence mask, pixel ratio stay on the device)."""
+    out = semi_iterations(["method.name=advsemiseg", "method.advsemiseg.semi_start=0"], bfloat16)
     assert set(out) >= {"loss_semi", "loss_semi_adv", "semi_pixel_ratio"}
 
 
 @pytest.mark.parametrize("bfloat16", [False, True], ids=["float32", "bfloat16"])
 def test_s4gan_iteration_reads_nothing_on_the_host(bfloat16):
     """Every s4GAN term on (the image selection, the pseudo labels and D's accuracies stay on the device)."""
-    from segadv.config import load_config
-
-    from conftest import TINY_OVERRIDES
-
-    cfg = load_config(None, [*TINY_OVERRIDES, "method.name=s4gan", "model.discriminator.kind=image",
-                             "method.s4gan.st_start=0", "method.s4gan.threshold=0.0"])
-    cfg.amp.generator.enabled = cfg.amp.discriminator.enabled = bfloat16
-    parts = build_training(cfg, parse_device_map("cpu"))
-    images, labels = batch(cfg)
-
-    class Fixed:
-        def __init__(self, value):
-            self.value = value
-
-        def next(self):
-            return self.value
-
-    streams = {"labeled": Fixed((images, labels)), "unlabeled": Fixed(images), "gt": Fixed((images, labels))}
-    mode = NoHostReads()
-    exempt_optimizer_steps(parts, mode)
-    with mode:
-        for step in range(2):
-            out = parts.method(streams, step=step)
+    out = semi_iterations(["method.name=s4gan", "model.discriminator.kind=image", "method.s4gan.st_start=0",
+                           "method.s4gan.threshold=0.0"], bfloat16)
     assert set(out) >= {"loss_fm", "loss_st", "st_image_ratio", "d_acc_real", "d_acc_fake"}
     assert out["st_image_ratio"].item() == 1.0 and out["loss_st"].item() > 0

@@ -14,8 +14,9 @@ import torch
 import torch.distributed as dist
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]  # its folder and tests/ (conftest, helpers)
+from helpers import FixedStream  # noqa: E402
 from test_equivalence import (  # noqa: E402
-    FixedStream, capture_adversarial_gradient, freeze_batch_statistics, harness_config, no_dropout,
+    capture_adversarial_gradient, freeze_batch_statistics, harness_config, no_dropout,
 )
 
 from segadv.build import build_training  # noqa: E402

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import TINY_OVERRIDES
+from helpers import FixedStream
 from segadv.build import build_training
 from segadv.config import load_config
 from segadv.models import build_discriminator, build_generator
@@ -477,14 +478,6 @@ def reference_semi_step(g: nn.Module, d: nn.Module, images_l, labels_l, images_u
     loss_d.backward()
     opt_d.step()
     return adv_grad
-
-
-class FixedStream:
-    def __init__(self, batch):
-        self.batch = batch
-
-    def next(self):
-        return self.batch
 
 
 @pytest.fixture(scope="module")

@@ -50,11 +50,7 @@ def test_advsemiseg_resumes_each_of_its_three_streams_exactly(tmp_path, workers)
     assert ckpt["data_streams"] == {"labeled": {"batches": 5}, "unlabeled": {"batches": 3}, "gt": {"batches": 5}}
     second = train(resume_cfg(tmp_path, "split", *extra), resume="auto")
     assert (full.step, first.step, second.step) == (7, 5, 7)
-
-    def losses(run_dir):
-        return {r["step"]: tuple(r[k] for k in SEMI_LOSSES) for r in records(run_dir) if "train/loss_seg" in r}
-
-    expected, got = losses(full.run_dir), losses(second.run_dir)
+    expected, got = per_step_losses(full.run_dir, SEMI_LOSSES), per_step_losses(second.run_dir, SEMI_LOSSES)
     assert sorted(got) == list(range(1, 8))
     assert got == expected
     assert expected[7][3] != 0  # the self-training term was on

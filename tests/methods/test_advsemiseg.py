@@ -10,12 +10,9 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from segadv.config.schema import AdvSemiSegConfig, NetworkAmpConfig, OptimizerConfig
-from segadv.build import build_amp_optimizer
+from segadv.config.schema import AdvSemiSegConfig
 from segadv.engine.losses import masked_cross_entropy, pseudo_labels
-from segadv.engine.network import Network
 from segadv.methods.advsemiseg import AdvSemiSeg
 from segadv.models.discriminator import FCDiscriminator
 from segadv.monitor.profile import PhaseTimer
@@ -23,34 +20,15 @@ from segadv.train import train
 
 from conftest import TINY_OVERRIDES
 from data_builders import make_folder
+from helpers import FixedStream, conv_networks
 
 C, IGNORE = 3, 255
 
 
-class FixedStream:
-    """A stream that hands out the same batch and counts draws (the Stream interface)."""
-
-    def __init__(self, batch):
-        self.batch = batch
-        self.drawn = 0
-
-    def next(self):
-        self.drawn += 1
-        return self.batch
-
-
 def make_method(seed=0, **settings):
-    torch.manual_seed(seed)
-    generator = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, C, 3, padding=1))
-    discriminator = FCDiscriminator(C, ndf=4)
-    device = torch.device("cpu")
-    sgd = OptimizerConfig(name="sgd", lr=0.1, momentum=0.0)
-    opt_g = build_amp_optimizer(generator, sgd, NetworkAmpConfig(), device, 100, name="generator")
-    opt_d = build_amp_optimizer(discriminator, sgd, NetworkAmpConfig(), device, 100, name="discriminator")
+    g, d = conv_networks(seed, FCDiscriminator, C, 0.1)
     values = dict(lambda_semi=1.0, mask_threshold=0.5, semi_start=0, lambda_semi_adv=0.1, semi_start_adv=0)
     values.update(settings)
-    g = Network("generator", generator, opt_g, (device,))
-    d = Network("discriminator", discriminator, opt_d, (device,))
     return AdvSemiSeg(g, d, PhaseTimer(), AdvSemiSegConfig(**values), num_classes=C, ignore_index=IGNORE,
                       lambda_adv=0.1, adv_warmup_steps=0)
 

@@ -36,7 +36,7 @@ from segadv.train import train
 
 from conftest import TINY_OVERRIDES
 from data_builders import make_folder
-from helpers import UDA_OVERRIDES
+from helpers import UDA_OVERRIDES, FixedStream, per_step_losses
 
 C = 3
 
@@ -119,15 +119,6 @@ class TwoLevelG(nn.Module):
     def forward(self, x, return_aux=False):
         h = self.trunk(x)
         return (self.main(h), self.aux(h)) if return_aux else self.main(h)
-
-
-class FixedStream:
-    def __init__(self, batch):
-        self.batch, self.drawn = batch, 0
-
-    def next(self):
-        self.drawn += 1
-        return self.batch
 
 
 def make_adaptation(method, settings, multi_level=True, seed=0):
@@ -315,17 +306,13 @@ def test_resume_is_exact_with_source_and_target_streams(tmp_path):
     keys = ("train/loss_seg", "train/loss_seg_aux", "train/loss_adv", "train/loss_adv_aux", "train/loss_d",
             "train/loss_d_aux")
 
-    def losses(run_dir):
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-        return {r["step"]: tuple(r[k] for k in keys) for r in map(json.loads, lines) if "train/loss_seg" in r}
-
     full = train(uda_cfg(tmp_path, "full", *extra))
     first = train(uda_cfg(tmp_path, "split", *extra), stop_at=5)
     ckpt = read_checkpoint(tmp_path / "split" / "checkpoints" / "last.pt")
     assert ckpt["data_streams"] == {"source": {"batches": 5}, "target": {"batches": 5}}
     second = train(uda_cfg(tmp_path, "split", *extra), resume="auto")
     assert (full.step, first.step, second.step) == (7, 5, 7)
-    assert losses(second.run_dir) == losses(full.run_dir)
+    assert per_step_losses(second.run_dir, keys) == per_step_losses(full.run_dir, keys)
 
 
 @pytest.mark.parametrize("device_map,message", [

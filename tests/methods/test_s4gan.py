@@ -12,12 +12,9 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from segadv.build import build_amp_optimizer
 from segadv.config import load_config
-from segadv.config.schema import NetworkAmpConfig, OptimizerConfig, S4GanConfig
-from segadv.engine.network import Network
+from segadv.config.schema import S4GanConfig
 from segadv.errors import UserError
 from segadv.methods import check_method_config
 from segadv.methods.s4gan import S4Gan
@@ -27,35 +24,15 @@ from segadv.checkpoint import read_checkpoint
 from segadv.train import train
 
 from conftest import TINY_OVERRIDES
-from helpers import records, resume_cfg
+from helpers import FixedStream, conv_networks, per_step_losses, resume_cfg
 
 C, IGNORE, LR, SEED = 3, 255, 0.1, 7
 
 
-class FixedStream:
-    """A stream that hands out the same batch and counts draws (the Stream interface)."""
-
-    def __init__(self, batch):
-        self.batch = batch
-        self.drawn = 0
-
-    def next(self):
-        self.drawn += 1
-        return self.batch
-
-
 def make_method(seed=0, **settings):
-    torch.manual_seed(seed)
-    generator = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, C, 3, padding=1))
-    discriminator = ImageDiscriminator(C, ndf=4)
-    device = torch.device("cpu")
-    sgd = OptimizerConfig(name="sgd", lr=LR, momentum=0.0)
-    opt_g = build_amp_optimizer(generator, sgd, NetworkAmpConfig(), device, 100, name="generator")
-    opt_d = build_amp_optimizer(discriminator, sgd, NetworkAmpConfig(), device, 100, name="discriminator")
+    g, d = conv_networks(seed, ImageDiscriminator, C, LR)
     values = dict(lambda_fm=1.0, lambda_st=1.0, threshold=0.5, st_start=0)
     values.update(settings)
-    g = Network("generator", generator, opt_g, (device,))
-    d = Network("discriminator", discriminator, opt_d, (device,))
     return S4Gan(g, d, PhaseTimer(), S4GanConfig(**values), num_classes=C, ignore_index=IGNORE)
 
 
@@ -241,11 +218,7 @@ def test_s4gan_resumes_bitwise(tmp_path, workers):
     assert ckpt["data_streams"] == {"labeled": {"batches": 5}, "unlabeled": {"batches": 5}, "gt": {"batches": 5}}
     second = train(resume_cfg(tmp_path, "split", *extra), resume="auto")
     assert (full.step, first.step, second.step) == (7, 5, 7)
-
-    def losses(run_dir):
-        return {r["step"]: tuple(r[k] for k in S4GAN_LOSSES) for r in records(run_dir) if "train/loss_seg" in r}
-
-    expected, got = losses(full.run_dir), losses(second.run_dir)
+    expected, got = per_step_losses(full.run_dir, S4GAN_LOSSES), per_step_losses(second.run_dir, S4GAN_LOSSES)
     assert sorted(got) == list(range(1, 8))
     assert got == expected
     assert expected[3][2] == 0 and expected[4][2] != 0  # self-training from step 3 (logged after it as step 4)

@@ -20,6 +20,15 @@ def write_grid(path, rows, seeds=(0, 1), **extra):
     return path
 
 
+def run_grid_text(tmp_path, monkeypatch, grid_text):
+    """experiment.main on a grid written from text, from the repository root, where nothing may run."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(experiment.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
+    path = tmp_path / "grid.yaml"
+    path.write_text(grid_text)
+    return experiment.main([str(path), "--out", str(tmp_path / "out")])
+
+
 ROWS = [{"name": "CE only", "config": str(ROOT / "configs" / "default.yaml"), "overrides": ["loss.lambda_adv=0"]},
         {"name": "+ adversarial", "config": str(ROOT / "configs" / "default.yaml")}]
 
@@ -68,11 +77,7 @@ def test_a_failed_run_is_named_and_the_others_still_finish(tmp_path, caplog):
     ("name: t\nseeds: 3\nrows: [{name: a, config: configs/default.yaml}]\n", "seeds"),
 ])
 def test_bad_grid_exits_2_naming_the_fault(tmp_path, capsys, monkeypatch, grid_text, message):
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(experiment.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
-    path = tmp_path / "grid.yaml"
-    path.write_text(grid_text)
-    assert experiment.main([str(path), "--out", str(tmp_path / "out")]) == 2
+    assert run_grid_text(tmp_path, monkeypatch, grid_text) == 2
     assert message in capsys.readouterr().err
 
 
@@ -209,11 +214,7 @@ def test_a_done_run_whose_row_changed_is_kept_with_a_warning(tmp_path, monkeypat
     ("name: t\nrows: [{name: a, config: configs/default.yaml, seeds: [1, 1]}]\n", "rows[0].seeds: seed(s) 1 listed twice"),
 ])
 def test_more_bad_grids_exit_2(tmp_path, capsys, monkeypatch, grid_text, message):
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(experiment.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
-    path = tmp_path / "grid.yaml"
-    path.write_text(grid_text)
-    assert experiment.main([str(path), "--out", str(tmp_path / "out")]) == 2
+    assert run_grid_text(tmp_path, monkeypatch, grid_text) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
