@@ -25,7 +25,7 @@ from segadv.data import build_stream_loaders, build_val_loader, palette
 from segadv.data.streams import Stream, Streams
 from segadv.engine.evaluate import evaluate
 from segadv.engine.nonfinite import NonFiniteGuard
-from segadv.errors import UserError, WriteFailed, cli_entry
+from segadv.errors import Diverged, UserError, WriteFailed, cli_entry
 from segadv.fsutil import unwritable
 from segadv.methods import stream_batch_sizes
 from segadv.monitor.diagnostics import D_LOSSES, DWinsWatch
@@ -404,6 +404,12 @@ def main(argv: list[str] | None = None) -> int:
     name = Path(args.config).stem if args.config else "default"
     try:
         train(cfg, config_name=name, resume=args.resume, trusted=args.trust_checkpoint, force=args.force)
+    except Diverged:
+        # Every rank took this decision at the same step (the losses and states are agreed across
+        # ranks): leave together, so no rank tears its process group down under a peer still using
+        # it (gloo then aborts the peer, and torchrun reports that instead of exit 3).
+        distributed.barrier()
+        raise
     finally:
         distributed.destroy_process_group()
     return 0
