@@ -402,16 +402,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.run_dir is not None:
         cfg.run_dir = args.run_dir
     name = Path(args.config).stem if args.config else "default"
+    together = False  # every rank ends at the same point: a finished or stopped run, an agreed divergence
     try:
         train(cfg, config_name=name, resume=args.resume, trusted=args.trust_checkpoint, force=args.force)
-    except Diverged:
-        # Every rank took this decision at the same step (the losses and states are agreed across
-        # ranks): leave together, so no rank tears its process group down under a peer still using
-        # it (gloo then aborts the peer, and torchrun reports that instead of exit 3).
-        distributed.barrier()
+        together = True
+    except Diverged:  # the losses and states it is decided on are agreed across ranks
+        together = True
         raise
     finally:
-        distributed.destroy_process_group()
+        distributed.destroy_process_group(barrier_first=together)
     return 0
 
 

@@ -112,8 +112,13 @@ def attempt_store(env: DistEnv, environ: Mapping[str, str], timeout: timedelta) 
     return dist.PrefixStore(f"segadv/attempt_{attempt}/", store)
 
 
-def destroy_process_group() -> None:
+def destroy_process_group(barrier_first: bool = False) -> None:
+    """``barrier_first``: every rank reaches this point together (a finished run, an agreed stop):
+    wait for the others first, so no rank tears its group down under a peer still using it (gloo
+    then aborts that peer, and torchrun reports the abort instead of the run's exit code)."""
     if dist.is_available() and dist.is_initialized():
+        if barrier_first:
+            dist.barrier()
         dist.destroy_process_group()
 
 
