@@ -2,6 +2,7 @@
 """Run a grid of configs x seeds and tabulate final and best val mIoU.
 
     python tools/experiment.py GRID.yaml|NAME [--out DIR] [--seeds 0 1 2] [--dry-run] [--table-only]
+                                              [--baseline ROW]
     python tools/experiment.py --list-grids
 
 NAME is a grid shipped in configs/experiments/ (``semi``: configs/experiments/semi.yaml). GRID.yaml:
@@ -33,7 +34,10 @@ rows finished two or more of the same seeds the paired per-seed difference (``pa
 seeds, mean difference, t, df and p; same seed = same initial weights and data order). Rows
 want at least 3 seeds, 5 where the difference is within two standard deviations (the larger of
 the two rows' sample stds): a row short of that is logged as a warning and noted under the
-table (no seed is added by itself: pass ``--seeds`` or give the row more).
+table (no seed is added by itself: pass ``--seeds`` or give the row more). ``--baseline ROW``
+compares every row with ROW instead (e.g. a control row), in ``results_vs_<row>.md`` / ``.json``.
+Each row also gets its runs' diagnostics (``diagnostics``: D's loss and accuracies, the share of
+unlabeled pixels or images self-training took, over the last quarter of each run).
 
 A run counts as finished only when it exits 0 *and* reached its ``train.max_steps`` (the trainer
 also exits 0 when a SIGTERM/SIGINT stops it early at a checkpoint). Ctrl-C lets the current run
@@ -225,6 +229,38 @@ def read_val_metrics(metrics_path: Path) -> dict[str, Any]:
         "best_step": best_step,
         "best_mIoU": by_step[best_step]["val/mIoU"] if best_step is not None else None,
     }
+
+
+# What a run's log says about why a method did or did not help (docs/experiments.md): D's loss and
+# accuracies (real/fake, or source/target), the share of unlabeled pixels (AdvSemiSeg) or images
+# (s4GAN) self-training took, G's supervised loss. Averaged over the last quarter of the run.
+DIAGNOSTICS = ("loss_seg", "loss_d", "d_acc_real", "d_acc_fake", "d_acc_source", "d_acc_target",
+               "semi_pixel_ratio", "st_image_ratio")
+
+
+def read_train_diagnostics(metrics_path: Path, keys: tuple[str, ...] = DIAGNOSTICS) -> dict[str, float]:
+    """The mean of each ``train/<key>`` a run logged over the last quarter of its steps (steps past
+    3/4 of its last logged step); keys it never logged are left out."""
+    records = []
+    if metrics_path.is_file():
+        for line in metrics_path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and _is_number(record.get("step")):
+                records.append(record)
+    if not records:
+        return {}
+    since = 0.75 * max(r["step"] for r in records)
+    values: dict[str, list[float]] = {}
+    for record in records:
+        if record["step"] > since:
+            for key in keys:
+                value = record.get(f"train/{key}")
+                if _is_number(value) and math.isfinite(value):
+                    values.setdefault(key, []).append(value)
+    return {key: statistics.fmean(values[key]) for key in keys if key in values}
 
 
 def _is_number(value: Any) -> bool:
@@ -485,6 +521,12 @@ def _mean_std(values: list[float]) -> tuple[Optional[float], Optional[float]]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
+def _mean_diagnostics(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Each diagnostic's mean over the runs that logged it."""
+    keys = [k for k in DIAGNOSTICS if any(k in r["diagnostics"] for r in runs)]
+    return {k: statistics.fmean(r["diagnostics"][k] for r in runs if k in r["diagnostics"]) for k in keys}
+
+
 def collect_results(grid: Grid, out: Path) -> dict[str, Any]:
     rows = []
     for row in grid.rows:
@@ -494,13 +536,15 @@ def collect_results(grid: Grid, out: Path) -> dict[str, Any]:
             if path.is_file():
                 done = json.loads(path.read_text(encoding="utf-8"))
                 runs.append({"seed": seed, "run_dir": str(path.parent),
-                             **{k: done.get(k) for k in ("final_mIoU", "best_mIoU", "best_step", "final_step", "wall_s")}})
+                             **{k: done.get(k) for k in ("final_mIoU", "best_mIoU", "best_step", "final_step", "wall_s")},
+                             "diagnostics": read_train_diagnostics(path.parent / "metrics.jsonl")})
         final_mean, final_std = _mean_std([r["final_mIoU"] for r in runs if r["final_mIoU"] is not None])
         best_mean, best_std = _mean_std([r["best_mIoU"] for r in runs if r["best_mIoU"] is not None])
         rows.append({"name": row.name, "config": row.config, "overrides": row.overrides,
                      "seeds": grid.seeds_of(row), "n": len(runs),
                      "final_mean": final_mean, "final_std": final_std, "best_mean": best_mean, "best_std": best_std,
-                     "wall_mean_s": statistics.fmean([r["wall_s"] for r in runs]) if runs else None, "runs": runs})
+                     "wall_mean_s": statistics.fmean([r["wall_s"] for r in runs]) if runs else None,
+                     "diagnostics": _mean_diagnostics(runs), "runs": runs})
     by_name = {r["name"]: r for r in rows}
     for row, result in zip(grid.rows, rows):
         baseline = grid.baseline_of(row)
@@ -563,15 +607,29 @@ def markdown_table(results: dict[str, Any]) -> str:
                   "its two-sided p; paired: the mean per-seed difference over the seeds both rows finished, paired "
                   f"t and p. Rows want {MIN_SEEDS} seeds, {MIN_SEEDS_CLOSE} where Δ final is within two standard "
                   "deviations.", *([""] + notes if notes else [])]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + diagnostics_table(results["rows"])) + "\n"
 
 
-def write_table(grid: Grid, out: Path) -> str:
+def diagnostics_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: each row's :data:`DIAGNOSTICS` (those any row logged), or none at all."""
+    keys = [k for k in DIAGNOSTICS if any(k in row.get("diagnostics", {}) for row in rows)]
+    if not keys:
+        return []
+    lines = ["", "Diagnostics: the mean of each logged `train/` value over the last quarter of a run, then over "
+             "its seeds (- : not logged by that method). A CE-only row's D trains but reaches nothing.", "",
+             "| row | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for row in rows:
+        cells = [f"{row['diagnostics'][k]:.3f}" if k in row.get("diagnostics", {}) else "-" for k in keys]
+        lines.append(f"| {row['name']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_table(grid: Grid, out: Path, stem: str = "results") -> str:
     results = collect_results(grid, out)
     table = markdown_table(results)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
-    atomic_write_text(out / "results.md", table)
+    atomic_write_text(out / f"{stem}.json", json.dumps(results, indent=1) + "\n")
+    atomic_write_text(out / f"{stem}.md", table)
     for row in results["rows"]:
         if row.get("seeds_note"):
             log.warning("more seeds wanted: %s", row["seeds_note"])
@@ -608,6 +666,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, nargs="+", help="override the grid's seeds")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("--table-only", action="store_true", help="write the table from finished runs")
+    parser.add_argument("--baseline", metavar="ROW",
+                        help="compare every other row with ROW instead of the grid's baselines; the table goes to "
+                             "results_vs_<row>.md/.json beside results.md")
     return parser
 
 
@@ -620,6 +681,15 @@ def main(argv: list[str] | None = None) -> int:
         for row in grid.rows:
             row.seeds = None
     out = args.out or Path("runs") / "experiments" / grid.name
+    stem = "results"
+    if args.baseline is not None:
+        by_name = {row.name: row for row in grid.rows}
+        if args.baseline not in by_name:
+            raise UserError(f"--baseline {args.baseline!r}: no such row; rows: {', '.join(by_name)}")
+        grid.baseline = args.baseline
+        for row in grid.rows:
+            row.baseline = None
+        stem = f"results_vs_{by_name[args.baseline].slug}"
     warn_few_seeds(grid)
     failed = []
     if not args.table_only:
@@ -632,9 +702,9 @@ def main(argv: list[str] | None = None) -> int:
                     failed.append(f"{row.name} (seed {seed})")
     if args.dry_run:
         return 0
-    table = write_table(grid, out)
+    table = write_table(grid, out, stem)
     sys.stdout.write(table)
-    log.info("table: %s", out / "results.md")
+    log.info("table: %s", out / f"{stem}.md")
     if failed:
         log.error("%d run(s) failed: %s", len(failed), ", ".join(failed))
         return 1

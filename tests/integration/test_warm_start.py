@@ -40,23 +40,24 @@ def test_the_pretext_domain_draws_other_classes_from_its_own_streams():
         SyntheticShapes("train", 4, 48, len(PRETEXT_CLASSES) + 1, seed=0, domain="pretext")
 
 
-def grid_init(grid: str, row: str) -> dict:
-    """``init.generator``'s path and exclude as the shipped grid's row sets them."""
-    rows = yaml.safe_load((ROOT / "configs" / "experiments" / grid).read_text())["rows"]
-    overrides = next(r["overrides"] for r in rows if r["name"] == row)
-    cfg = load_config(None, [o for o in overrides if o.startswith("init.")])
-    return {"path": cfg.init.generator.path, "exclude": cfg.init.generator.exclude}
+def grid_overrides(grid: str, row: str) -> list[str]:
+    """The ``init.`` and ``model.`` overrides the shipped grid gives its row (common ones included)."""
+    spec = yaml.safe_load((ROOT / "configs" / "experiments" / grid).read_text())
+    overrides = spec.get("common_overrides", []) + next(r["overrides"] for r in spec["rows"] if r["name"] == row)
+    return [o for o in overrides if o.startswith(("init.", "model."))]
 
 
 @pytest.mark.parametrize(("config", "grid", "row", "small"), [
-    ("semi.yaml", "semi.yaml", "+ adversarial + semi, warm", []),
-    ("uda.yaml", "uda.yaml", "AdaptSegNet multi-level, warm",
+    ("semi.yaml", "semi.yaml", "AdvSemiSeg (adversarial + semi), warm", ["data.labeled_fraction=0.1"]),
+    ("uda.yaml", "uda.yaml", "AdaptSegNet, warm",
      ["target_data.synthetic.image_size=32", "target_data.synthetic.train_size=8", "target_data.synthetic.val_size=4"]),
 ])
 def test_a_pretext_run_loads_into_the_experiments_generator_with_the_head_fresh(tmp_path, monkeypatch, config,
                                                                                   grid, row, small):
     monkeypatch.chdir(ROOT)
-    init = grid_init(grid, row)
+    overrides = grid_overrides(grid, row)
+    init = load_config(None, [o for o in overrides if o.startswith("init.")]).init.generator
+    init = {"path": init.path, "exclude": init.exclude}
     assert init["path"] == "runs/pretext/checkpoints/last.pt"  # where configs/pretext.yaml writes it
     pretext_cfg = load_config("configs/pretext.yaml", [])
     assert pretext_cfg.run_dir == "runs/pretext" and class_names(pretext_cfg.data) == list(PRETEXT_CLASSES)
@@ -66,7 +67,7 @@ def test_a_pretext_run_loads_into_the_experiments_generator_with_the_head_fresh(
     pretext = read_checkpoint(pretext_dir / "checkpoints" / "last.pt")["generator"]
 
     # The experiment's G, built fresh as its config says, then loaded as the grid says.
-    cfg = load_config(f"configs/{config}", [])
+    cfg = load_config(f"configs/{config}", [o for o in overrides if o.startswith("model.")])
     torch.manual_seed(0)
     model = build_generator(cfg.model.generator, cfg.data.num_classes)
     fresh = {k: v.clone() for k, v in model.state_dict().items()}
@@ -82,6 +83,6 @@ def test_a_pretext_run_loads_into_the_experiments_generator_with_the_head_fresh(
 
     # And a run of the experiment starts from it through init.generator (a tiny one).
     run = ["--config", f"configs/{config}", "--run-dir", str(tmp_path / "run"), "--device-map", "cpu", *SMALL, *small,
-           f"init.generator.path={pretext_dir / 'checkpoints' / 'last.pt'}",
+           *[o for o in overrides if o.startswith("model.")], f"init.generator.path={pretext_dir / 'checkpoints' / 'last.pt'}",
            "init.generator.exclude=[" + ", ".join(init["exclude"]) + "]"]
     assert train_main(run) == 0

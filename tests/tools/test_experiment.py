@@ -49,12 +49,23 @@ def test_grid_runs_tabulates_and_never_repeats_a_finished_run(tmp_path, monkeypa
     assert ce["final_mean"] == pytest.approx(sum(r["final_mIoU"] for r in ce["runs"]) / 2)
     table = (out / "results.md").read_text()
     assert "| CE only | 2/2 |" in table and "+ adversarial" in table
+    assert set(ce["diagnostics"]) >= {"loss_seg", "loss_d"} and "| row | loss_seg | loss_d |" in table
 
     def no_run(*args, **kwargs):
         raise AssertionError("a finished run was started again")
 
     monkeypatch.setattr(experiment.subprocess, "run", no_run)
     assert experiment.main([str(grid), "--out", str(out)]) == 0
+
+    # --baseline: every row against another row, in a table of its own; results.md stays.
+    before = (out / "results.md").read_text()
+    assert experiment.main([str(grid), "--out", str(out), "--table-only", "--baseline", "+ adversarial"]) == 0
+    versus = json.loads((out / "results_vs_adversarial.json").read_text())
+    adv = results["rows"][1]
+    assert versus["rows"][0]["baseline"] == "+ adversarial" and "baseline" not in versus["rows"][1]
+    assert versus["rows"][0]["diff"] == pytest.approx(ce["final_mean"] - adv["final_mean"])
+    assert (out / "results.md").read_text() == before
+    assert experiment.main([str(grid), "--out", str(out), "--table-only", "--baseline", "nope"]) == 2
 
 
 def test_a_failed_run_is_named_and_the_others_still_finish(tmp_path, caplog):
@@ -92,17 +103,33 @@ def test_metrics_reader_final_best_and_resumed_duplicates(tmp_path):
     assert experiment.read_val_metrics(tmp_path / "none.jsonl") == {}
 
 
+def test_diagnostics_are_the_last_quarters_means_and_reach_the_table(tmp_path):
+    """``read_train_diagnostics`` averages each logged train/ diagnostic over the steps past 3/4 of
+    the run (non-finite values and val records skipped); the table shows the keys any row logged."""
+    path = tmp_path / "metrics.jsonl"
+    records = [{"step": s, "train/loss_d": s / 100, "train/d_acc_real": 0.5} for s in (100, 200, 300, 350, 400)]
+    records[3]["train/loss_d"] = float("nan")
+    records.append({"step": 400, "val/mIoU": 0.5})
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\nnot json\n")
+    assert experiment.read_train_diagnostics(path) == {"loss_d": 4.0, "d_acc_real": 0.5}
+    assert experiment.read_train_diagnostics(tmp_path / "none.jsonl") == {}
+    rows = [{"name": "a", "diagnostics": {"loss_d": 4.0, "d_acc_real": 0.5}}, {"name": "b", "diagnostics": {}}]
+    lines = experiment.diagnostics_table(rows)
+    assert "| row | loss_d | d_acc_real |" in lines and "| a | 4.000 | 0.500 |" in lines and "| b | - | - |" in lines
+    assert experiment.diagnostics_table([{"name": "b", "diagnostics": {}}]) == []
+
+
 def test_the_shipped_grid_is_valid(monkeypatch):
     monkeypatch.chdir(ROOT)
     grid = experiment.load_grid(ROOT / "configs" / "experiments" / "semi.yaml")
-    assert [r.name for r in grid.rows][1:] == ["CE only, warm", "+ adversarial, warm", "+ adversarial + semi, warm",
-                                               "CE only, scratch", "+ adversarial + semi, scratch"]
-    assert grid.seeds == [0, 1, 2] and all(grid.seeds_of(r) == [0, 1, 2] for r in grid.rows[1:])
-    assert [grid.baseline_of(r) for r in grid.rows] == ["CE only, warm", None, "CE only, warm", "CE only, warm",
-                                                        "CE only, warm", "CE only, scratch"]
+    assert [r.name for r in grid.rows] == ["CE only, warm", "AdvSemiSeg (adversarial + semi), warm", "s4GAN, warm",
+                                           "s4GAN, threshold 0.5, warm", "pseudo-labels only (no D), warm", "CE only, all labeled, warm (reference)", "CE only, scratch",
+                                           "AdvSemiSeg (adversarial + semi), scratch"]
+    assert grid.seeds == [0, 1, 2] and [len(grid.seeds_of(r)) for r in grid.rows] == [3, 3, 3, 3, 3, 2, 3, 3]
+    assert [grid.baseline_of(r) for r in grid.rows] == [None, *["CE only, warm"] * 6, "CE only, scratch"]
     uda = experiment.load_grid(ROOT / "configs" / "experiments" / "uda.yaml")
     assert all(len(uda.seeds_of(r)) >= 3 for r in uda.rows if "oracle" not in r.name)
-    assert all(uda.baseline_of(r) in [row.name for row in uda.rows] for r in uda.rows[1:])
+    assert all(uda.baseline_of(r) == "source only, warm" for r in uda.rows[1:])
 
 
 def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys):
@@ -111,7 +138,7 @@ def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path)
     assert experiment.main(["semi", "--dry-run", "--out", str(tmp_path / "out")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 17 and all(" -m segadv.train --config semi --run-dir " in line for line in lines)
+    assert len(lines) == 23 and all(" -m segadv.train --config semi --run-dir " in line for line in lines)
     assert experiment.main(["semii"]) == 2
     assert "unknown grid 'semii'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
