@@ -206,17 +206,23 @@ def _row_name(value: Any, what: str) -> Optional[str]:
 # ------------------------------------------------------------------------------ metrics
 
 
+def metrics_records(metrics_path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a run's ``metrics.jsonl`` that carry a step, in order (none if it is missing;
+    a line that is not JSON, e.g. cut short by a crash, is skipped)."""
+    if not metrics_path.is_file():
+        return
+    for line in metrics_path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and _is_number(record.get("step")):
+            yield record
+
+
 def read_val_metrics(metrics_path: Path) -> dict[str, Any]:
     """Final and best ``val/mIoU`` of a run (a resumed run's repeated steps: the last record wins)."""
-    by_step: dict[int, dict[str, Any]] = {}
-    if metrics_path.is_file():
-        for line in metrics_path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and _is_number(record.get("val/mIoU")) and _is_number(record.get("step")):
-                by_step[int(record["step"])] = record
+    by_step = {int(r["step"]): r for r in metrics_records(metrics_path) if _is_number(r.get("val/mIoU"))}
     if not by_step:
         return {}
     final_step = max(by_step)
@@ -241,15 +247,7 @@ DIAGNOSTICS = ("loss_seg", "loss_d", "d_acc_real", "d_acc_fake", "d_acc_source",
 def read_train_diagnostics(metrics_path: Path, keys: tuple[str, ...] = DIAGNOSTICS) -> dict[str, float]:
     """The mean of each ``train/<key>`` a run logged over the last quarter of its steps (steps past
     3/4 of its last logged step); keys it never logged are left out."""
-    records = []
-    if metrics_path.is_file():
-        for line in metrics_path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and _is_number(record.get("step")):
-                records.append(record)
+    records = list(metrics_records(metrics_path))
     if not records:
         return {}
     since = 0.75 * max(r["step"] for r in records)
