@@ -563,7 +563,10 @@ def _test_cell(test: Optional[dict[str, Any]], paired: bool = False) -> str:
     if test is None or test["diff"] is None:
         return "-"
     n = f"{len(test['seeds'])} seeds, " if paired else ""
-    stats = f"t {test['t']:.2f}, p {test['p']:.3f}" if test["t"] is not None else "t -"
+    if test["t"] is None:
+        stats = "t -"
+    else:
+        stats = f"t {test['t']:.2f}, " + ("p < 0.001" if test["p"] < 0.0005 else f"p {test['p']:.3f}")
     return f"{100 * test['diff']:+.1f} ({n}{stats})"
 
 

@@ -119,13 +119,18 @@ def test_diagnostics_are_the_last_quarters_means_and_reach_the_table(tmp_path):
     assert experiment.diagnostics_table([{"name": "b", "diagnostics": {}}]) == []
 
 
+def test_a_p_value_below_a_thousandth_is_shown_as_such():
+    assert experiment._test_cell({"diff": 0.05, "t": 12.0, "p": 1e-5}) == "+5.0 (t 12.00, p < 0.001)"
+    assert experiment._test_cell({"diff": 0.05, "t": 2.0, "p": 0.0006}) == "+5.0 (t 2.00, p 0.001)"
+
+
 def test_the_shipped_grid_is_valid(monkeypatch):
     monkeypatch.chdir(ROOT)
     grid = experiment.load_grid(ROOT / "configs" / "experiments" / "semi.yaml")
     assert [r.name for r in grid.rows] == ["CE only, warm", "AdvSemiSeg (adversarial + semi), warm", "s4GAN, warm",
                                            "s4GAN, threshold 0.5, warm", "pseudo-labels only (no D), warm", "CE only, all labeled, warm (reference)", "CE only, scratch",
                                            "AdvSemiSeg (adversarial + semi), scratch"]
-    assert grid.seeds == [0, 1, 2] and [len(grid.seeds_of(r)) for r in grid.rows] == [5, 3, 5, 3, 3, 2, 3, 3]
+    assert grid.seeds == [0, 1, 2] and [len(grid.seeds_of(r)) for r in grid.rows] == [5, 3, 5, 5, 3, 2, 3, 3]
     assert [grid.baseline_of(r) for r in grid.rows] == [None, *["CE only, warm"] * 6, "CE only, scratch"]
     uda = experiment.load_grid(ROOT / "configs" / "experiments" / "uda.yaml")
     assert all(len(uda.seeds_of(r)) >= 3 for r in uda.rows if "oracle" not in r.name)
@@ -138,7 +143,7 @@ def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path)
     assert experiment.main(["semi", "--dry-run", "--out", str(tmp_path / "out")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 27 and all(" -m segadv.train --config semi --run-dir " in line for line in lines)
+    assert len(lines) == 29 and all(" -m segadv.train --config semi --run-dir " in line for line in lines)
     assert experiment.main(["semii"]) == 2
     assert "unknown grid 'semii'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
