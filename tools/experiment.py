@@ -519,10 +519,14 @@ def _mean_std(values: list[float]) -> tuple[Optional[float], Optional[float]]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
+def _logged(items: list[dict[str, Any]]) -> list[str]:
+    """The :data:`DIAGNOSTICS` any of ``items`` (runs or rows) has, in their order."""
+    return [k for k in DIAGNOSTICS if any(k in item.get("diagnostics", {}) for item in items)]
+
+
 def _mean_diagnostics(runs: list[dict[str, Any]]) -> dict[str, float]:
     """Each diagnostic's mean over the runs that logged it."""
-    keys = [k for k in DIAGNOSTICS if any(k in r["diagnostics"] for r in runs)]
-    return {k: statistics.fmean(r["diagnostics"][k] for r in runs if k in r["diagnostics"]) for k in keys}
+    return {k: statistics.fmean(r["diagnostics"][k] for r in runs if k in r["diagnostics"]) for k in _logged(runs)}
 
 
 def collect_results(grid: Grid, out: Path) -> dict[str, Any]:
@@ -613,7 +617,7 @@ def markdown_table(results: dict[str, Any]) -> str:
 
 def diagnostics_table(rows: list[dict[str, Any]]) -> list[str]:
     """Markdown lines: each row's :data:`DIAGNOSTICS` (those any row logged), or none at all."""
-    keys = [k for k in DIAGNOSTICS if any(k in row.get("diagnostics", {}) for row in rows)]
+    keys = _logged(rows)
     if not keys:
         return []
     lines = ["", "Diagnostics: the mean of each logged `train/` value over the last quarter of a run, then over "

@@ -56,6 +56,7 @@ def test_a_pretext_run_loads_into_the_experiments_generator_with_the_head_fresh(
                                                                                   grid, row, small):
     monkeypatch.chdir(ROOT)
     overrides = grid_overrides(grid, row)
+    model_overrides = [o for o in overrides if o.startswith("model.")]
     init = load_config(None, [o for o in overrides if o.startswith("init.")]).init.generator
     init = {"path": init.path, "exclude": init.exclude}
     assert init["path"] == "runs/pretext/checkpoints/last.pt"  # where configs/pretext.yaml writes it
@@ -67,7 +68,7 @@ def test_a_pretext_run_loads_into_the_experiments_generator_with_the_head_fresh(
     pretext = read_checkpoint(pretext_dir / "checkpoints" / "last.pt")["generator"]
 
     # The experiment's G, built fresh as its config says, then loaded as the grid says.
-    cfg = load_config(f"configs/{config}", [o for o in overrides if o.startswith("model.")])
+    cfg = load_config(f"configs/{config}", model_overrides)
     torch.manual_seed(0)
     model = build_generator(cfg.model.generator, cfg.data.num_classes)
     fresh = {k: v.clone() for k, v in model.state_dict().items()}
@@ -83,6 +84,6 @@ def test_a_pretext_run_loads_into_the_experiments_generator_with_the_head_fresh(
 
     # And a run of the experiment starts from it through init.generator (a tiny one).
     run = ["--config", f"configs/{config}", "--run-dir", str(tmp_path / "run"), "--device-map", "cpu", *SMALL, *small,
-           *[o for o in overrides if o.startswith("model.")], f"init.generator.path={pretext_dir / 'checkpoints' / 'last.pt'}",
+           *model_overrides, f"init.generator.path={pretext_dir / 'checkpoints' / 'last.pt'}",
            "init.generator.exclude=[" + ", ".join(init["exclude"]) + "]"]
     assert train_main(run) == 0

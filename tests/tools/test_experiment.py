@@ -127,9 +127,10 @@ def test_a_p_value_below_a_thousandth_is_shown_as_such():
 def test_the_shipped_grid_is_valid(monkeypatch):
     monkeypatch.chdir(ROOT)
     grid = experiment.load_grid(ROOT / "configs" / "experiments" / "semi.yaml")
-    assert [r.name for r in grid.rows] == ["CE only, warm", "AdvSemiSeg (adversarial + semi), warm", "s4GAN, warm",
-                                           "s4GAN, threshold 0.5, warm", "pseudo-labels only (no D), warm", "CE only, all labeled, warm (reference)", "CE only, scratch",
-                                           "AdvSemiSeg (adversarial + semi), scratch"]
+    assert [r.name for r in grid.rows] == [
+        "CE only, warm", "AdvSemiSeg (adversarial + semi), warm", "s4GAN, warm", "s4GAN, threshold 0.5, warm",
+        "pseudo-labels only (no D), warm", "CE only, all labeled, warm (reference)", "CE only, scratch",
+        "AdvSemiSeg (adversarial + semi), scratch"]
     assert grid.seeds == [0, 1, 2] and [len(grid.seeds_of(r)) for r in grid.rows] == [5, 3, 5, 5, 3, 2, 3, 3]
     assert [grid.baseline_of(r) for r in grid.rows] == [None, *["CE only, warm"] * 6, "CE only, scratch"]
     uda = experiment.load_grid(ROOT / "configs" / "experiments" / "uda.yaml")
