@@ -244,16 +244,38 @@ def _fake(mode: Any, batch: Any) -> Any:
 def measure(cfg: Config, plan: Plan, steps: int = 2) -> None:
     """Run the same iterations for real on the map's own devices and put, beside each device's
     plan, the real tensors' peak (counted as the dry run counts) and the allocator's own peak:
-    ``torch.cuda.max_memory_allocated`` on CUDA, torch.profiler's memory events on the CPU."""
-    from torch.profiler import ProfilerActivity, profile
+    ``torch.cuda.max_memory_allocated`` on CUDA, torch.profiler's memory events on the CPU.
 
+    A map with a CUDA device is measured in a fresh process: the stand-in backend that the dry run
+    registered (a PrivateUse1 accelerator) cannot be unregistered, and with it in the process the
+    autograd engine finds no stream for CUDA's backward nodes (an internal assert, seen on an H100
+    with torch 2.11)."""
     cfg = plan_config(cfg)
     real = map_devices(cfg.device_map)
     missing = [d for d in real.devices if d.type == "cuda" and d.index >= torch.cuda.device_count()]
     if missing:
         raise UserError(f"--measure runs the iterations for real: {', '.join(map(str, missing))} is not here "
                         "(plan with --device-map cpu on a machine without those GPUs)")
+    if any(d.type == "cuda" for d in real.devices):
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            peaks = pool.apply(_measured_peaks, (cfg, steps))
+    else:
+        peaks = _measured_peaks(cfg, steps)
+    for device, (tensor_peak, allocator_peak) in peaks.items():
+        row = plan.devices[device]
+        row.measured_peak_bytes, row.allocator_peak_bytes = tensor_peak, allocator_peak
+
+
+def _measured_peaks(cfg: Config, steps: int) -> dict[str, tuple[int, int]]:
+    """{device: (the real tensors' peak, the allocator's peak)} over ``steps`` real iterations."""
+    from torch.profiler import ProfilerActivity, profile
+
+    real = map_devices(cfg.device_map)
     cuda = [d for d in real.devices if d.type == "cuda"]
+    if cuda:
+        torch.cuda.init()  # the peak counters exist once the allocator does ("Invalid device argument" before)
     for device in cuda:
         torch.cuda.reset_peak_memory_stats(device)
     tracker = DryRunMode(real.devices)
@@ -265,11 +287,9 @@ def measure(cfg: Config, plan: Plan, steps: int = 2) -> None:
         batches = {name: make_batch(shape, cfg.data.num_classes) for name, shape in shapes.items()}
         with tracker:
             iterate(parts, cfg, steps, tracker, batches)
-    for device in real.devices:
-        row = plan.devices[str(device)]
-        row.measured_peak_bytes = tracker.memory[device].peak_bytes
-        row.allocator_peak_bytes = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
-                                    else profiler_peak(prof))
+    return {str(device): (tracker.memory[device].peak_bytes,
+                          torch.cuda.max_memory_allocated(device) if device.type == "cuda" else profiler_peak(prof))
+            for device in real.devices}
 
 
 def profiler_peak(prof: Any) -> int:

@@ -228,7 +228,9 @@ def test_input_errors_exit_2(model, onnx_model, image_dir, tmp_path, capsys):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("source", ["checkpoint", "torchscript"])
-def test_predict_on_cuda_matches_the_cpu_masks(model, image_dir, tmp_path, source):
+def test_predict_on_cuda_matches_the_cpu_masks(model, image_dir, tmp_path, source, no_tf32):
+    """float32 against float32 (TF32 off): with cuDNN's default TF32 convolutions 0.4% of this
+    barely trained G's pixels flipped class on an H100 (near-ties in its logits)."""
     cfg, generator, ckpt = model
     folder, pictures = image_dir
     args = ["--checkpoint", ckpt] if source == "checkpoint" else ["--model", run_export(ckpt, tmp_path / "m.pt")]

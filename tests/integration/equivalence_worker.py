@@ -36,6 +36,8 @@ def join(device_map_spec: str, env: distributed.DistEnv):
 
 
 def main(out: Path, device_map_spec: str, overrides: list[str]) -> None:
+    # float32 on CUDA compared as float32, as the parent's no_tf32 fixture does (it does not reach this process).
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     env = distributed.env_from()
     device_map = join(device_map_spec, env)
     cfg = harness_config(*overrides)

@@ -16,10 +16,10 @@ it at the default 0.01 (about 6e-9, below float16's smallest subnormal).
 Tolerances (stated per dtype):
 - float32: every element of each update and of the adversarial gradient within
   ``FP32_RTOL`` (1e-4) times the reference's largest magnitude (measured: 6e-8 on the CPU). Where
-  sums run in another order, ``FP32_SUMMED_ELSEWHERE_RTOL`` (1e-3): DDP's gradient all-reduce
+  sums run in another order, ``FP32_SUMMED_ELSEWHERE_RTOL`` (2e-3): DDP's gradient all-reduce
   (measured 1.8e-4: at initialisation D's real and fake gradients nearly cancel, so rounding in
-  the large terms shows in the small sum), CUDA kernels (TF32 switched off for the test) and
-  channels_last convolutions.
+  the large terms shows in the small sum), CUDA kernels (TF32 switched off for the test; D's update
+  measured 1.05e-3 on an H100, the same cancellation) and channels_last convolutions.
 - bfloat16 / float16: cosine similarity to the reference of G's update, D's update and the
   adversarial gradient (each flattened) at least ``AMP_MIN_COSINE``, and the adversarial
   gradient not zero.
@@ -29,10 +29,11 @@ compared). BatchNorm keeps batch statistics in the float32 cases, and uses its r
 on both sides where
 - a configuration splits the batch (DDP, DataParallel over GPUs): per-shard statistics differ from
   the full batch's by design;
-- G runs in reduced precision or in channels_last: through batch-statistics BatchNorm at
-  initialisation, G's gradient is a small residual of large terms that cancel, and half-precision
-  rounding (or float32 rounding in another summation order: channels_last measured 1.2e-2 of G's
-  update) does not cancel.
+- G runs in reduced precision, or in float32 summed in another order (channels_last, CUDA
+  kernels): through batch-statistics BatchNorm at initialisation, G's gradient is a small residual
+  of large terms that cancel, and half-precision rounding (or float32 rounding in another
+  summation order: channels_last measured 1.2e-2 of G's update on the CPU; s4GAN with G on an
+  H100, TF32 off, 2.6e-3) does not cancel.
   Measured on this harness's G with plain ``torch.autocast`` and no segadv code: bfloat16 vs
   float32 gradient cosine 0.20 with batch statistics, 0.9998 with running statistics. That is the
   dtype's property, not the wiring's; with running statistics the comparison measures the wiring.
@@ -62,7 +63,10 @@ from segadv.parallel import parse_device_map, unwrap
 HERE = Path(__file__).parent
 LAMBDA_ADV = 1e-4
 FP32_RTOL = 1e-4
-FP32_SUMMED_ELSEWHERE_RTOL = 1e-3  # DDP's all-reduce, CUDA kernels: other summation orders
+# DDP's all-reduce, CUDA kernels: other summation orders. On an H100 (TF32 off) D's update deviated
+# 1.05e-3 whenever D ran on CUDA, the same figure with no wrapper, DataParallel and DDP (G's update
+# 1e-7, the adversarial gradient 5e-6): the cancelling real/fake sum in its last layer, not the wiring.
+FP32_SUMMED_ELSEWHERE_RTOL = 2e-3
 
 AMP_MIN_COSINE = 0.99
 BATCH = 4  # two samples per rank under DDP
@@ -102,7 +106,7 @@ class Case:
 
     @property
     def freeze_stats(self) -> bool:
-        return self.split_batch or not self.float32 or "train.channels_last=true" in self.overrides
+        return self.split_batch or not self.float32 or self.summed_elsewhere
 
     @property
     def model_overrides(self) -> tuple[str, ...]:
@@ -277,18 +281,6 @@ def references():
         return cache[key]
 
     return get
-
-
-@pytest.fixture
-def no_tf32():
-    """float32 on CUDA compared as float32: TF32 convolutions and matmuls off for the test."""
-    if not torch.cuda.is_available():
-        yield
-        return
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 # ----------------------------------------------------------------------------------- one step
