@@ -12,6 +12,9 @@ An empty map means every network on ``cuda:0`` when CUDA is available, else ``cp
 Under a multi-process launch (torchrun) CUDA indices are relative to the process: local rank r
 adds ``r * B`` to every index, where B = (highest index in the map) + 1. With ``g:0,d:1`` and two
 processes per node, local rank 0 uses cuda:0/cuda:1 and local rank 1 cuda:2/cuda:3.
+
+Indices are ASCII digits from 0 to ``MAX_CUDA_INDEX`` (127), after the local rank's shift too:
+torch keeps a device index in 8 bits, and ``torch.device("cuda", 256)`` would silently be cuda:0.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ ROLES = {
     "d_aux": "discriminator_aux", "discriminator_aux": "discriminator_aux",
 }
 SHORT_NAMES = {"generator": "g", "discriminator": "d", "discriminator_aux": "d_aux"}
+# torch's DeviceIndex is an int8: a larger index wraps (256 -> 0) or is refused as negative.
+MAX_CUDA_INDEX = 127
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,7 @@ class DeviceMap:
 
     def __str__(self) -> str:
         def fmt(devices: tuple[torch.device, ...]) -> str:
-            return "+".join(str(d) for d in devices)
+            return "+".join(shown(d) for d in devices)
 
         text = f"g:{fmt(self.generator_devices)},d:{fmt(self.discriminator_devices)}"
         if self.named_aux_discriminator_devices is not None:
@@ -128,9 +133,12 @@ def _parse_device(text: str, role: str, spec: str) -> torch.device:
         index_text = lowered[len("cuda:"):]
     else:
         index_text = lowered
-    if not index_text.isdigit():
+    if not (index_text.isascii() and index_text.isdigit()):
         raise UserError(f"device map {spec!r}: unknown device {text!r} for {role}; use cpu, cuda:N, N or N+M")
-    return torch.device("cuda", int(index_text))
+    index = int(index_text)
+    if index > MAX_CUDA_INDEX:
+        raise UserError(f"device map {spec!r}: CUDA index {index} for {role} is out of range (0 to {MAX_CUDA_INDEX})")
+    return torch.device("cuda", index)
 
 
 def _offset_and_check(
@@ -141,6 +149,10 @@ def _offset_and_check(
     names = SHORT_NAMES
     placed = {}
     for role, devices in chosen.items():
+        shifted = [d.index + local_rank * block for d in devices if d.type == "cuda"]
+        if any(i > MAX_CUDA_INDEX for i in shifted):
+            raise UserError(f"device map {spec!r}: local rank {local_rank} shifts {label or names[role]} to CUDA index "
+                            f"{max(shifted)}, beyond {MAX_CUDA_INDEX}")
         moved = tuple(
             torch.device("cuda", d.index + local_rank * block) if d.type == "cuda" else d for d in devices
         )
@@ -153,3 +165,12 @@ def _offset_and_check(
                 raise UserError(f"device map {spec!r}: {device} requested for {label or names[role]}{where}, but {seen}")
         placed[role] = moved
     return DeviceMap(placed["generator"], placed["discriminator"], placed.get("discriminator_aux"))
+
+
+def shown(device: torch.device) -> str:
+    """A device as the user names it: segadv-plan's stand-in for cuda:N (a PrivateUse1 device, or
+    ``meta:N`` where torch has no Python backend) shows as cuda:N."""
+    stand_in = device.type == "meta" or device.type == torch._C._get_privateuse1_backend_name()
+    if stand_in and device.index is not None:
+        return f"cuda:{device.index}"
+    return str(device)

@@ -11,7 +11,7 @@ import logging
 import torch
 from torch import nn
 
-from segadv.parallel.device_map import DeviceMap
+from segadv.parallel.device_map import DeviceMap, shown
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def place_networks(
         placed.append(("aux D", aux_discriminator, device_map.aux_discriminator))
     for _, network, device in placed:
         network.to(device, memory_format=memory_format)
-    log.info("placement: %s", ", ".join(f"{label} on {device} ({count_parameters(network):,} params)"
+    log.info("placement: %s", ", ".join(f"{label} on {shown(device)} ({count_parameters(network):,} params)"
                                         for label, network, device in placed))
 
 

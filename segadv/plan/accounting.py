@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from segadv.errors import UserError
-from segadv.plan.standin import real_name
+from segadv.parallel.device_map import shown
 
 CATEGORIES = ("params", "grads", "optimizer", "other")
 # Ops that move data between devices on purpose (the step's to_device, autograd's way back).
@@ -111,15 +111,15 @@ class DryRunMode(TorchDispatchMode):
         devices = {t.device for t in inputs if not (t.device.type == "cpu" and t.dim() == 0)}
         if len(devices) > 1:
             raise PlacementError(f"placement: {func} mixes devices "
-                                 f"{', '.join(sorted(real_name(d) for d in devices))}\n  at {segadv_line()}")
+                                 f"{', '.join(sorted(shown(d) for d in devices))}\n  at {segadv_line()}")
 
     def _check_outputs(self, func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
         host_inputs_only = bool(inputs) and all(t.device.type == "cpu" for t in inputs)
         for out in outputs:
             if out.device in self.allowed or (out.device.type == "cpu" and (out.dim() == 0 or host_inputs_only)):
                 continue
-            named = ", ".join(sorted(real_name(d) for d in self.allowed))
-            where = real_name(out.device)
+            named = ", ".join(sorted(shown(d) for d in self.allowed))
+            where = shown(out.device)
             if out.device.type == "cuda":  # the plan's devices stand in for CUDA ones: this one bypassed the map
                 where += " (named in the code, not taken from the device map)"
             raise PlacementError(

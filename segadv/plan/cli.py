@@ -4,7 +4,8 @@
                 [--measure] [--json] [key=value ...]
 
 Exit codes: 0 every device fits (or no --gpu-memory given), 3 a device does not (named, with by
-how much), 2 a user error (including a tensor the map does not place).
+how much) or --max-batch finds no batch that fits, 2 a user error (including a tensor the map does
+not place).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from dataclasses import asdict
 from typing import Any, Callable
@@ -19,7 +21,7 @@ from typing import Any, Callable
 from segadv.cli_args import add_config_arguments, parse_args
 from segadv.config import Config, load_config
 from segadv.errors import UserError, cli_entry
-from segadv.plan.dry_run import DevicePlan, Plan, dry_run, measure
+from segadv.plan.dry_run import DevicePlan, IterationFails, Plan, dry_run, measure
 from segadv.runtime import setup_logging
 
 log = logging.getLogger("segadv.plan")
@@ -58,16 +60,27 @@ def with_batch(cfg: Config, batch_size: int) -> Config:
 
 
 def largest_batch(cfg: Config, steps: int, budget: int) -> tuple[int | None, Plan | None]:
-    """The largest ``data.batch_size`` whose dry run fits every device, and its plan.
+    """The largest ``data.batch_size`` whose dry run fits every device, and its plan (None, None
+    when none fits; a batch too small to train, e.g. one sample through BatchNorm, does not fit).
 
     A device's need grows affinely with the batch, so each next probe is where the line through
-    the last two probes meets the budget (kept strictly between the largest fit and the smallest
-    miss known), and the search ends when those are neighbours."""
+    the two probes nearest the budget meets it (kept strictly between the largest fit and the
+    smallest miss known; bisection while fewer than two probes trained), and the search ends when
+    those are neighbours or the fit reaches ``MAX_BATCH_LIMIT``."""
     plans: dict[int, Plan] = {}
     excess: dict[int, int] = {}
+    untrainable: set[int] = set()
 
     def probe(batch: int) -> None:
-        plans[batch] = dry_run(with_batch(cfg, batch), steps)
+        try:
+            plans[batch] = dry_run(with_batch(cfg, batch), steps)
+        except IterationFails as err:
+            if batch >= cfg.data.batch_size:
+                raise
+            log.info("batch %d: does not train (%s)", batch, str(err).splitlines()[0])
+            untrainable.add(batch)
+            excess[batch] = 1
+            return
         excess[batch] = max((row.peak_bytes + allowance(name, row.peak_bytes) - budget
                              for name, row in plans[batch].devices.items() if name.startswith("cuda")), default=-1)
         log.info("batch %d: %s", batch, "fits" if excess[batch] <= 0 else f"{excess[batch] / GiB:.2f} GiB over")
@@ -80,11 +93,20 @@ def largest_batch(cfg: Config, steps: int, budget: int) -> tuple[int | None, Pla
         miss = min((b for b, e in excess.items() if e > 0), default=None)
         if miss is not None and miss == fit + 1 or fit >= MAX_BATCH_LIMIT:
             return (fit, plans[fit]) if fit else (None, None)
-        a, b = sorted(excess, key=lambda n: abs(excess[n]))[:2]  # the two probes nearest the budget
-        slope = (excess[b] - excess[a]) / (b - a)
-        guess = int(a - excess[a] / slope) if slope > 0 else fit * 2
+        trained = sorted((b for b in excess if b not in untrainable), key=lambda n: abs(excess[n]))
         upper = MAX_BATCH_LIMIT + 1 if miss is None else miss
+        guess = fit * 2 if miss is None else (fit + miss) // 2
+        if len(trained) >= 2:
+            a, b = trained[:2]  # the two probes nearest the budget
+            slope = (excess[b] - excess[a]) / (b - a)
+            if slope > 0:
+                guess = int(a - excess[a] / slope)
         probe(min(max(guess, fit + 1), upper - 1))
+
+
+def max_batch_text(batch: int) -> str:
+    """The search stops at MAX_BATCH_LIMIT: a fit there is a lower bound."""
+    return f"at least {batch} (the search's cap)" if batch >= MAX_BATCH_LIMIT else str(batch)
 
 
 def plan_json(plan: Plan, budget: int | None, max_batch: int | None, searched: bool) -> dict[str, Any]:
@@ -105,6 +127,7 @@ def plan_json(plan: Plan, budget: int | None, max_batch: int | None, searched: b
     }
     if searched:
         out["max_batch"] = max_batch
+        out["max_batch_is_lower_bound"] = bool(max_batch and max_batch >= MAX_BATCH_LIMIT)
     return out
 
 
@@ -156,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Dry-run segadv's own training iteration on stand-in devices: placement checked, peak "
                     "memory per device, before the GPUs exist (docs/planning.md).")
     add_config_arguments(parser, "default: default, the embedded demo")
-    parser.add_argument("--device-map", help="the map to plan, e.g. g:1,d:0 (any CUDA index, none need exist) or cpu")
+    parser.add_argument("--device-map", help="the map to plan, e.g. g:1,d:0 (CUDA indices 0-127, none need exist) or cpu")
     parser.add_argument("--steps", type=int, default=2, metavar="N", help="iterations to run (default 2)")
     parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="memory of each GPU, GiB: judge the fit")
     parser.add_argument("--max-batch", action="store_true",
@@ -174,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(level=logging.WARNING if args.json else logging.INFO)
     if args.steps < 1:
         raise UserError(f"--steps: at least 1, got {args.steps}")
-    if args.gpu_memory is not None and args.gpu_memory <= 0:
-        raise UserError(f"--gpu-memory: a size in GiB above 0, got {args.gpu_memory}")
+    if args.gpu_memory is not None and not (math.isfinite(args.gpu_memory) and args.gpu_memory > 0):
+        raise UserError(f"--gpu-memory: a finite size in GiB above 0, got {args.gpu_memory}")
     if args.max_batch and args.gpu_memory is None:
         raise UserError("--max-batch needs --gpu-memory (the budget to fit)")
     cfg = load_config(args.config, args.overrides)
@@ -186,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_batch:
         max_batch, plan = largest_batch(cfg, args.steps, budget)
         if plan is None:
-            plan = dry_run(with_batch(cfg, 1), args.steps)
+            plan = dry_run(cfg, args.steps)  # the configured batch, to show by how much it misses
         else:
             cfg = with_batch(cfg, max_batch)
     else:
@@ -197,10 +220,16 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(plan_json(plan, budget, max_batch, args.max_batch), indent=1))
     else:
         batch = "" if not args.max_batch else (
-            f"largest data.batch_size that fits: {max_batch}\n" if max_batch else "no batch size fits (not even 1)\n")
+            f"largest data.batch_size that fits: {max_batch_text(max_batch)}\n" if max_batch
+            else "no batch size fits (not even the smallest that trains)\n")
         print(f"plan of {cfg.method.name}, data.batch_size {cfg.data.batch_size}, {plan.steps} iterations "
               f"({plan.seconds:.1f} s), device map {cfg.device_map}:\n{batch}{plan_table(plan, budget)}")
     short = shortfalls(plan, budget)
+    if args.max_batch and not max_batch:
+        for name, missing in short.items():
+            log.error("%s does not fit in %.2f GiB at data.batch_size %d: %.2f GiB short", name, budget / GiB,
+                      cfg.data.batch_size, missing / GiB)
+        return EXIT_DOES_NOT_FIT
     if short:
         for name, missing in short.items():
             log.error("%s does not fit in %.2f GiB: %.2f GiB short", name, budget / GiB, missing / GiB)

@@ -30,6 +30,10 @@ from segadv.plan.batches import FixedStream, make_batch, stream_shapes
 log = logging.getLogger(__name__)
 
 
+class IterationFails(UserError):
+    """The method's iteration raised as segadv-train's would (a shape or batch the networks refuse)."""
+
+
 @dataclass
 class DevicePlan:
     device: str  # as the map names it: cuda:1, cpu
@@ -75,6 +79,21 @@ def map_devices(spec: str | None) -> DeviceMap:
                             f"does not dry-run; plan one replica ({role}:{devices[0]}) with data.batch_size divided "
                             f"by {len(devices)}: each replica holds that, the first also the gathered outputs")
     return device_map
+
+
+def without_one_device_dp(cfg: Config, device_map: DeviceMap) -> tuple[Config, list[str]]:
+    """``parallel.<role>=dp`` on a single device: DataParallel over one device id runs the network
+    itself there (its scatter onto the same device copies nothing), so it is planned unwrapped,
+    with a note. (On the stand-in, DataParallel would look for replicas of its own.)"""
+    parallel, notes = cfg.parallel, []
+    roles = {"generator": device_map.generator_devices, "discriminator": device_map.discriminator_devices,
+             "discriminator_aux": device_map.aux_discriminator_devices}
+    for role, devices in roles.items():
+        if getattr(parallel, role) == "dp" and len(devices) == 1:
+            parallel = parallel.model_copy(update={role: "none"})
+            notes.append(f"parallel.{role}=dp on one device ({devices[0]}): DataParallel runs the network itself "
+                         "there; planned without the wrapper (same memory)")
+    return cfg.model_copy(update={"parallel": parallel}), notes
 
 
 def standin_map(device_map: DeviceMap, device_type: str) -> DeviceMap:
@@ -184,7 +203,7 @@ def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, batch
                 parts.method(streams, step)
         except ValueError as err:  # a shape or batch the networks refuse: training would stop there too
             where = segadv_line(traceback.extract_tb(err.__traceback__))
-            raise UserError(f"the {cfg.method.name} iteration fails as segadv-train's would: {err}\n  at {where}") \
+            raise IterationFails(f"the {cfg.method.name} iteration fails as segadv-train's would: {err}\n  at {where}") \
                 from None
         finally:
             tracker.enforce = False
@@ -215,7 +234,7 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
     real = map_devices(cfg.device_map)
     device_type = standin.register()
     planned = standin_map(real, device_type)
-    notes = []
+    cfg, notes = without_one_device_dp(cfg, real)
     if device_type == "meta" and any(a.enabled for a in (cfg.amp.generator, cfg.amp.discriminator)):
         notes.append("this torch has no Python backend registration: planned on meta devices, where autocast "
                      "does nothing (an fp32 plan)")

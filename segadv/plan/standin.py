@@ -14,9 +14,11 @@ import types
 
 import torch
 
+from segadv.parallel.device_map import MAX_CUDA_INDEX
+
 NAME = "standin"
-# Indices up to this are valid stand-in devices (a device map names CUDA indices this small).
-DEVICE_COUNT = 64
+# Every index a device map can name (0 to MAX_CUDA_INDEX) is a stand-in device.
+DEVICE_COUNT = MAX_CUDA_INDEX + 1
 
 
 # ``torch.standin``: what torch asks of a backend module (autocast, the autograd engine), each a
@@ -58,10 +60,3 @@ def standin_for(device: torch.device, device_type: str) -> torch.device:
     if device.type != "cuda":
         return device
     return torch.device(device_type, 0 if device.index is None else device.index)
-
-
-def real_name(device: torch.device) -> str:
-    """The device a stand-in stands for, as the user wrote it (``standin:1`` -> ``cuda:1``)."""
-    if device.type in (NAME, "meta") and device.index is not None:
-        return f"cuda:{device.index}"
-    return str(device)

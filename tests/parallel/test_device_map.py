@@ -3,6 +3,7 @@ import torch
 
 from segadv.errors import UserError
 from segadv.parallel import parse_device_map
+from segadv.parallel.device_map import shown
 
 
 def cuda(i):
@@ -52,6 +53,11 @@ def test_default_follows_cuda_visibility():
         ("gpu", 2, "unknown device 'gpu' for g and d"),
         ("cuda:2", 2, "cuda:2 requested for g and d, but only 2 CUDA devices are visible"),
         ("g:0,,d:1", 2, "is not ROLE:DEVICE"),
+        # torch keeps a device index in 8 bits: 256 would silently be cuda:0, 128-255 negative.
+        ("g:1,d:256", 300, "CUDA index 256 for d is out of range (0 to 127)"),
+        ("g:1,d:130", 300, "CUDA index 130 for d is out of range (0 to 127)"),
+        ("g:²,d:0", 2, "unknown device '²' for g"),  # str.isdigit() accepts it, int() does not
+        ("g:١,d:0", 2, "unknown device '١' for g"),  # an Arabic-Indic one, which int() would accept
     ],
 )
 def test_errors_name_the_problem(spec, count, message):
@@ -69,6 +75,16 @@ def test_replica_sets_and_local_rank_offsets():
     assert parse_device_map("g:0,d:cpu", cuda_device_count=2, local_rank=1).generator == cuda(1)
     assert parse_device_map("cpu", cuda_device_count=0, local_rank=3).generator == CPU
     assert parse_device_map(None, cuda_device_count=2, local_rank=1).generator == cuda(1)
+
+
+def test_the_largest_index_is_kept_and_a_shift_past_it_refused():
+    assert parse_device_map("g:127,d:0", cuda_device_count=128).generator == cuda(127)
+    with pytest.raises(UserError, match="local rank 1 shifts g and d to CUDA index 129, beyond 127"):
+        parse_device_map("cuda:63+64", cuda_device_count=300, local_rank=1)
+
+
+def test_shown_names_a_stand_in_as_the_cuda_device_it_stands_for():
+    assert shown(torch.device("meta", 3)) == "cuda:3" and shown(cuda(2)) == "cuda:2" and shown(CPU) == "cpu"
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """segadv-plan: segadv's own iteration dry-run on stand-in devices (docs/planning.md)."""
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from segadv.config import load_config
 from segadv.config import CONFIGS_DIR
 from segadv.errors import UserError
 from segadv.plan.accounting import PlacementError
-from segadv.plan.cli import main
+from segadv.plan.cli import MAX_BATCH_LIMIT, main
 from segadv.plan.dry_run import dry_run, measure
 
 SHIPPED = sorted(p.name for p in CONFIGS_DIR.glob("*.yaml"))
@@ -166,6 +167,41 @@ def test_max_batch_is_the_largest_that_fits(capsys):
     assert best and data["fits"]
     assert main(["--device-map", "g:1,d:0", "--gpu-memory", "0.9", "--json", "--steps", "1",
                  f"data.batch_size={best + 1}"]) == 3
+
+
+@pytest.mark.parametrize("args", [["--device-map", "g:1,d:256"], ["--device-map", "g:²,d:0"],
+                                  ["--device-map", "g:1,d:0", "--gpu-memory", "nan"],
+                                  ["--device-map", "g:1,d:0", "--gpu-memory", "inf"]])
+def test_out_of_range_indices_and_non_finite_memory_are_user_errors(args):
+    assert main(args) == 2
+
+
+def test_max_batch_exits_3_when_nothing_fits_and_never_reports_a_batch_that_cannot_train(capsys, caplog):
+    """At 0.5 GiB not even batch 1 fits the demo, and batch 1 cannot train (BatchNorm over one
+    value per channel in the ASPP pooling): exit 3 with the configured batch's shortfall."""
+    assert main(["--device-map", "g:1,d:0", "--gpu-memory", "0.5", "--max-batch", "--json", "--steps", "1"]) == 3
+    data = json.loads(capsys.readouterr().out)
+    assert data["max_batch"] is None and data["fits"] is False
+    assert "does not fit in 0.50 GiB at data.batch_size 8" in caplog.text
+
+
+def test_max_batch_at_the_search_cap_is_a_lower_bound(capsys):
+    assert main(["--device-map", "g:1,d:0", "--gpu-memory", "4000", "--max-batch", "--json", "--steps", "1"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["max_batch"] == MAX_BATCH_LIMIT and data["max_batch_is_lower_bound"] is True
+
+
+def test_dataparallel_on_one_device_is_planned_unwrapped_with_a_note(capsys):
+    assert main(["--device-map", "g:1,d:0", "--steps", "1", "parallel.generator=dp"]) == 0
+    assert "note: parallel.generator=dp on one device (cuda:1)" in capsys.readouterr().out
+
+
+def test_no_message_names_the_stand_in(capsys, caplog):
+    caplog.set_level(logging.INFO)
+    assert main(["--device-map", "g:1,d:0,d_aux:2", "--steps", "1"]) == 2
+    assert main(["--device-map", "g:1,d:0", "--steps", "1"]) == 0
+    out = capsys.readouterr()
+    assert "standin" not in caplog.text + out.out + out.err
 
 
 def test_voc_plans_without_voc_or_weights():
