@@ -29,6 +29,9 @@ CATEGORIES = ("params", "grads", "optimizer", "other")
 # Ops that move data between devices on purpose (the step's to_device, autograd's way back).
 COPIES = {torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default, torch.ops.aten._copy_from.default,
           torch.ops.aten._copy_from_and_resize.default}
+# Ops that CUDA runs with CPU index tensors among their inputs (``logits[torch.arange(n)]``).
+INDEXING = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
+            torch.ops.aten._index_put_impl_.default}
 SEGADV_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -63,8 +66,9 @@ class DryRunMode(TorchDispatchMode):
     """Counts storages per device; with ``enforce`` set, checks every op against ``allowed``.
 
     ``allowed``: the devices the map names. A CPU tensor is allowed as well when it is 0-dim (a
-    host scalar, e.g. an optimizer's step count) or made from CPU tensors only (the loader's batch
-    handled on the host before its copy).
+    host scalar, e.g. an optimizer's step count), made from CPU tensors only (the loader's batch
+    handled on the host before its copy), or an integer tensor made from nothing (``arange``: an
+    index, which CUDA's indexing ops take from the host; in any other op it mixes devices).
     """
 
     def __init__(self, allowed: Iterable[torch.device]) -> None:
@@ -108,7 +112,9 @@ class DryRunMode(TorchDispatchMode):
     def _check_inputs(self, func: Any, inputs: list[torch.Tensor]) -> None:
         if func in COPIES:
             return
-        devices = {t.device for t in inputs if not (t.device.type == "cpu" and t.dim() == 0)}
+        host_ok = func in INDEXING  # CUDA indexes with CPU index tensors (it copies them over)
+        devices = {t.device for t in inputs
+                   if not (t.device.type == "cpu" and (t.dim() == 0 or (host_ok and not t.is_floating_point())))}
         if len(devices) > 1:
             raise PlacementError(f"placement: {func} mixes devices "
                                  f"{', '.join(sorted(shown(d) for d in devices))}\n  at {segadv_line()}")
@@ -116,8 +122,9 @@ class DryRunMode(TorchDispatchMode):
     def _check_outputs(self, func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
         host_inputs_only = bool(inputs) and all(t.device.type == "cpu" for t in inputs)
         for out in outputs:
-            if out.device in self.allowed or (out.device.type == "cpu" and (out.dim() == 0 or host_inputs_only)):
-                continue
+            on_host_ok = out.dim() == 0 or host_inputs_only or (not inputs and not out.is_floating_point())
+            if out.device in self.allowed or (out.device.type == "cpu" and on_host_ok):
+                continue  # host scalars, the host batch's own ops, index tensors made on the host
             named = ", ".join(sorted(shown(d) for d in self.allowed))
             where = shown(out.device)
             if out.device.type == "cuda":  # the plan's devices stand in for CUDA ones: this one bypassed the map

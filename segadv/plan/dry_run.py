@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.overrides import TorchFunctionMode
 
@@ -24,7 +25,7 @@ from segadv.config import Config
 from segadv.errors import UserError
 from segadv.parallel.device_map import DeviceMap, parse_device_map
 from segadv.plan import standin
-from segadv.plan.accounting import DryRunMode, segadv_line
+from segadv.plan.accounting import DryRunMode, PlacementError, segadv_line
 from segadv.plan.batches import FixedStream, make_batch, stream_shapes
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,10 @@ def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, batch
             where = segadv_line(traceback.extract_tb(err.__traceback__))
             raise IterationFails(f"the {cfg.method.name} iteration fails as segadv-train's would: {err}\n  at {where}") \
                 from None
+        except DataDependentOutputException as err:  # a value read on the host: fake tensors have none
+            where = segadv_line(traceback.extract_tb(err.__traceback__))
+            raise PlacementError(f"host read: {err.func} reads a device value on the host inside the {cfg.method.name} "
+                                 f"iteration (a synchronisation on the hot path every step)\n  at {where}") from None
         finally:
             tracker.enforce = False
 
@@ -240,6 +245,9 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
                      "does nothing (an fp32 plan)")
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     tracker = DryRunMode(planned.devices)
+    # The device activate() makes current on a GPU: the map's first CUDA device.
+    current = next((d.index for d in real.devices if d.type == "cuda"), 0)
+    as_cuda = standin.CudaAsStandIn(device_type, current)
     with dry_run_settings():
         with torch.device("meta"), PlaceEmpty([fake, tracker]):
             parts = build_training(cfg, planned)
@@ -247,7 +255,7 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
             as_on_cuda(opt, real)
         shapes = stream_shapes(cfg, parts.method.streams)
         batches = {name: make_batch(shape, cfg.data.num_classes) for name, shape in shapes.items()}
-        with fake, tracker:
+        with fake, tracker, as_cuda:
             batches = {name: _fake(fake, batch) for name, batch in batches.items()}
             iterate(parts, cfg, steps, tracker, batches)
     between, host = transfer_totals(tracker)

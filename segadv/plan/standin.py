@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import functools
 import types
+from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
 
 from segadv.parallel.device_map import MAX_CUDA_INDEX
 
@@ -60,3 +63,36 @@ def standin_for(device: torch.device, device_type: str) -> torch.device:
     if device.type != "cuda":
         return device
     return torch.device(device_type, 0 if device.index is None else device.index)
+
+
+class CudaAsStandIn(TorchFunctionMode):
+    """CUDA devices named in the code resolve as real CUDA resolves them, onto their stand-ins:
+    ``.cuda()``, ``.to("cuda")`` and ``device="cuda"`` onto the current device (the map's first
+    CUDA device, which ``activate()`` makes current: G's when G is on one), ``cuda:N`` onto
+    ``<device_type>:N``. Without this such a call would reach the CUDA runtime and crash the plan
+    ("CUDA driver version is insufficient"); with it the tensor lands where a GPU would put it,
+    and the placement check judges that."""
+
+    def __init__(self, device_type: str, current: int) -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.current = current
+
+    def _swap(self, value: Any) -> Any:
+        if isinstance(value, str) and (value == "cuda" or value.startswith("cuda:")):
+            value = torch.device(value)
+        if isinstance(value, torch.device) and value.type == "cuda":
+            return torch.device(self.device_type, self.current if value.index is None else value.index)
+        return value
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            tensor, *rest = args
+            device = rest[0] if rest else kwargs.get("device")
+            index = self.current if device is None else torch.device("cuda", device).index \
+                if isinstance(device, int) else torch.device(device).index
+            return tensor.to(torch.device(self.device_type, self.current if index is None else index),
+                             non_blocking=kwargs.get("non_blocking", False))
+        args, kwargs = tree_map(self._swap, (args, kwargs))
+        return func(*args, **kwargs)

@@ -128,8 +128,36 @@ def test_a_hard_coded_cuda_device_is_caught(monkeypatch):
     with pytest.raises(PlacementError) as caught:
         dry_run(demo("device_map=g:1,d:2"), steps=1)
     message = str(caught.value)
-    assert "aten._to_copy.default" in message and "cuda:0 (named in the code" in message
+    assert "aten._to_copy.default" in message and "on cuda:0, which the device map does not name (cuda:1, cuda:2)" in message
     assert "segadv/methods/adversarial.py:" in message
+
+
+@pytest.mark.parametrize("stray", [lambda t: t.cuda(), lambda t: t.to("cuda"),
+                                   lambda t: t + torch.zeros(t.shape, device="cuda")])
+def test_cuda_without_an_index_resolves_to_the_current_device_as_on_a_gpu(monkeypatch, stray):
+    """On D's side of g:1,d:0 a bare "cuda" is G's device (activate() made it current): D's maps
+    then meet D's mask on cuda:0, a finding naming the file; where D shares G's device it is right."""
+    planted(monkeypatch, stray)
+    with pytest.raises(PlacementError, match=r"mixes devices cuda:0, cuda:1\n  at segadv/") as caught:
+        dry_run(demo("device_map=g:1,d:0"), steps=1)
+    assert "Traceback" not in str(caught.value)
+    dry_run(demo("device_map=g:1,d:1"), steps=1)  # the same code is correct there
+
+
+def test_cpu_index_tensors_are_accepted_as_cuda_accepts_them(monkeypatch):
+    planted(monkeypatch, lambda t: t[torch.arange(t.shape[0])])
+    dry_run(demo(), steps=1)
+
+
+def test_a_host_read_in_the_iteration_is_a_finding(monkeypatch, capsys):
+    def read(t):
+        float(t.mean())
+        return t
+
+    planted(monkeypatch, read)
+    assert main(["--device-map", "g:1,d:0", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "host read" in err and "segadv/methods/adversarial.py:" in err and "Traceback" not in err
 
 
 def test_an_op_mixing_devices_is_caught(monkeypatch):
