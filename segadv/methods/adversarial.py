@@ -20,6 +20,7 @@ from torch import nn
 
 from segadv.engine.losses import masked_bce_with_logits, one_hot_labels
 from segadv.engine.network import Network
+from segadv.methods.schedule import Schedule
 from segadv.monitor.profile import PhaseTimer, transfer_device
 from segadv.parallel.placement import to_device
 
@@ -165,9 +166,10 @@ class LabeledAdversarial:
         self.ignore_index = ignore_index
         self.lambda_adv = lambda_adv
         self.adv_warmup_steps = adv_warmup_steps
+        self.schedule = Schedule(adversarial=(lambda_adv, adv_warmup_steps))
 
     def adversarial_active(self, step: int) -> bool:
-        return self.lambda_adv > 0 and step >= self.adv_warmup_steps
+        return self.schedule.active("adversarial", step)
 
     def labeled_batch(
         self, images: torch.Tensor, labels: torch.Tensor

@@ -39,6 +39,7 @@ from segadv.methods.adversarial import (
     optimizer_step,
 )
 from segadv.methods.base import PanelMaps
+from segadv.methods.schedule import Schedule
 from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import for_inference, to_device
@@ -62,14 +63,17 @@ class AdvSemiSeg(LabeledAdversarial):
         super().__init__(g, d, phases, num_classes=num_classes, ignore_index=ignore_index, lambda_adv=lambda_adv,
                          adv_warmup_steps=adv_warmup_steps)
         self.settings = settings
+        self.schedule = Schedule(adversarial=(lambda_adv, adv_warmup_steps),
+                                 semi_adv=(settings.lambda_semi_adv, settings.semi_start_adv),
+                                 semi=(settings.lambda_semi, settings.semi_start))
 
     # Which terms are on at a step (adversarial_active: the labeled term's). The unlabeled batch
     # is drawn only while one of its terms is.
     def semi_adv_active(self, step: int) -> bool:
-        return self.settings.lambda_semi_adv > 0 and step >= self.settings.semi_start_adv
+        return self.schedule.active("semi_adv", step)
 
     def semi_active(self, step: int) -> bool:
-        return self.settings.lambda_semi > 0 and step >= self.settings.semi_start
+        return self.schedule.active("semi", step)
 
     def unlabeled_active(self, step: int) -> bool:
         return self.semi_adv_active(step) or self.semi_active(step)

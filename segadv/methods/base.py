@@ -8,6 +8,7 @@ from typing import Mapping, Optional, Protocol
 import torch
 
 from segadv.data.streams import Stream, StreamSpec
+from segadv.methods.schedule import Schedule
 
 
 @dataclass
@@ -24,6 +25,7 @@ class PanelMaps:
 class Method(Protocol):
     streams: tuple[StreamSpec, ...]  # the data streams it draws from (segadv/data/streams.py)
     panel_stream: Optional[str]  # the stream whose first images feed panel(), or None
+    schedule: Schedule  # when each term is on (segadv-plan runs every step where one switches on)
 
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
         """One iteration (``step`` completed before it); returns detached losses by name, the

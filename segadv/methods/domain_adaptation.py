@@ -44,6 +44,7 @@ from segadv.methods.adversarial import (
     optimizer_step,
 )
 from segadv.methods.base import PanelMaps
+from segadv.methods.schedule import Schedule
 from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import to_device
@@ -102,6 +103,7 @@ class DomainAdaptation:
         (multi-level with a D)."""
         self.g, self.phases = g, phases
         self.settings = settings
+        self.schedule = Schedule()  # every term from the first step
         self.discriminator_input = discriminator_input
         self.ignore_index = ignore_index
         self.multi_level = multi_level

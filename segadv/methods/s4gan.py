@@ -45,6 +45,7 @@ from segadv.methods.adversarial import (
     optimizer_step,
 )
 from segadv.methods.base import PanelMaps
+from segadv.methods.schedule import Schedule
 from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import to_device
@@ -86,9 +87,10 @@ class S4Gan:
         self.settings = settings
         self.num_classes = num_classes
         self.ignore_index = ignore_index
+        self.schedule = Schedule(st=(settings.lambda_st, settings.st_start))
 
     def st_active(self, step: int) -> bool:
-        return self.settings.lambda_st > 0 and step >= self.settings.st_start
+        return self.schedule.active("st", step)
 
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
         g, d, phase, s, ignore = self.g, self.d, self.phases.phase, self.settings, self.ignore_index

@@ -46,11 +46,14 @@ class DeviceMemory:
     live: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     peak_bytes: int = 0  # the most live at once
     largest: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))  # each its own most
+    peak_step: int | None = None  # the iteration (its step) during which the peak was reached
 
-    def add(self, category: str, nbytes: int) -> None:
+    def add(self, category: str, nbytes: int, step: int | None = None) -> None:
         self.live[category] += nbytes
         self.largest[category] = max(self.largest[category], self.live[category])
-        self.peak_bytes = max(self.peak_bytes, sum(self.live.values()))
+        live = sum(self.live.values())
+        if live > self.peak_bytes:
+            self.peak_bytes, self.peak_step = live, step
 
 
 def segadv_line(frames: traceback.StackSummary | None = None) -> str:
@@ -75,6 +78,7 @@ class DryRunMode(TorchDispatchMode):
         super().__init__()
         self.allowed = set(allowed)
         self.enforce = False
+        self.step: int | None = None  # the iteration running (None: building)
         self.memory: dict[torch.device, DeviceMemory] = defaultdict(DeviceMemory)
         self._storages: dict[int, tuple[torch.device, int, str]] = {}
         self.transfers: dict[tuple[torch.device, torch.device], int] = defaultdict(int)
@@ -88,7 +92,7 @@ class DryRunMode(TorchDispatchMode):
         device, nbytes = tensor.device, storage.nbytes()
         self._storages[key] = (device, nbytes, "other")
         weakref.finalize(storage, self._free, key)
-        self.memory[device].add("other", nbytes)
+        self.memory[device].add("other", nbytes, self.step)
 
     def _free(self, key: int) -> None:
         device, nbytes, category = self._storages.pop(key)
@@ -106,7 +110,7 @@ class DryRunMode(TorchDispatchMode):
             self._storages[key] = (device, nbytes, category)
             memory = self.memory[device]
             memory.live[old] -= nbytes
-            memory.add(category, nbytes)
+            memory.add(category, nbytes, self.step)
 
     # ---------------------------------------------------------------- enforcement
     def _check_inputs(self, func: Any, inputs: list[torch.Tensor]) -> None:

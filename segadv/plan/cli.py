@@ -124,6 +124,7 @@ def plan_json(plan: Plan, budget: int | None, max_batch: int | None, searched: b
         "fits": not short,
         "gpu_memory_bytes": budget,
         "steps": plan.steps,
+        "steps_run": plan.steps_run,
     }
     if searched:
         out["max_batch"] = max_batch
@@ -139,7 +140,7 @@ def plan_table(plan: Plan, budget: int | None) -> str:
         return f"{n / size:.2f}"
 
     measured = any(row.measured_peak_bytes is not None for row in plan.devices.values())
-    columns = ["device", "params", "grads", "optimizer", "activations", "peak", "+allowance", "need"]
+    columns = ["device", "params", "grads", "optimizer", "activations", "peak", "peak at step", "+allowance", "need"]
     if measured:
         columns += ["measured peak", "allocator peak"]
     if budget is not None:
@@ -149,7 +150,8 @@ def plan_table(plan: Plan, budget: int | None) -> str:
         extra = allowance(name, row.peak_bytes)
         extra_cells = [_measured(row.measured_peak_bytes, row, gib), _measured(row.allocator_peak_bytes, row, gib)]
         cells = [name, gib(row.params_bytes), gib(row.grads_bytes), gib(row.optimizer_bytes),
-                 gib(row.activations_bytes), gib(row.peak_bytes), gib(extra), gib(row.peak_bytes + extra)]
+                 gib(row.activations_bytes), gib(row.peak_bytes),
+                 "build" if row.peak_step is None else str(row.peak_step), gib(extra), gib(row.peak_bytes + extra)]
         if measured:
             cells += extra_cells
         if budget is not None:
@@ -222,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         batch = "" if not args.max_batch else (
             f"largest data.batch_size that fits: {max_batch_text(max_batch)}\n" if max_batch
             else "no batch size fits (not even the smallest that trains)\n")
-        print(f"plan of {cfg.method.name}, data.batch_size {cfg.data.batch_size}, {plan.steps} iterations "
-              f"({plan.seconds:.1f} s), device map {cfg.device_map}:\n{batch}{plan_table(plan, budget)}")
+        print(f"plan of {cfg.method.name}, data.batch_size {cfg.data.batch_size}, {len(plan.steps_run)} iterations "
+              f"at steps {', '.join(map(str, plan.steps_run))} ({plan.seconds:.1f} s), device map {cfg.device_map}:\n"
+              f"{batch}{plan_table(plan, budget)}")
     short = shortfalls(plan, budget)
     if args.max_batch and not max_batch:
         for name, missing in short.items():

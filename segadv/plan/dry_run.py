@@ -45,6 +45,7 @@ class DevicePlan:
     # (activations, temporaries, the scalers' few bytes). peak_bytes: the most live at one moment.
     activations_bytes: int
     peak_bytes: int
+    peak_step: int | None = None  # the step whose iteration set the peak (None: the build)
     measured_peak_bytes: int | None = None  # --measure: the real tensors' peak
     allocator_peak_bytes: int | None = None  # --measure: the allocator's own peak
 
@@ -57,6 +58,7 @@ class Plan:
     steps: int
     seconds: float
     notes: list[str] = field(default_factory=list)
+    steps_run: list[int] = field(default_factory=list)  # the iterations' steps, in order
 
 
 def plan_config(cfg: Config) -> Config:
@@ -191,15 +193,25 @@ def dry_run_settings() -> Iterator[None]:
         threads(True)
 
 
-def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, batches: dict[str, Any]) -> None:
-    """``steps`` iterations of the method, the run's last ones (every term of the loss on); the
-    tracker's transfers are the last one's."""
+def planned_steps(cfg: Config, schedule_steps: tuple[int, ...], steps: int) -> list[int]:
+    """The steps whose iterations the plan runs, in order: the first, each step where the
+    method's schedule switches a term on, then the run's last ``steps`` (every term on, the
+    optimizers' state made by the first of them held by the next)."""
+    first_of_last = max(cfg.train.max_steps - steps, 0)
+    regimes = sorted({0, *schedule_steps} - set(range(first_of_last, cfg.train.max_steps)))
+    return [s for s in regimes if s < first_of_last] + list(range(first_of_last, first_of_last + steps))
+
+
+def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, batches: dict[str, Any]) -> list[int]:
+    """The method's iterations at ``planned_steps``: every branch its schedule takes; the
+    tracker's transfers are the last one's. Returns the steps run."""
     streams = {name: FixedStream(batch) for name, batch in batches.items()}
-    first = max(cfg.train.max_steps - steps, 0)
+    run = planned_steps(cfg, parts.method.schedule.switch_steps(), steps)
     with accounting(parts, tracker):
         tracker.enforce = True
         try:
-            for step in range(first, first + steps):
+            for step in run:
+                tracker.step = step
                 tracker.transfers.clear()
                 parts.method(streams, step)
         except ValueError as err:  # a shape or batch the networks refuse: training would stop there too
@@ -212,6 +224,8 @@ def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, batch
                                  f"iteration (a synchronisation on the hot path every step)\n  at {where}") from None
         finally:
             tracker.enforce = False
+            tracker.step = None
+    return run
 
 
 def transfer_totals(tracker: DryRunMode) -> tuple[int, int]:
@@ -226,7 +240,7 @@ def device_rows(tracker: DryRunMode, planned: DeviceMap, real: DeviceMap) -> dic
         memory = tracker.memory[device]
         most = memory.largest
         rows[str(shown)] = DevicePlan(str(shown), most["params"], most["grads"], most["optimizer"], most["other"],
-                                      memory.peak_bytes)
+                                      memory.peak_bytes, memory.peak_step)
     return rows
 
 
@@ -257,9 +271,9 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
         batches = {name: make_batch(shape, cfg.data.num_classes) for name, shape in shapes.items()}
         with fake, tracker, as_cuda:
             batches = {name: _fake(fake, batch) for name, batch in batches.items()}
-            iterate(parts, cfg, steps, tracker, batches)
+            run = iterate(parts, cfg, steps, tracker, batches)
     between, host = transfer_totals(tracker)
-    return Plan(device_rows(tracker, planned, real), between, host, steps, time.perf_counter() - start, notes)
+    return Plan(device_rows(tracker, planned, real), between, host, steps, time.perf_counter() - start, notes, run)
 
 
 def _fake(mode: Any, batch: Any) -> Any:

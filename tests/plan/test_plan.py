@@ -15,6 +15,8 @@ from segadv.config import CONFIGS_DIR
 from segadv.errors import UserError
 from segadv.plan.accounting import PlacementError
 from segadv.plan.cli import MAX_BATCH_LIMIT, main
+from segadv.methods.advsemiseg import AdvSemiSeg
+from segadv.methods.supervised import Supervised
 from segadv.plan.dry_run import dry_run, measure
 
 SHIPPED = sorted(p.name for p in CONFIGS_DIR.glob("*.yaml"))
@@ -112,6 +114,40 @@ def planted(monkeypatch, stray):
         return real(stray(logits), target, valid)
 
     monkeypatch.setattr(step_module, "masked_bce_with_logits", with_stray)
+
+
+def planted_at(monkeypatch, method_cls, target_step):
+    """A stray host tensor in D's GAN loss, only in the iteration at ``target_step``."""
+    current = {}
+    real_call = method_cls.__call__
+
+    def call(self, streams, step):
+        current["step"] = step
+        return real_call(self, streams, step)
+
+    monkeypatch.setattr(method_cls, "__call__", call)
+    planted(monkeypatch, lambda t: t + torch.zeros(t.shape) if current.get("step") == target_step else t)
+
+
+@pytest.mark.parametrize("method_cls, overrides, step", [
+    (Supervised, (), 0),  # the first step only
+    (Supervised, ("loss.adv_warmup_steps=7",), 7),  # the adversarial warm-up's end only
+    (AdvSemiSeg, ("method.name=advsemiseg", "data.labeled_fraction=0.5", "method.advsemiseg.semi_start=30",
+                  "method.advsemiseg.semi_start_adv=30"), 30),  # AdvSemiSeg's switch-on step only
+])
+def test_a_bug_in_one_schedule_regime_only_is_caught(monkeypatch, capsys, method_cls, overrides, step):
+    planted_at(monkeypatch, method_cls, step)
+    assert main(["--device-map", "g:1,d:0", "--steps", "1", "train.max_steps=100", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert "made a tensor of shape" in err and "segadv/methods/adversarial.py:" in err and "Traceback" not in err
+
+
+def test_the_plan_runs_every_regime_and_names_the_step_of_each_peak(capsys):
+    assert main(["--config", "semi", "--device-map", "g:1,d:0", "--json", "--steps", "1",
+                 "method.advsemiseg.semi_start=30", "method.advsemiseg.semi_start_adv=20", "train.max_steps=100"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["steps_run"][:3] == [0, 20, 30] and data["steps_run"][-1] == 99
+    assert all(entry["peak_step"] in data["steps_run"] for entry in data["devices"].values())
 
 
 def test_a_stray_default_device_tensor_is_caught(monkeypatch):
