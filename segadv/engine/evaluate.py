@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Iterable
 
 import torch
@@ -21,10 +22,15 @@ class ConfusionMatrix:
         self.mat = torch.zeros((num_classes, num_classes), dtype=torch.int64, device=device)
 
     def update(self, target: torch.Tensor, pred: torch.Tensor) -> None:
+        """Fixed shapes only (no boolean indexing, no bincount, whose output sizes hang on the
+        values): no host synchronisation per batch on a GPU, and segadv-plan can run it."""
         n = self.num_classes
+        target, pred = target.to(torch.int64), pred.to(torch.int64)
         keep = (target >= 0) & (target < n)
-        index = n * target[keep].to(torch.int64) + pred[keep].to(torch.int64)
-        self.mat += torch.bincount(index, minlength=n * n).reshape(n, n).to(self.mat.device)
+        index = torch.where(keep, n * target + pred, n * n).flatten()  # n * n: the ignored pixels' bin
+        counts = torch.zeros(n * n + 1, dtype=torch.int64, device=index.device)
+        counts.scatter_add_(0, index, torch.ones_like(index))
+        self.mat += counts[: n * n].reshape(n, n).to(self.mat.device)
 
     def all_reduce(self) -> None:
         """Sum over ranks, so distributed eval equals single-process eval on the same data."""
@@ -46,9 +52,14 @@ class ConfusionMatrix:
 
 @dataclass
 class EvalResult:
-    metrics: dict[str, object]
+    confusion: ConfusionMatrix = field(repr=False)
     # First few val samples for image panels: normalised images, labels, predictions (CPU).
     samples: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    @cached_property
+    def metrics(self) -> dict[str, object]:
+        """mIoU, pixel accuracy and per-class IoU, read to the host when first asked for."""
+        return self.confusion.compute()
 
 
 @torch.no_grad()
@@ -77,4 +88,4 @@ def evaluate(
     finally:
         generator.train(was_training)
     confmat.all_reduce()
-    return EvalResult(confmat.compute(), samples)
+    return EvalResult(confmat, samples)

@@ -47,11 +47,15 @@ class DeviceMemory:
     peak_bytes: int = 0  # the most live at once
     largest: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))  # each its own most
     peak_step: int | None = None  # the iteration (its step) during which the peak was reached
+    evaluation_peak_bytes: int = 0  # the most live at once during the evaluation pass
 
-    def add(self, category: str, nbytes: int, step: int | None = None) -> None:
+    def add(self, category: str, nbytes: int, step: int | str | None = None) -> None:
         self.live[category] += nbytes
-        self.largest[category] = max(self.largest[category], self.live[category])
         live = sum(self.live.values())
+        if step == "evaluation":  # its own column: the training columns stay the iterations'
+            self.evaluation_peak_bytes = max(self.evaluation_peak_bytes, live)
+            return
+        self.largest[category] = max(self.largest[category], self.live[category])
         if live > self.peak_bytes:
             self.peak_bytes, self.peak_step = live, step
 
@@ -71,14 +75,16 @@ class DryRunMode(TorchDispatchMode):
     ``allowed``: the devices the map names. A CPU tensor is allowed as well when it is 0-dim (a
     host scalar, e.g. an optimizer's step count), made from CPU tensors only (the loader's batch
     handled on the host before its copy), or an integer tensor made from nothing (``arange``: an
-    index, which CUDA's indexing ops take from the host; in any other op it mixes devices).
+    index, which CUDA's indexing ops take from the host; in any other op it mixes devices), or
+    copied there on purpose (``.cpu()``: a panel's samples; any later op mixing it with a device's
+    tensors is caught as mixing).
     """
 
     def __init__(self, allowed: Iterable[torch.device]) -> None:
         super().__init__()
         self.allowed = set(allowed)
         self.enforce = False
-        self.step: int | None = None  # the iteration running (None: building)
+        self.step: int | str | None = None  # the iteration running, "evaluation", or None (building)
         self.memory: dict[torch.device, DeviceMemory] = defaultdict(DeviceMemory)
         self._storages: dict[int, tuple[torch.device, int, str]] = {}
         self.transfers: dict[tuple[torch.device, torch.device], int] = defaultdict(int)
@@ -126,7 +132,8 @@ class DryRunMode(TorchDispatchMode):
     def _check_outputs(self, func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
         host_inputs_only = bool(inputs) and all(t.device.type == "cpu" for t in inputs)
         for out in outputs:
-            on_host_ok = out.dim() == 0 or host_inputs_only or (not inputs and not out.is_floating_point())
+            on_host_ok = (out.dim() == 0 or host_inputs_only or (not inputs and not out.is_floating_point())
+                          or func in COPIES)  # a deliberate copy to the host (a panel's samples, a logged value)
             if out.device in self.allowed or (out.device.type == "cpu" and on_host_ok):
                 continue  # host scalars, the host batch's own ops, index tensors made on the host
             named = ", ".join(sorted(shown(d) for d in self.allowed))

@@ -48,6 +48,21 @@ def crop_size(data: DataConfig, key: str) -> tuple[int, int]:
     return out.pop()
 
 
+# The largest image of each dataset whose val pipeline keeps the files' own sizes (VOC's are at
+# most 500 px a side; Cityscapes' 1024x2048; GTA5's 1052x1914). Other kinds: the larger probe.
+LARGEST_IMAGE = {"voc": (500, 500), "cityscapes": (1024, 2048), "gta5": (1052, 1914)}
+
+
+def val_size(data: DataConfig) -> tuple[int, int]:
+    """The (H, W) of a val batch: the val pipeline's fixed size, or, where it keeps each image's
+    own size, the largest image the dataset kind has (the evaluation's worst batch)."""
+    transform = build_transform(data.val_transforms, data.mean, data.std, "data.val_transforms",
+                                ignore_index=data.ignore_index)
+    h, w = (data.synthetic.image_size,) * 2 if data.kind == "synthetic" else LARGEST_IMAGE.get(data.kind, PROBE_SIZES[-1])
+    image = transform(image=np.zeros((h, w, 3), np.uint8), mask=np.zeros((h, w), np.uint8))["image"]
+    return tuple(image.shape[-2:])
+
+
 def stream_shapes(cfg: Config, streams: tuple[StreamSpec, ...]) -> dict[str, BatchShape]:
     sizes = stream_batch_sizes(cfg)
     shapes = {}

@@ -43,15 +43,23 @@ def allowance(device: str, peak: int) -> int:
     return CONTEXT_BYTES + int(ALLOCATOR_OVERHEAD * peak) if device.startswith("cuda") else 0
 
 
+def peak_of_run(row: DevicePlan) -> int:
+    """The most live at once over the run: the iterations' or the evaluation's, whichever is more."""
+    return max(row.peak_bytes, row.evaluation_peak_bytes)
+
+
+def need(name: str, row: DevicePlan) -> int:
+    return peak_of_run(row) + allowance(name, peak_of_run(row))
+
+
 def shortfalls(plan: Plan, budget: int | None) -> dict[str, int]:
     """Bytes by which each CUDA device misses ``budget`` (none: it fits). The host is not budgeted."""
     if budget is None:
         return {}
     short = {}
     for name, row in plan.devices.items():
-        need = row.peak_bytes + allowance(name, row.peak_bytes)
-        if name.startswith("cuda") and need > budget:
-            short[name] = need - budget
+        if name.startswith("cuda") and need(name, row) > budget:
+            short[name] = need(name, row) - budget
     return short
 
 
@@ -81,7 +89,7 @@ def largest_batch(cfg: Config, steps: int, budget: int) -> tuple[int | None, Pla
             untrainable.add(batch)
             excess[batch] = 1
             return
-        excess[batch] = max((row.peak_bytes + allowance(name, row.peak_bytes) - budget
+        excess[batch] = max((need(name, row) - budget
                              for name, row in plans[batch].devices.items() if name.startswith("cuda")), default=-1)
         log.info("batch %d: %s", batch, "fits" if excess[batch] <= 0 else f"{excess[batch] / GiB:.2f} GiB over")
 
@@ -114,7 +122,8 @@ def plan_json(plan: Plan, budget: int | None, max_batch: int | None, searched: b
     devices = {}
     for name, row in plan.devices.items():
         entry = {k: v for k, v in asdict(row).items() if k != "device" and v is not None}
-        entry["allowance_bytes"] = allowance(name, row.peak_bytes)
+        entry["allowance_bytes"] = allowance(name, peak_of_run(row))
+        entry["need_bytes"] = need(name, row)
         entry["fits"] = name not in short
         devices[name] = entry
     out: dict[str, Any] = {
@@ -140,18 +149,20 @@ def plan_table(plan: Plan, budget: int | None) -> str:
         return f"{n / size:.2f}"
 
     measured = any(row.measured_peak_bytes is not None for row in plan.devices.values())
-    columns = ["device", "params", "grads", "optimizer", "activations", "peak", "peak at step", "+allowance", "need"]
+    columns = ["device", "params", "grads", "optimizer", "activations", "peak", "peak at step", "evaluation",
+               "+allowance", "need"]
     if measured:
         columns += ["measured peak", "allocator peak"]
     if budget is not None:
         columns.append(f"fits {budget / GiB:.2f} GiB")
     rows = []
     for name, row in plan.devices.items():
-        extra = allowance(name, row.peak_bytes)
+        extra = allowance(name, peak_of_run(row))
         extra_cells = [_measured(row.measured_peak_bytes, row, gib), _measured(row.allocator_peak_bytes, row, gib)]
         cells = [name, gib(row.params_bytes), gib(row.grads_bytes), gib(row.optimizer_bytes),
                  gib(row.activations_bytes), gib(row.peak_bytes),
-                 "build" if row.peak_step is None else str(row.peak_step), gib(extra), gib(row.peak_bytes + extra)]
+                 "build" if row.peak_step is None else str(row.peak_step), gib(row.evaluation_peak_bytes),
+                 gib(extra), gib(need(name, row))]
         if measured:
             cells += extra_cells
         if budget is not None:
@@ -161,7 +172,8 @@ def plan_table(plan: Plan, budget: int | None) -> str:
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(columns, widths)))]
     lines += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.append(f"{unit}; each column its own largest over the iterations, peak the most live at once "
-                 "(tensor bytes, as torch.cuda.max_memory_allocated counts them)")
+                 "(tensor bytes, as torch.cuda.max_memory_allocated counts them); evaluation: the most live during "
+                 "an evaluation (G at data.val_batch_size, the panels); need: the larger peak + allowance")
     lines.append(ALLOWANCE_TEXT)
     lines.append(f"between devices per iteration: {plan.transfer_bytes_per_iteration / MiB:.1f} MiB; "
                  f"host to devices: {plan.host_to_device_bytes_per_iteration / MiB:.1f} MiB")

@@ -13,7 +13,7 @@ import logging
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException
@@ -26,7 +26,8 @@ from segadv.errors import UserError
 from segadv.parallel.device_map import DeviceMap, parse_device_map
 from segadv.plan import standin
 from segadv.plan.accounting import DryRunMode, PlacementError, segadv_line
-from segadv.plan.batches import FixedStream, make_batch, stream_shapes
+from segadv.engine.evaluate import evaluate
+from segadv.plan.batches import BatchShape, FixedStream, make_batch, stream_shapes, val_size
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class DevicePlan:
     activations_bytes: int
     peak_bytes: int
     peak_step: int | None = None  # the step whose iteration set the peak (None: the build)
+    evaluation_peak_bytes: int = 0  # the evaluation pass's own peak (G at data.val_batch_size, the panels)
     measured_peak_bytes: int | None = None  # --measure: the real tensors' peak
     allocator_peak_bytes: int | None = None  # --measure: the allocator's own peak
 
@@ -228,6 +230,34 @@ def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, batch
     return run
 
 
+def evaluation_pass(parts: Training, cfg: Config, tracker: DryRunMode, batches: dict[str, Any],
+                    as_input: Callable[[Any], Any]) -> None:
+    """What an evaluation adds, through segadv's own code: ``evaluate`` on one val batch of
+    ``data.val_batch_size`` (with the panel's samples copied to the host), and the method's panel
+    on ``log.num_images`` of its stream's images; placement enforced, memory filed as the
+    evaluation's. The metrics are never read (fake tensors have no values)."""
+    from segadv.train import generator_for_evaluation
+
+    val_data = cfg.target_data or cfg.data
+    h, w = val_size(val_data)
+    val_batch = as_input(make_batch(BatchShape(cfg.data.val_batch_size, h, w, labeled=True), cfg.data.num_classes))
+    for memory in tracker.memory.values():  # what stays live from training counts towards it
+        memory.evaluation_peak_bytes = sum(memory.live.values())
+    tracker.step, tracker.enforce = "evaluation", True
+    try:
+        evaluate(generator_for_evaluation(parts), [val_batch], parts.device_map.generator, cfg.data.num_classes,
+                 autocast=parts.g.opt.autocast, num_samples=cfg.log.num_images)
+        stream = parts.method.panel_stream
+        if stream is not None and cfg.log.num_images:
+            images = batches[stream][0] if isinstance(batches[stream], tuple) else batches[stream]
+            parts.method.panel(images[: cfg.log.num_images])
+    except ValueError as err:
+        where = segadv_line(traceback.extract_tb(err.__traceback__))
+        raise IterationFails(f"the evaluation fails as segadv-train's would: {err}\n  at {where}") from None
+    finally:
+        tracker.step, tracker.enforce = None, False
+
+
 def transfer_totals(tracker: DryRunMode) -> tuple[int, int]:
     between = sum(n for (src, dst), n in tracker.transfers.items() if src.type != "cpu" and dst.type != "cpu")
     host = sum(n for (src, dst), n in tracker.transfers.items() if src.type == "cpu")
@@ -240,7 +270,7 @@ def device_rows(tracker: DryRunMode, planned: DeviceMap, real: DeviceMap) -> dic
         memory = tracker.memory[device]
         most = memory.largest
         rows[str(shown)] = DevicePlan(str(shown), most["params"], most["grads"], most["optimizer"], most["other"],
-                                      memory.peak_bytes, memory.peak_step)
+                                      memory.peak_bytes, memory.peak_step, memory.evaluation_peak_bytes)
     return rows
 
 
@@ -272,7 +302,8 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
         with fake, tracker, as_cuda:
             batches = {name: _fake(fake, batch) for name, batch in batches.items()}
             run = iterate(parts, cfg, steps, tracker, batches)
-    between, host = transfer_totals(tracker)
+            between, host = transfer_totals(tracker)
+            evaluation_pass(parts, cfg, tracker, batches, lambda batch: _fake(fake, batch))
     return Plan(device_rows(tracker, planned, real), between, host, steps, time.perf_counter() - start, notes, run)
 
 

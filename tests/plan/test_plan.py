@@ -150,6 +150,28 @@ def test_the_plan_runs_every_regime_and_names_the_step_of_each_peak(capsys):
     assert all(entry["peak_step"] in data["steps_run"] for entry in data["devices"].values())
 
 
+def test_the_evaluation_is_planned_with_its_own_peak(capsys):
+    assert main(["--config", "semi", "--device-map", "g:1,d:0", "--json", "--steps", "1"]) == 0
+    devices = json.loads(capsys.readouterr().out)["devices"]
+    g, d = devices["cuda:1"], devices["cuda:0"]
+    # G at data.val_batch_size 25 (80 px) holds more than its weights; D runs the method's panel.
+    assert g["evaluation_peak_bytes"] > g["params_bytes"] + g["grads_bytes"] + g["optimizer_bytes"]
+    assert d["evaluation_peak_bytes"] > d["params_bytes"] + d["grads_bytes"] + d["optimizer_bytes"]
+    assert g["need_bytes"] >= max(g["peak_bytes"], g["evaluation_peak_bytes"])
+
+
+def test_a_placement_bug_in_evaluate_is_caught(monkeypatch, capsys):
+    """The labels left on the host in evaluate: its confusion-matrix update mixes devices."""
+    import segadv.engine.evaluate as evaluate_module
+
+    real = evaluate_module.to_device
+    monkeypatch.setattr(evaluate_module, "to_device",
+                        lambda t, device: t if t.dtype == torch.int64 else real(t, device))
+    assert main(["--device-map", "g:1,d:0", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "mixes devices cpu, cuda:1" in err and "segadv/engine/evaluate.py:" in err and "Traceback" not in err
+
+
 def test_a_stray_default_device_tensor_is_caught(monkeypatch):
     planted(monkeypatch, lambda logits: logits + torch.zeros(logits.shape))  # the default device: the CPU
     with pytest.raises(PlacementError) as caught:
