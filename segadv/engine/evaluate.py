@@ -81,10 +81,13 @@ def evaluate(
             with autocast():
                 logits = generator(images)
             pred = logits.argmax(dim=1)
+            del logits  # G's output is the batch's largest tensor: gone before the next forward
             confmat.update(labels, pred)
             if samples is None and num_samples > 0:
+                # Copies of k samples: views (what .cpu() gives on the CPU) would hold the whole batch.
                 k = min(num_samples, images.shape[0])
-                samples = (images[:k].float().cpu(), labels[:k].cpu(), pred[:k].cpu())
+                samples = tuple(t[:k].to("cpu", copy=True) for t in (images.float(), labels, pred))
+            del images, labels, pred  # nothing of this batch lives on while the next one runs
     finally:
         generator.train(was_training)
     confmat.all_reduce()

@@ -230,7 +230,25 @@ def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, batch
     return run
 
 
-def evaluation_pass(parts: Training, cfg: Config, tracker: DryRunMode, batches: dict[str, Any],
+def panel_images(cfg: Config, parts: Training, shapes: dict[str, BatchShape]) -> torch.Tensor | None:
+    """The method's panel images as the loop holds them for the whole run (``log.num_images`` of
+    its panel stream's), or None."""
+    stream = parts.method.panel_stream
+    if stream is None or not cfg.log.num_images:
+        return None
+    shape = shapes[stream]
+    return make_batch(BatchShape(cfg.log.num_images, shape.height, shape.width, labeled=False), cfg.data.num_classes)
+
+
+def count_inputs(tracker: DryRunMode, batches: dict[str, Any], panel: torch.Tensor | None) -> None:
+    """The loop's inputs where they are: each stream's batch as its loader hands it out (on the
+    host) and the panel images, counted from the start (their copies onto the devices are the
+    iterations' own ops)."""
+    tensors = [t for batch in batches.values() for t in (batch if isinstance(batch, tuple) else (batch,))]
+    tracker.mark(tensors + ([] if panel is None else [panel]), "other")
+
+
+def evaluation_pass(parts: Training, cfg: Config, tracker: DryRunMode, panel: torch.Tensor | None,
                     as_input: Callable[[Any], Any]) -> None:
     """What an evaluation adds, through segadv's own code: ``evaluate`` on one val batch of
     ``data.val_batch_size`` (with the panel's samples copied to the host), and the method's panel
@@ -240,17 +258,29 @@ def evaluation_pass(parts: Training, cfg: Config, tracker: DryRunMode, batches: 
 
     val_data = cfg.target_data or cfg.data
     h, w = val_size(val_data)
-    val_batch = as_input(make_batch(BatchShape(cfg.data.val_batch_size, h, w, labeled=True), cfg.data.num_classes))
+    batch_size = cfg.data.val_batch_size
+    if val_data.kind == "synthetic":  # a val set smaller than a batch is one smaller batch
+        batch_size = min(batch_size, val_data.synthetic.val_size)
+    shape = BatchShape(batch_size, h, w, labeled=True)
+
+    def val_loader() -> Iterator[Any]:
+        """Two batches, one at a time as a loader hands them out (the host's batch counted):
+        what the first leaves behind meets the second."""
+        for seed in (0, 1):
+            tracker.enforce = False  # the loader's own making of the batch, on the host
+            batch = as_input(make_batch(shape, cfg.data.num_classes, seed=seed))
+            tracker.mark(list(batch), "other")
+            tracker.enforce = True
+            yield batch
+
     for memory in tracker.memory.values():  # what stays live from training counts towards it
         memory.evaluation_peak_bytes = sum(memory.live.values())
     tracker.step, tracker.enforce = "evaluation", True
     try:
-        evaluate(generator_for_evaluation(parts), [val_batch], parts.device_map.generator, cfg.data.num_classes,
+        evaluate(generator_for_evaluation(parts), val_loader(), parts.device_map.generator, cfg.data.num_classes,
                  autocast=parts.g.opt.autocast, num_samples=cfg.log.num_images)
-        stream = parts.method.panel_stream
-        if stream is not None and cfg.log.num_images:
-            images = batches[stream][0] if isinstance(batches[stream], tuple) else batches[stream]
-            parts.method.panel(images[: cfg.log.num_images])
+        if panel is not None:
+            parts.method.panel(panel)
     except ValueError as err:
         where = segadv_line(traceback.extract_tb(err.__traceback__))
         raise IterationFails(f"the evaluation fails as segadv-train's would: {err}\n  at {where}") from None
@@ -299,11 +329,14 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
             as_on_cuda(opt, real)
         shapes = stream_shapes(cfg, parts.method.streams)
         batches = {name: make_batch(shape, cfg.data.num_classes) for name, shape in shapes.items()}
+        panel = panel_images(cfg, parts, shapes)
         with fake, tracker, as_cuda:
             batches = {name: _fake(fake, batch) for name, batch in batches.items()}
+            panel = None if panel is None else _fake(fake, panel)
+            count_inputs(tracker, batches, panel)
             run = iterate(parts, cfg, steps, tracker, batches)
             between, host = transfer_totals(tracker)
-            evaluation_pass(parts, cfg, tracker, batches, lambda batch: _fake(fake, batch))
+            evaluation_pass(parts, cfg, tracker, panel, lambda batch: _fake(fake, batch))
     return Plan(device_rows(tracker, planned, real), between, host, steps, time.perf_counter() - start, notes, run)
 
 
@@ -357,6 +390,8 @@ def _measured_peaks(cfg: Config, steps: int) -> dict[str, tuple[int, int]]:
             parts = build_training(cfg, real)
         shapes = stream_shapes(cfg, parts.method.streams)
         batches = {name: make_batch(shape, cfg.data.num_classes) for name, shape in shapes.items()}
+        panel = panel_images(cfg, parts, shapes)  # held for the whole run, as the loop holds it
+        count_inputs(tracker, batches, panel)
         with tracker:
             iterate(parts, cfg, steps, tracker, batches)
     return {str(device): (tracker.memory[device].peak_bytes,
