@@ -12,6 +12,7 @@ import torch
 
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
+from segadv.parallel.placement import device_module, is_accelerator
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,9 @@ def capture_rng_state(devices: Iterable[torch.device] = ()) -> dict:
         "torch": torch.get_rng_state(),
         "cuda": {},
     }
-    for device in devices:
-        if device.type == "cuda":
-            state["cuda"][str(device)] = torch.cuda.get_rng_state(device)
+    for device in devices:  # "cuda": the accelerators' generators (on segadv-plan's stand-in, its facade's)
+        if is_accelerator(device):
+            state["cuda"][str(device)] = device_module(device).get_rng_state(device)
     return state
 
 
@@ -72,9 +73,11 @@ def restore_rng_state(state: dict) -> None:
     n = state["numpy"]
     np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
-    for device, cuda_state in state.get("cuda", {}).items():
-        if torch.cuda.is_available() and torch.device(device).index < torch.cuda.device_count():
-            torch.cuda.set_rng_state(cuda_state, torch.device(device))
+    for name, device_state in state.get("cuda", {}).items():
+        device = torch.device(name)
+        module = device_module(device)
+        if module.is_available() and device.index < module.device_count():
+            module.set_rng_state(device_state, device)
 
 
 class RankRNGs:

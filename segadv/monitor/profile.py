@@ -21,9 +21,11 @@ import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
+
+from segadv.parallel.placement import device_module, is_accelerator
 
 STEP_PHASES = ("input_copy", "g_fwd_bwd", "transfer", "d_fwd_bwd", "optimizer")
 
@@ -38,23 +40,27 @@ class PhaseTimer:
     def __init__(self, precise: bool = False) -> None:
         self.precise = precise
         self.seconds: dict[str, float] = defaultdict(float)
-        self._pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        self._pending: list[tuple[str, Any, Any]] = []  # (phase, begin event, end event)
 
     @contextmanager
     def phase(self, name: str, device: torch.device) -> Iterator[None]:
-        if device.type != "cuda":
+        """A phase on ``device``: CUDA events on a GPU's current stream (read at log time), host
+        time elsewhere; with ``precise``, host time between two device synchronisations."""
+        if not is_accelerator(device):
             start = time.perf_counter()
             yield
             self.seconds[name] += time.perf_counter() - start
-        elif self.precise:
-            torch.cuda.synchronize(device)
+            return
+        module = device_module(device)
+        if self.precise:
+            module.synchronize(device)
             start = time.perf_counter()
             yield
-            torch.cuda.synchronize(device)
+            module.synchronize(device)
             self.seconds[name] += time.perf_counter() - start
         else:
-            stream = torch.cuda.current_stream(device)
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            stream = module.current_stream(device)
+            begin, end = module.Event(enable_timing=True), module.Event(enable_timing=True)
             begin.record(stream)
             yield
             end.record(stream)

@@ -16,11 +16,23 @@ from segadv.parallel.device_map import DeviceMap, shown
 log = logging.getLogger(__name__)
 
 
+def is_accelerator(device: torch.device) -> bool:
+    """CUDA, or segadv-plan's stand-in for it: a device with a current index, streams, events and
+    an RNG of its own, reached through its device module (``torch.cuda``, the stand-in's facade)."""
+    return device.type not in ("cpu", "meta")
+
+
+def device_module(device: torch.device):
+    """``torch.cuda`` for a CUDA device; the stand-in's facade for segadv-plan's stand-in."""
+    return torch.get_device_module(device.type)
+
+
 def activate(device_map: DeviceMap) -> None:
-    """Make a mapped CUDA device current, so CUDA work without an explicit device stays mapped."""
-    cuda = [d for d in device_map.devices if d.type == "cuda"]
-    if cuda:
-        torch.cuda.set_device(cuda[0])
+    """Make the map's first CUDA device current (G's when G is on one), so CUDA work without an
+    explicit device stays mapped."""
+    accelerators = [d for d in device_map.devices if is_accelerator(d)]
+    if accelerators:
+        device_module(accelerators[0]).set_device(accelerators[0])
 
 
 def place_networks(

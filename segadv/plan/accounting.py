@@ -48,12 +48,14 @@ class DeviceMemory:
     largest: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))  # each its own most
     peak_step: int | None = None  # the iteration (its step) during which the peak was reached
     evaluation_peak_bytes: int = 0  # the most live at once during the evaluation pass
+    checkpoint_peak_bytes: int = 0  # the most live at once during a save and a resume's load
 
     def add(self, category: str, nbytes: int, step: int | str | None = None) -> None:
         self.live[category] += nbytes
         live = sum(self.live.values())
-        if step == "evaluation":  # its own column: the training columns stay the iterations'
-            self.evaluation_peak_bytes = max(self.evaluation_peak_bytes, live)
+        if step in ("evaluation", "checkpoint"):  # their own columns: the training ones stay the iterations'
+            field_name = f"{step}_peak_bytes"
+            setattr(self, field_name, max(getattr(self, field_name), live))
             return
         self.largest[category] = max(self.largest[category], self.live[category])
         if live > self.peak_bytes:
@@ -84,7 +86,7 @@ class DryRunMode(TorchDispatchMode):
         super().__init__()
         self.allowed = set(allowed)
         self.enforce = False
-        self.step: int | str | None = None  # the iteration running, "evaluation", or None (building)
+        self.step: int | str | None = None  # the iteration running, "evaluation", "checkpoint", or None (building)
         self.memory: dict[torch.device, DeviceMemory] = defaultdict(DeviceMemory)
         self._storages: dict[int, tuple[torch.device, int, str]] = {}
         self.transfers: dict[tuple[torch.device, torch.device], int] = defaultdict(int)

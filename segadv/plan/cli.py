@@ -44,8 +44,9 @@ def allowance(device: str, peak: int) -> int:
 
 
 def peak_of_run(row: DevicePlan) -> int:
-    """The most live at once over the run: the iterations' or the evaluation's, whichever is more."""
-    return max(row.peak_bytes, row.evaluation_peak_bytes)
+    """The most live at once over the run: the iterations', the evaluation's or a save's and
+    resume's, whichever is most."""
+    return max(row.peak_bytes, row.evaluation_peak_bytes, row.checkpoint_peak_bytes)
 
 
 def need(name: str, row: DevicePlan) -> int:
@@ -150,7 +151,7 @@ def plan_table(plan: Plan, budget: int | None) -> str:
 
     measured = any(row.measured_peak_bytes is not None for row in plan.devices.values())
     columns = ["device", "params", "grads", "optimizer", "activations", "peak", "peak at step", "evaluation",
-               "+allowance", "need"]
+               "checkpoint", "+allowance", "need"]
     if measured:
         columns += ["measured peak", "allocator peak"]
     if budget is not None:
@@ -162,7 +163,7 @@ def plan_table(plan: Plan, budget: int | None) -> str:
         cells = [name, gib(row.params_bytes), gib(row.grads_bytes), gib(row.optimizer_bytes),
                  gib(row.activations_bytes), gib(row.peak_bytes),
                  "build" if row.peak_step is None else str(row.peak_step), gib(row.evaluation_peak_bytes),
-                 gib(extra), gib(need(name, row))]
+                 gib(row.checkpoint_peak_bytes), gib(extra), gib(need(name, row))]
         if measured:
             cells += extra_cells
         if budget is not None:
@@ -173,7 +174,8 @@ def plan_table(plan: Plan, budget: int | None) -> str:
     lines += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.append(f"{unit}; each column its own largest over the iterations, peak the most live at once "
                  "(tensor bytes, as torch.cuda.max_memory_allocated counts them); evaluation: the most live during "
-                 "an evaluation (G at data.val_batch_size, the panels); need: the larger peak + allowance")
+                 "an evaluation (G at data.val_batch_size, the panels); checkpoint: during a save and a resume's "
+                 "load; need: the largest of the three + allowance")
     lines.append(ALLOWANCE_TEXT)
     lines.append(f"between devices per iteration: {plan.transfer_bytes_per_iteration / MiB:.1f} MiB; "
                  f"host to devices: {plan.host_to_device_bytes_per_iteration / MiB:.1f} MiB")

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException
@@ -48,6 +50,7 @@ class DevicePlan:
     peak_bytes: int
     peak_step: int | None = None  # the step whose iteration set the peak (None: the build)
     evaluation_peak_bytes: int = 0  # the evaluation pass's own peak (G at data.val_batch_size, the panels)
+    checkpoint_peak_bytes: int = 0  # a save's and a resume's load's most live at once
     measured_peak_bytes: int | None = None  # --measure: the real tensors' peak
     allocator_peak_bytes: int | None = None  # --measure: the allocator's own peak
 
@@ -134,12 +137,19 @@ class PlaceEmpty(TorchFunctionMode):
 
 
 class DryRunScaler(torch.amp.GradScaler):
-    """GradScaler whose inf check steps as if every gradient were finite: fake tensors have no
-    values to read (the unscale and the check's tensors are still made, so counted)."""
+    """GradScaler whose inf check steps as if every gradient were finite, and whose saved scale is
+    the configured one: fake tensors have no values to read (the unscale and the check's tensors
+    are still made, so counted)."""
 
     def _maybe_opt_step(self, optimizer: torch.optim.Optimizer, optimizer_state: dict[str, Any],
                         *args: Any, **kwargs: Any) -> Any:
         return optimizer.step(*args, **kwargs)
+
+    def get_scale(self) -> float:
+        return self._init_scale if self._enabled else 1.0
+
+    def _get_growth_tracker(self) -> int:
+        return 0
 
 
 def as_on_cuda(opt: Any, real: DeviceMap) -> None:
@@ -204,10 +214,10 @@ def planned_steps(cfg: Config, schedule_steps: tuple[int, ...], steps: int) -> l
     return [s for s in regimes if s < first_of_last] + list(range(first_of_last, first_of_last + steps))
 
 
-def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, batches: dict[str, Any]) -> list[int]:
-    """The method's iterations at ``planned_steps``: every branch its schedule takes; the
-    tracker's transfers are the last one's. Returns the steps run."""
-    streams = {name: FixedStream(batch) for name, batch in batches.items()}
+def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, streams: Mapping[str, Any]) -> list[int]:
+    """The method's iterations at ``planned_steps`` on ``streams`` (anything with ``next()``):
+    every branch its schedule takes; the tracker's transfers are the last one's. Returns the
+    steps run."""
     run = planned_steps(cfg, parts.method.schedule.switch_steps(), steps)
     with accounting(parts, tracker):
         tracker.enforce = True
@@ -288,6 +298,37 @@ def evaluation_pass(parts: Training, cfg: Config, tracker: DryRunMode, panel: to
         tracker.step, tracker.enforce = None, False
 
 
+def checkpoint_pass(parts: Training, tracker: DryRunMode) -> None:
+    """A save and a resume's load through segadv's own checkpoint states (``train.run_state``:
+    each network's weights, its optimizer with GradScaler and LR schedule, the RNGs; the stream
+    positions are host integers). The save copies every state tensor to the host, as
+    ``torch.save`` does; the resume loads those host copies (what ``read_checkpoint``'s
+    ``map_location="cpu"`` gives) onto the map's devices through each state's
+    ``load_state_dict``, into optimizers that hold no state yet, as in a fresh process. Placement
+    enforced; the most live per device is filed as the checkpoint's. Not run: the non-finite check
+    (a host read per device), the file's serialisation and the RNGs' restore (it needs the
+    generators' values; their capture runs)."""
+    from torch.utils._pytree import tree_map_only
+
+    from segadv.train import run_state
+
+    states = {key: state for key, state in run_state(parts, streams=None).items() if key != "data_streams"}
+    for memory in tracker.memory.values():
+        memory.checkpoint_peak_bytes = sum(memory.live.values())
+    tracker.step, tracker.enforce = "checkpoint", True
+    try:
+        saved = {key: state.state_dict() for key, state in states.items()}
+        on_host = tree_map_only(torch.Tensor, lambda t: t.to("cpu", copy=True), saved)
+        del saved
+        for _, opt in networks(parts):
+            opt.optimizer.state.clear()  # a resumed process has built its optimizers, stepped none
+        for key, state in states.items():
+            if key != "rng":  # restoring generators needs their values, which fake tensors lack
+                state.load_state_dict(on_host[key])
+    finally:
+        tracker.step, tracker.enforce = None, False
+
+
 def transfer_totals(tracker: DryRunMode) -> tuple[int, int]:
     between = sum(n for (src, dst), n in tracker.transfers.items() if src.type != "cpu" and dst.type != "cpu")
     host = sum(n for (src, dst), n in tracker.transfers.items() if src.type == "cpu")
@@ -300,7 +341,8 @@ def device_rows(tracker: DryRunMode, planned: DeviceMap, real: DeviceMap) -> dic
         memory = tracker.memory[device]
         most = memory.largest
         rows[str(shown)] = DevicePlan(str(shown), most["params"], most["grads"], most["optimizer"], most["other"],
-                                      memory.peak_bytes, memory.peak_step, memory.evaluation_peak_bytes)
+                                      memory.peak_bytes, memory.peak_step, memory.evaluation_peak_bytes,
+                                      memory.checkpoint_peak_bytes)
     return rows
 
 
@@ -334,9 +376,10 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
             batches = {name: _fake(fake, batch) for name, batch in batches.items()}
             panel = None if panel is None else _fake(fake, panel)
             count_inputs(tracker, batches, panel)
-            run = iterate(parts, cfg, steps, tracker, batches)
+            run = iterate(parts, cfg, steps, tracker, {name: FixedStream(b) for name, b in batches.items()})
             between, host = transfer_totals(tracker)
             evaluation_pass(parts, cfg, tracker, panel, lambda batch: _fake(fake, batch))
+            checkpoint_pass(parts, tracker)
     return Plan(device_rows(tracker, planned, real), between, host, steps, time.perf_counter() - start, notes, run)
 
 
@@ -365,38 +408,54 @@ def measure(cfg: Config, plan: Plan, steps: int = 2) -> None:
         import multiprocessing
 
         with multiprocessing.get_context("spawn").Pool(1) as pool:
-            peaks = pool.apply(_measured_peaks, (cfg, steps))
+            peaks, source = pool.apply(_measured_peaks, (cfg, steps))
     else:
-        peaks = _measured_peaks(cfg, steps)
+        peaks, source = _measured_peaks(cfg, steps)
+    plan.notes.append(f"measured on {source}")
     for device, (tensor_peak, allocator_peak) in peaks.items():
         row = plan.devices[device]
         row.measured_peak_bytes, row.allocator_peak_bytes = tensor_peak, allocator_peak
 
 
-def _measured_peaks(cfg: Config, steps: int) -> dict[str, tuple[int, int]]:
-    """{device: (the real tensors' peak, the allocator's peak)} over ``steps`` real iterations."""
+def _measured_peaks(cfg: Config, steps: int) -> tuple[dict[str, tuple[int, int]], str]:
+    """{device: (the real tensors' peak, the allocator's peak)} over the plan's iterations run for
+    real on the loader's own batches (the stand-in batches where the data cannot be read here),
+    and which batches they were."""
     from torch.profiler import ProfilerActivity, profile
 
+    from segadv.train import build_data
+
     real = map_devices(cfg.device_map)
-    cuda = [d for d in real.devices if d.type == "cuda"]
-    if cuda:
-        torch.cuda.init()  # the peak counters exist once the allocator does ("Invalid device argument" before)
-    for device in cuda:
-        torch.cuda.reset_peak_memory_stats(device)
     tracker = DryRunMode(real.devices)
     torch.manual_seed(cfg.train.seed)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with tempfile.TemporaryDirectory() as run_dir:
         with tracker:
             parts = build_training(cfg, real)
-        shapes = stream_shapes(cfg, parts.method.streams)
-        batches = {name: make_batch(shape, cfg.data.num_classes) for name, shape in shapes.items()}
-        panel = panel_images(cfg, parts, shapes)  # held for the whole run, as the loop holds it
-        count_inputs(tracker, batches, panel)
-        with tracker:
-            iterate(parts, cfg, steps, tracker, batches)
-    return {str(device): (tracker.memory[device].peak_bytes,
-                          torch.cuda.max_memory_allocated(device) if device.type == "cuda" else profiler_peak(prof))
-            for device in real.devices}
+            try:
+                data = build_data(cfg, parts, Path(run_dir))
+                streams, panel, source = data.streams, data.panel_images, "the loader's own batches"
+            except UserError as err:
+                shapes = stream_shapes(cfg, parts.method.streams)
+                batches = {name: make_batch(shape, cfg.data.num_classes) for name, shape in shapes.items()}
+                streams = {name: FixedStream(b) for name, b in batches.items()}
+                panel = panel_images(cfg, parts, shapes)  # held for the whole run, as the loop holds it
+                count_inputs(tracker, batches, panel)
+                source = f"stand-in batches (the data cannot be read here: {str(err).splitlines()[0]})"
+        # The iterations' peaks, as the plan's are: from what the build left live (its own
+        # transients, e.g. a whole encoder before its unused stages are dropped, are not theirs).
+        held = {device: sum(tracker.memory[device].live.values()) for device in real.devices}
+        for device in real.devices:
+            tracker.memory[device].peak_bytes = held[device]
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)  # max_memory_allocated counts on from what is held
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            with tracker:
+                iterate(parts, cfg, steps, tracker, streams)
+    peaks = {str(device): (tracker.memory[device].peak_bytes,
+                           torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+                           else held[device] + profiler_peak(prof))
+             for device in real.devices}
+    return peaks, source
 
 
 def profiler_peak(prof: Any) -> int:

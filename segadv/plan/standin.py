@@ -24,17 +24,75 @@ NAME = "standin"
 DEVICE_COUNT = MAX_CUDA_INDEX + 1
 
 
-# ``torch.standin``: what torch asks of a backend module (autocast, the autograd engine), each a
-# constant. ``manual_seed_all`` does nothing: no values are ever drawn on a stand-in device.
-_BACKEND_MODULE = types.SimpleNamespace(
-    is_available=lambda: True,
-    is_initialized=lambda: True,
-    current_device=lambda: 0,
-    device_count=lambda: DEVICE_COUNT,
-    _is_in_bad_fork=lambda: False,
-    manual_seed_all=lambda seed: None,
-    get_amp_supported_dtype=lambda: [torch.float16, torch.bfloat16],
-)
+class _Event:
+    """A CUDA event's stand-in: records nothing, has taken no time."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.enable_timing = enable_timing
+
+    def record(self, stream: object = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: "_Event") -> float:
+        return 0.0
+
+
+class _Facade(types.SimpleNamespace):
+    """``torch.standin``: what torch asks of a backend module (autocast, the autograd engine), and
+    the part of ``torch.cuda`` segadv's own CUDA paths call, so they run in the dry run: the
+    current device (``activate()`` sets it; a bare ``.cuda()`` resolves to it), streams and
+    events (PhaseTimer), the generators' states (the checkpoint's RNG capture). Nothing is
+    computed: events take no time, a generator's state is a placeholder, no values are drawn."""
+
+    def __init__(self) -> None:
+        super().__init__(current=0)
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return DEVICE_COUNT
+
+    def _is_in_bad_fork(self) -> bool:
+        return False
+
+    def manual_seed_all(self, seed: int) -> None:
+        pass
+
+    def get_amp_supported_dtype(self) -> list[torch.dtype]:
+        return [torch.float16, torch.bfloat16]
+
+    def set_device(self, device: torch.device | int) -> None:
+        self.current = device if isinstance(device, int) else torch.device(device).index or 0
+
+    def current_device(self) -> int:
+        return self.current
+
+    def synchronize(self, device: object = None) -> None:
+        pass
+
+    def current_stream(self, device: object = None) -> object:
+        return None
+
+    Event = _Event
+
+    def get_rng_state(self, device: object = None) -> torch.Tensor:
+        return torch.zeros(16, dtype=torch.uint8)
+
+    def set_rng_state(self, state: torch.Tensor, device: object = None) -> None:
+        pass
+
+
+_BACKEND_MODULE = _Facade()
 
 
 def available() -> bool:
@@ -74,9 +132,15 @@ class CudaAsStandIn(TorchFunctionMode):
     and the placement check judges that."""
 
     def __init__(self, device_type: str, current: int) -> None:
+        """``current``: the current device where the stand-in has no facade (``meta``); on the
+        stand-in it is the facade's, which ``activate()`` set."""
         super().__init__()
         self.device_type = device_type
-        self.current = current
+        self.fallback = current
+
+    @property
+    def current(self) -> int:
+        return _BACKEND_MODULE.current_device() if self.device_type == NAME else self.fallback
 
     def _swap(self, value: Any) -> Any:
         if isinstance(value, str) and (value == "cuda" or value.startswith("cuda:")):

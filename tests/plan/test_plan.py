@@ -172,6 +172,47 @@ def test_a_placement_bug_in_evaluate_is_caught(monkeypatch, capsys):
     assert "mixes devices cpu, cuda:1" in err and "segadv/engine/evaluate.py:" in err and "Traceback" not in err
 
 
+def test_a_save_and_a_resume_are_planned(capsys):
+    assert main(["--device-map", "g:1,d:0", "--json", "--steps", "1", "amp.generator.enabled=true",
+                 "amp.generator.dtype=float16"]) == 0  # G's GradScaler saved and loaded too
+    g = json.loads(capsys.readouterr().out)["devices"]["cuda:1"]
+    # The resume's optimizer state is made anew on G's device beside its weights.
+    assert g["checkpoint_peak_bytes"] >= g["params_bytes"] + g["optimizer_bytes"]
+
+
+def test_a_resume_that_loads_onto_an_unmapped_gpu_is_caught(monkeypatch, capsys):
+    """Seed 004's bug: a checkpoint's tensors put on cuda:0 (torch.load without map_location) while
+    the map names cuda:1 and cuda:2."""
+    from segadv.checkpoint.state import NetworkWeights
+
+    real = NetworkWeights.load_state_dict
+    monkeypatch.setattr(NetworkWeights, "load_state_dict",
+                        lambda self, state: real(self, {k: v.to("cuda:0") for k, v in state.items()}))
+    assert main(["--device-map", "g:1,d:2", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "on cuda:0, which the device map does not name (cuda:1, cuda:2)" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("profile", [False, True])
+def test_the_cuda_only_paths_run_on_the_stand_in(monkeypatch, profile):
+    """activate() makes G's device current, PhaseTimer records events on its streams (or, with
+    train.profile, synchronises), the checkpoint captures each device's generator state: on the
+    stand-in's torch.cuda facade, as on a GPU."""
+    from segadv.plan import standin
+
+    calls = []
+    facade = standin._BACKEND_MODULE
+    monkeypatch.setattr(standin._Event, "record", lambda self, stream=None: calls.append("event"))
+    real_sync, real_rng = facade.synchronize, facade.get_rng_state
+    monkeypatch.setattr(facade, "synchronize", lambda device=None: calls.append("sync") or real_sync(device))
+    monkeypatch.setattr(facade, "get_rng_state",
+                        lambda device=None: calls.append(f"rng {device}") or real_rng(device))
+    dry_run(demo("device_map=g:3,d:1", f"train.profile={str(profile).lower()}"), steps=1)
+    assert facade.current_device() == 3  # activate(): G's device
+    assert ("sync" if profile else "event") in calls
+    assert {"rng standin:3", "rng standin:1"} <= set(calls)
+
+
 def test_a_stray_default_device_tensor_is_caught(monkeypatch):
     planted(monkeypatch, lambda logits: logits + torch.zeros(logits.shape))  # the default device: the CPU
     with pytest.raises(PlacementError) as caught:
@@ -200,6 +241,17 @@ def test_cuda_without_an_index_resolves_to_the_current_device_as_on_a_gpu(monkey
         dry_run(demo("device_map=g:1,d:0"), steps=1)
     assert "Traceback" not in str(caught.value)
     dry_run(demo("device_map=g:1,d:1"), steps=1)  # the same code is correct there
+
+
+def test_cuda_on_the_maps_d_receives_is_caught(monkeypatch, capsys):
+    """G's maps handed to D with a bare .cuda() (G's device on a GPU) instead of D's device."""
+    import segadv.methods.supervised as supervised
+
+    monkeypatch.setattr(supervised, "hand_over", lambda phases, maps, source, target: maps.cuda())
+    assert main(["--device-map", "g:1,d:0", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "mixes devices cuda:0, cuda:1" in err and "segadv/" in err and "Traceback" not in err
+    assert main(["--device-map", "g:1,d:1", "--steps", "1"]) == 0  # one GPU for both: .cuda() is right
 
 
 def test_cpu_index_tensors_are_accepted_as_cuda_accepts_them(monkeypatch):
