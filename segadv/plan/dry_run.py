@@ -24,11 +24,11 @@ from torch.overrides import TorchFunctionMode
 
 from segadv.build import Training, build_training
 from segadv.config import Config
+from segadv.engine.evaluate import evaluate
 from segadv.errors import UserError
 from segadv.parallel.device_map import DeviceMap, parse_device_map
 from segadv.plan import standin
 from segadv.plan.accounting import DryRunMode, PlacementError, segadv_line
-from segadv.engine.evaluate import evaluate
 from segadv.plan.batches import BatchShape, FixedStream, make_batch, stream_shapes, val_size
 
 log = logging.getLogger(__name__)
@@ -260,7 +260,7 @@ def count_inputs(tracker: DryRunMode, batches: dict[str, Any], panel: torch.Tens
 
 def evaluation_pass(parts: Training, cfg: Config, tracker: DryRunMode, panel: torch.Tensor | None,
                     as_input: Callable[[Any], Any]) -> None:
-    """What an evaluation adds, through segadv's own code: ``evaluate`` on one val batch of
+    """What an evaluation adds, through segadv's own code: ``evaluate`` on two val batches of
     ``data.val_batch_size`` (with the panel's samples copied to the host), and the method's panel
     on ``log.num_images`` of its stream's images; placement enforced, memory filed as the
     evaluation's. The metrics are never read (fake tensors have no values)."""

@@ -10,7 +10,6 @@ private and experimental; when it is missing (``available()`` is False) the plan
 from __future__ import annotations
 
 import functools
-import types
 from typing import Any
 
 import torch
@@ -24,7 +23,7 @@ NAME = "standin"
 DEVICE_COUNT = MAX_CUDA_INDEX + 1
 
 
-class _Event:
+class StandInEvent:
     """A CUDA event's stand-in: records nothing, has taken no time."""
 
     def __init__(self, enable_timing: bool = False) -> None:
@@ -39,19 +38,19 @@ class _Event:
     def query(self) -> bool:
         return True
 
-    def elapsed_time(self, end: "_Event") -> float:
+    def elapsed_time(self, end: "StandInEvent") -> float:
         return 0.0
 
 
-class _Facade(types.SimpleNamespace):
+class CudaFacade:
     """``torch.standin``: what torch asks of a backend module (autocast, the autograd engine), and
     the part of ``torch.cuda`` segadv's own CUDA paths call, so they run in the dry run: the
-    current device (``activate()`` sets it; a bare ``.cuda()`` resolves to it), streams and
+    current device (``activate()`` sets it; a bare ``Tensor.cuda`` call resolves to it), streams and
     events (PhaseTimer), the generators' states (the checkpoint's RNG capture). Nothing is
     computed: events take no time, a generator's state is a placeholder, no values are drawn."""
 
     def __init__(self) -> None:
-        super().__init__(current=0)
+        self.current = 0
 
     def is_available(self) -> bool:
         return True
@@ -83,7 +82,7 @@ class _Facade(types.SimpleNamespace):
     def current_stream(self, device: object = None) -> object:
         return None
 
-    Event = _Event
+    Event = StandInEvent
 
     def get_rng_state(self, device: object = None) -> torch.Tensor:
         return torch.zeros(16, dtype=torch.uint8)
@@ -92,7 +91,7 @@ class _Facade(types.SimpleNamespace):
         pass
 
 
-_BACKEND_MODULE = _Facade()
+FACADE = CudaFacade()
 
 
 def available() -> bool:
@@ -111,7 +110,7 @@ def register() -> str:
 
     from segadv.plan.autocast_policy import register_cuda_policy
 
-    _setup_privateuseone_for_python_backend(NAME, backend_module=_BACKEND_MODULE)
+    _setup_privateuseone_for_python_backend(NAME, backend_module=FACADE)
     register_cuda_policy("AutocastPrivateUse1")
     return NAME
 
@@ -125,7 +124,7 @@ def standin_for(device: torch.device, device_type: str) -> torch.device:
 
 class CudaAsStandIn(TorchFunctionMode):
     """CUDA devices named in the code resolve as real CUDA resolves them, onto their stand-ins:
-    ``.cuda()``, ``.to("cuda")`` and ``device="cuda"`` onto the current device (the map's first
+    ``Tensor.cuda``, ``to("cuda")`` and a ``device`` of "cuda" onto the current device (the map's first
     CUDA device, which ``activate()`` makes current: G's when G is on one), ``cuda:N`` onto
     ``<device_type>:N``. Without this such a call would reach the CUDA runtime and crash the plan
     ("CUDA driver version is insufficient"); with it the tensor lands where a GPU would put it,
@@ -140,7 +139,7 @@ class CudaAsStandIn(TorchFunctionMode):
 
     @property
     def current(self) -> int:
-        return _BACKEND_MODULE.current_device() if self.device_type == NAME else self.fallback
+        return FACADE.current_device() if self.device_type == NAME else self.fallback
 
     def _swap(self, value: Any) -> Any:
         if isinstance(value, str) and (value == "cuda" or value.startswith("cuda:")):

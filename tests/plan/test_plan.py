@@ -201,8 +201,8 @@ def test_the_cuda_only_paths_run_on_the_stand_in(monkeypatch, profile):
     from segadv.plan import standin
 
     calls = []
-    facade = standin._BACKEND_MODULE
-    monkeypatch.setattr(standin._Event, "record", lambda self, stream=None: calls.append("event"))
+    facade = standin.FACADE
+    monkeypatch.setattr(standin.StandInEvent, "record", lambda self, stream=None: calls.append("event"))
     real_sync, real_rng = facade.synchronize, facade.get_rng_state
     monkeypatch.setattr(facade, "synchronize", lambda device=None: calls.append("sync") or real_sync(device))
     monkeypatch.setattr(facade, "get_rng_state",
