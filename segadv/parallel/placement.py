@@ -6,6 +6,7 @@ generator's device the current CUDA device so nothing is created on an implicit 
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -23,8 +24,14 @@ def is_accelerator(device: torch.device) -> bool:
 
 
 def device_module(device: torch.device):
-    """``torch.cuda`` for a CUDA device; the stand-in's facade for segadv-plan's stand-in."""
-    return torch.get_device_module(device.type)
+    """``torch.cuda`` for a CUDA device; the stand-in's facade for segadv-plan's stand-in (looked
+    up once per device type: PhaseTimer asks for it in every phase of the step)."""
+    return _device_module(device.type)
+
+
+@functools.cache
+def _device_module(device_type: str):
+    return torch.get_device_module(device_type)
 
 
 def activate(device_map: DeviceMap) -> None:

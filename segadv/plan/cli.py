@@ -88,7 +88,7 @@ def largest_batch(cfg: Config, steps: int, budget: int) -> tuple[int | None, Pla
                 raise
             log.info("batch %d: does not train (%s)", batch, str(err).splitlines()[0])
             untrainable.add(batch)
-            excess[batch] = 1
+            excess[batch] = 1  # a miss for the bounds; the line fit below leaves it out
             return
         excess[batch] = max((need(name, row) - budget
                              for name, row in plans[batch].devices.items() if name.startswith("cuda")), default=-1)

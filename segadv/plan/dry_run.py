@@ -240,6 +240,13 @@ def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, strea
     return run
 
 
+def standin_inputs(cfg: Config, parts: Training) -> tuple[dict[str, Any], torch.Tensor | None]:
+    """Each stream's batch of the configured shape and the method's panel images, on the host."""
+    shapes = stream_shapes(cfg, parts.method.streams)
+    batches = {name: make_batch(shape, cfg.data.num_classes) for name, shape in shapes.items()}
+    return batches, panel_images(cfg, parts, shapes)
+
+
 def panel_images(cfg: Config, parts: Training, shapes: dict[str, BatchShape]) -> torch.Tensor | None:
     """The method's panel images as the loop holds them for the whole run (``log.num_images`` of
     its panel stream's), or None."""
@@ -369,9 +376,7 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
             parts = build_training(cfg, planned)
         for _, opt in networks(parts):
             as_on_cuda(opt, real)
-        shapes = stream_shapes(cfg, parts.method.streams)
-        batches = {name: make_batch(shape, cfg.data.num_classes) for name, shape in shapes.items()}
-        panel = panel_images(cfg, parts, shapes)
+        batches, panel = standin_inputs(cfg, parts)
         with fake, tracker, as_cuda:
             batches = {name: _fake(fake, batch) for name, batch in batches.items()}
             panel = None if panel is None else _fake(fake, panel)
@@ -435,10 +440,8 @@ def _measured_peaks(cfg: Config, steps: int) -> tuple[dict[str, tuple[int, int]]
                 data = build_data(cfg, parts, Path(run_dir))
                 streams, panel, source = data.streams, data.panel_images, "the loader's own batches"
             except UserError as err:
-                shapes = stream_shapes(cfg, parts.method.streams)
-                batches = {name: make_batch(shape, cfg.data.num_classes) for name, shape in shapes.items()}
+                batches, panel = standin_inputs(cfg, parts)  # the panel held for the whole run, as the loop holds it
                 streams = {name: FixedStream(b) for name, b in batches.items()}
-                panel = panel_images(cfg, parts, shapes)  # held for the whole run, as the loop holds it
                 count_inputs(tracker, batches, panel)
                 source = f"stand-in batches (the data cannot be read here: {str(err).splitlines()[0]})"
         # The iterations' peaks, as the plan's are: from what the build left live (its own
