@@ -17,10 +17,11 @@ from segadv.parallel.placement import device_module, is_accelerator
 log = logging.getLogger(__name__)
 
 
-def setup_logging(level: int = logging.INFO, main_process: bool = True) -> None:
-    """Only the main process (rank 0) tells the story; other ranks log warnings and errors."""
-    rank = os.environ.get("RANK")
-    prefix = f"[rank {rank}] " if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
+def setup_logging(level: int = logging.INFO, env: DistEnv | None = None) -> None:
+    """Only the main process (rank 0) tells the story; other ranks log warnings and errors. Under
+    a multi-process launch (torchrun or SLURM) every line carries ``[rank N]``."""
+    prefix = f"[rank {env.rank}] " if env is not None and env.distributed else ""
+    main_process = env is None or env.is_main
     logging.basicConfig(
         level=level if main_process else max(level, logging.WARNING),
         format=f"%(asctime)s %(levelname)s {prefix}%(name)s: %(message)s",

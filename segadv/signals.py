@@ -1,8 +1,15 @@
-"""Graceful stop: SIGTERM (preemption) or SIGINT (Ctrl-C) ends the run at the next step boundary."""
+"""Graceful stop: SIGTERM (preemption) or SIGINT (Ctrl-C) ends the run at the next step boundary.
+
+The training process owns the stop. Its data-loader workers ignore both signals
+(:func:`ignore_stop_signals`): a SIGTERM to every process of a job (``scancel``, SLURM preemption,
+``kill -TERM -PGID``) would otherwise kill them, and the rank would die of a dead worker before it
+could save.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from types import FrameType
@@ -10,22 +17,56 @@ from types import FrameType
 log = logging.getLogger(__name__)
 
 
+def ignore_stop_signals() -> None:
+    """For a data-loader worker: SIGINT and SIGTERM are the main process's to act on. The one
+    SIGTERM a worker obeys is its own main process's: ``multiprocessing`` ends workers that
+    outlive their loader that way when the process exits (a worker ignoring it would hang that
+    exit), so SIGTERM is blocked and a thread waits for it, ending the worker only when its
+    parent sent it. Without ``sigwaitinfo`` (macOS) SIGTERM is ignored outright."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not hasattr(signal, "sigwaitinfo"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return
+    parent = os.getppid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started later inherit it
+    threading.Thread(target=_obey_sigterm_from, args=(parent,), name="segadv-sigterm", daemon=True).start()
+
+
+def _obey_sigterm_from(parent: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(0)  # asked to end by the process it serves: not a failure
+
+
 class StopRequests:
-    """While active, the first SIGTERM/SIGINT sets ``requested``; a second SIGINT interrupts."""
+    """While active, the first SIGTERM/SIGINT sets ``requested``; a second SIGINT interrupts.
+
+    ``watch_parent`` (a worker of torchrun): the launcher's death is a stop request too, noticed
+    within a second. A launcher killed outright (SIGKILL) cannot pass a signal on, and its workers
+    would otherwise train on headless; they stop at the next step and save instead.
+    """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    PARENT_POLL_SECONDS = 1.0
 
-    def __init__(self) -> None:
+    def __init__(self, watch_parent: bool = False) -> None:
         self.requested: str | None = None
+        self.watch_parent = watch_parent
         self._previous: dict[int, object] = {}
+        self._done = threading.Event()
 
     def __enter__(self) -> "StopRequests":
         if threading.current_thread() is threading.main_thread():  # signal() only works there
             for sig in self.SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
+        if self.watch_parent:
+            self._done.clear()
+            threading.Thread(target=self._watch, args=(os.getppid(),), name="segadv-launcher-watch",
+                             daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._done.set()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
@@ -34,5 +75,16 @@ class StopRequests:
         name = signal.Signals(signum).name
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.requested = name
-        log.warning("%s received: stopping after the current step and saving a checkpoint", name)
+        self._request(name, f"{name} received")
+
+    def _watch(self, launcher: int) -> None:
+        while not self._done.wait(self.PARENT_POLL_SECONDS):
+            if os.getppid() != launcher:
+                self._request("launcher gone", f"the launcher (pid {launcher}) is gone")
+                return
+
+    def _request(self, reason: str, why: str) -> None:
+        if self.requested:
+            return  # a stop is on its way (a SIGTERM both from the job and from its launcher)
+        self.requested = reason
+        log.warning("%s: stopping after the current step and saving a checkpoint", why)

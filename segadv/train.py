@@ -20,9 +20,9 @@ from torch.nn.parallel import DistributedDataParallel
 from segadv.cli_args import add_config_arguments, parse_args
 from segadv.build import Training, build_training, log_placement
 from segadv.checkpoint import CheckpointManager, NetworkWeights, Stateful, load_weights
-from segadv.config import Config, config_to_dict, dump_config, load_config
+from segadv.config import Config, config_to_dict, dump_config, flat_config, load_config
 from segadv.data import build_stream_loaders, build_val_loader, palette
-from segadv.data.streams import Stream, Streams
+from segadv.data.streams import Stream, Streams, close_loader
 from segadv.engine.evaluate import evaluate
 from segadv.engine.nonfinite import NonFiniteGuard
 from segadv.errors import Diverged, UserError, WriteFailed, cli_entry
@@ -38,6 +38,7 @@ from segadv.parallel import DeviceMap, activate, parse_device_map
 from segadv.parallel.placement import for_inference
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
+from segadv.run_lock import RunDirLock
 from segadv.runtime import RankRNGs, seed_everything, setup_logging
 from segadv.signals import StopRequests
 
@@ -60,6 +61,12 @@ class RunData:
     source_val_loader: Iterable | None  # val_source/* (train.eval_source), else None
     panel_images: torch.Tensor | None  # the method's panel inputs, fixed for the run
 
+    def close(self) -> None:
+        """Every loader's workers ended (persistent ones included) before the run returns."""
+        self.streams.close()
+        for loader in (self.val_loader, self.source_val_loader):
+            close_loader(loader)
+
 
 def train(
     cfg: Config,
@@ -76,7 +83,15 @@ def train(
     Raises Diverged (a non-finite loss or weight) and WriteFailed (a file could not be written),
     each with one message naming the last complete checkpoint (docs/failures.md)."""
     env, device_map = start_processes(cfg)
+    distributed.check_ranks_agree({**flat_config(cfg), "--resume": resume, "world size": env.world_size})
     run_dir = prepare_run_dir(cfg, config_name)
+    with RunDirLock(run_dir, env):
+        return run(cfg, env, device_map, run_dir, resume=resume, trusted=trusted, stop_at=stop_at, force=force)
+
+
+def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, *, resume: str | None, trusted: bool,
+        stop_at: int | None, force: bool) -> TrainResult:
+    """The run itself, in a run dir this process holds (``train``'s arguments)."""
     log.info("run dir: %s; device map: %s", run_dir, device_map)
     parts = build_training(cfg, device_map, env)
     data = build_data(cfg, parts, run_dir)
@@ -85,6 +100,9 @@ def train(
     checkpoints = CheckpointManager(run_dir, run_state(parts, data.streams), every=cfg.checkpoint.every,
                                     keep_last=cfg.checkpoint.keep_last, config=config_to_dict(cfg), env=env)
     step = checkpoints.start(resume, trusted)
+    distributed.check_ranks_agree({"the step resumed at": step},
+                                  hint="every rank must see the same checkpoints: is the run dir on a file system "
+                                       "all nodes share?")
     max_steps = cfg.train.max_steps
     checkpoints.check_room(max_steps, force)
     writer = open_writer(cfg, run_dir, env, resume_step=step if resume else None)
@@ -92,9 +110,10 @@ def train(
     losses, timer, profile = LossAverager(), StepTimer(), RunProfile(parts.phases)
     guard = NonFiniteGuard(cfg.train.on_nonfinite, checkpoints, device_map.generator)
     d_wins = watch_d_wins(cfg, env)
+    agreement = distributed.StepAgreement()
     val_metrics: dict[str, object] = {}
     stopped_by: str | None = None
-    with StopRequests() as stop:
+    with StopRequests(watch_parent=distributed.launched_by_torchrun()) as stop:
         try:
             while step < max_steps:
                 losses.update(parts.method(data.streams, step))
@@ -102,7 +121,7 @@ def train(
                 step += 1
                 final = step == max_steps
                 log_now = step % cfg.train.log_every == 0 or final
-                stopped_by = stop_reason(stop, env, step, stop_at, log_now)
+                stopped_by = stop_reason(stop, agreement, step, stop_at)
                 interrupted = stopped_by is not None and not final
                 if log_now or interrupted:
                     with profile.host_phase("logging"):
@@ -128,6 +147,7 @@ def train(
                     break
                 if evaluating or saving:
                     timer.reset()  # keep evaluation and saving out of the step time
+            agreement.close()
             if env.is_main:
                 log_time_profile(writer, profile, device_map.devices, step)
         except WriteFailed as err:  # metrics or TensorBoard: say where the run can go on from
@@ -136,6 +156,7 @@ def train(
         finally:
             progress.close()
             writer.close()
+            data.close()
     if stopped_by and step < max_steps:
         return stopped(run_dir, step, max_steps, stopped_by, val_metrics, checkpoints)
     return finished(cfg, run_dir, step, val_metrics, checkpoints, writer)
@@ -160,7 +181,8 @@ def build_data(cfg: Config, parts: Training, run_dir: Path) -> RunData:
         run_dir=run_dir, rank=env.rank, world_size=env.world_size, batch_sizes=stream_batch_sizes(cfg),
         target=cfg.target_data,
     )
-    streams = Streams({name: Stream(name, loader) for name, loader in loaders.items()})
+    keys = {spec.name: spec.batch_size_key for spec in parts.method.streams}
+    streams = Streams({name: Stream(name, loader, keys[name]) for name, loader in loaders.items()})
     source_val_loader = None
     if cfg.train.eval_source and cfg.target_data is not None:
         # Every rank evaluates the whole source val split (small; the confusion counts it
@@ -234,14 +256,14 @@ def log_time_profile(writer: MetricWriter, profile: RunProfile, devices: list[to
     writer.scalars(step, profile_scalars(wall, seconds, peaks))
 
 
-def stop_reason(stop: StopRequests, env: DistEnv, step: int, stop_at: int | None, log_now: bool) -> str | None:
-    """Why the run stops after ``step``, or None. A signal may reach one rank only, so under DDP
-    the ranks agree at log time (a sync there anyway) rather than every step."""
+def stop_reason(stop: StopRequests, agreement: distributed.StepAgreement, step: int,
+                stop_at: int | None) -> str | None:
+    """Why the run stops after ``step``, or None. A signal may reach one rank only: under DDP the
+    ranks agree on it every step (one step late, without waiting: ``StepAgreement``)."""
+    agreed = agreement.any(stop.requested is not None)
     if step == stop_at:
         return "stop_at"
-    if not env.distributed:
-        return stop.requested
-    if log_now and distributed.any_rank(stop.requested is not None):
+    if agreed:
         return stop.requested or "a signal on another rank"
     return None
 
@@ -392,9 +414,10 @@ def main(argv: list[str] | None = None) -> int:
         # Re-launch this command through torchrun (torch.distributed.run), one process per rank.
         from segadv.parallel.launch import launch_with_torchrun
 
+        setup_logging(logging.WARNING)  # the launcher's own lines: signals passed on
         return launch_with_torchrun(args.nproc_per_node, argv)
     env = distributed.env_from()
-    setup_logging(main_process=env.is_main)
+    setup_logging(env=env)
     config_path = resolve_config_path(args)
     cfg = load_config(config_path, args.overrides)
     if args.device_map is not None:

@@ -75,3 +75,8 @@ def resume_cfg(tmp_path, name, *extra):
     cfg.run_dir = str(tmp_path / name)
     cfg.device_map = "cpu"
     return cfg
+
+
+def stream_positions(ckpt):
+    """A checkpoint's data position: batches drawn per stream."""
+    return {name: state["batches"] for name, state in ckpt["data_streams"].items()}

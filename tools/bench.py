@@ -9,20 +9,27 @@ rounds and the median round is kept, which cancels most of the drift of a noisy 
 
 Then segadv's step under variants, again alternating rounds: float32 / bfloat16 / float16 autocast
 per network, channels_last on, and on CUDA ``g:cuda:0,d:cuda:0`` vs ``g:cuda:0,d:cpu`` (the cost
-of a cross-device hop).
+of a cross-device hop). Last, the cost of the stop agreement that DDP runs make every step
+(``StepAgreement``: a gloo all-reduce of one flag, collected a step later), in two processes on
+this machine: call after call (nothing to hide it, an upper bound) and with segadv's step time of
+busy work between calls, and that as a share of the step.
 
     python tools/bench.py [--config FILE] [--steps N] [--rounds R] [--no-variants] [key=value ...]
 
 Prints one figure per line, ``name value [unit] [# note]``: ``ratio`` (segadv / bare throughput,
 1.0 = no overhead), ``breakdown/<phase>/ms_per_step`` (segadv's step by phase) and per variant
-``<variant>/ms_per_step`` and ``<variant>/speedup`` (vs float32).
+``<variant>/ms_per_step`` and ``<variant>/speedup`` (vs float32), ``stop_agreement/us_per_call``,
+``stop_agreement/us_per_step`` and ``stop_agreement/share_of_step``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 import statistics
+import subprocess
 import sys
 import time
 
@@ -37,7 +44,7 @@ from segadv.engine.losses import masked_bce_with_logits, one_hot_labels
 from segadv.errors import cli_entry
 from segadv.monitor.meters import LossAverager, StepTimer
 from segadv.monitor.profile import STEP_PHASES
-from segadv.parallel import activate, parse_device_map
+from segadv.parallel import activate, distributed, parse_device_map
 from segadv.runtime import setup_logging
 
 log = logging.getLogger("segadv.bench")
@@ -189,6 +196,45 @@ def compare_variants(args, batches, log_every: int) -> None:
         figure(f"{name}/speedup", base / seconds, "x", "vs amp/g=fp32,d=fp32")
 
 
+AGREEMENT_WORKER = "--stop-agreement-worker"
+
+
+def stop_agreement_seconds(calls: int = 300, step_seconds: float = 0.0) -> float:
+    """Seconds one ``StepAgreement.any`` call takes in a 2-process gloo group on this machine (the
+    slower rank's mean), with ``step_seconds`` of busy work between calls standing in for the step
+    it hides behind (0: call after call, an upper bound)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    workers = [subprocess.Popen([sys.executable, __file__, AGREEMENT_WORKER, str(calls), str(step_seconds)],
+                                stdout=subprocess.PIPE, text=True, env={**env, "RANK": str(rank)}) for rank in (0, 1)]
+    outputs = [worker.communicate(timeout=120)[0] for worker in workers]
+    if any(worker.returncode for worker in workers):
+        raise RuntimeError(f"stop agreement workers failed: {outputs}")
+    return max(float(out.split()[-1]) for out in outputs)
+
+
+def agreement_worker(calls: int, step_seconds: float) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    agreement = distributed.StepAgreement()
+    for _ in range(10):
+        agreement.any(False)
+    spent = 0.0
+    for _ in range(calls):
+        until = time.perf_counter() + step_seconds
+        while time.perf_counter() < until:
+            pass
+        t0 = time.perf_counter()
+        agreement.any(False)
+        spent += time.perf_counter() - t0
+    agreement.close()
+    dist.destroy_process_group()
+    print(spent / calls)
+
+
 def count(minimum: int):
     """argparse type: an integer >= ``minimum`` (argparse reports a bad one and exits 2)."""
 
@@ -254,8 +300,15 @@ def main(argv: list[str] | None = None) -> int:
                f"{seconds / step_total if step_total else 0.0:.1%} of the step")
     if not args.no_variants:
         compare_variants(args, batches, log_every)
+        back_to_back = stop_agreement_seconds()
+        hidden = stop_agreement_seconds(calls=50, step_seconds=times["segadv"])
+        figure("stop_agreement/us_per_call", back_to_back * 1e6, "us", "call after call: nothing to hide behind")
+        figure("stop_agreement/us_per_step", hidden * 1e6, "us", "with segadv's step time between calls")
+        figure("stop_agreement/share_of_step", hidden / times["segadv"], "", "DDP runs only")
     return 0
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == [AGREEMENT_WORKER]:
+        sys.exit(agreement_worker(int(sys.argv[2]), float(sys.argv[3])))
     sys.exit(main())

@@ -73,8 +73,9 @@ class CheckpointManager:
         return self.directory / "best.pt"
 
     def state_dict(self) -> dict[str, Any]:
-        """The checkpoint of the run as it is now (every rank: the RNGs are gathered)."""
-        return snapshot(self.states, self.config)
+        """The checkpoint of the run as it is now (every rank: the RNGs are gathered), with the
+        number of processes that wrote it."""
+        return {**snapshot(self.states, self.config), "world_size": self.env.world_size}
 
     # ------------------------------------------------------------------ starting a run
 
@@ -105,10 +106,26 @@ class CheckpointManager:
             path, ckpt = found
         else:
             path, ckpt = Path(resume), read_checkpoint(resume, trusted=trusted)
+        self.check_world_size(path, ckpt)
         restore(ckpt, self.states)
         self.last_complete = (path, self.step)
         log.info("resumed from %s at step %d", path, self.step)
         return path
+
+    def check_world_size(self, path: Path, ckpt: dict[str, Any]) -> None:
+        """A run resumes with the number of processes that saved it: the data position is counted
+        per rank, each rank has its own RNGs, and ``train.lr_scaling: linear`` scales the learning
+        rate by it. At another world size the run would see samples twice or skip them, so it is
+        refused, naming the two ways on."""
+        saved = saved_world_size(ckpt)
+        if saved == self.env.world_size:
+            return
+        raise UserError(
+            f"{path} was saved by a run of {saved} process{'es' if saved > 1 else ''} and this run has "
+            f"{self.env.world_size}: its data position and RNGs are per process, so it cannot go on at another "
+            f"world size. Resume with {saved} process{'es' if saved > 1 else ''} (segadv-train --nproc-per-node "
+            f"{saved}, or torchrun with nodes x processes per node = {saved}), or start a new run from its weights: "
+            f"init.generator.path={path} init.discriminator.path={path}")
 
     def check_room(self, max_steps: int, force: bool = False) -> None:
         """Before the first step: the run dir must be writable and have room for the checkpoints
@@ -304,3 +321,11 @@ class CheckpointManager:
         except UserError as err:
             log.warning("skipping %s: %s", path, err)
             return None
+
+
+def saved_world_size(ckpt: Mapping[str, Any]) -> int:
+    """The number of processes that saved a checkpoint (older files: one RNG state per rank)."""
+    if "world_size" in ckpt:
+        return int(ckpt["world_size"])
+    rng = ckpt.get("rng")
+    return len(rng) if isinstance(rng, list) else 1

@@ -4,6 +4,7 @@ from segadv.config.loading import (
     config_from_dict,
     config_to_dict,
     dump_config,
+    flat_config,
     load_config,
 )
 from segadv.config.schema import Config
@@ -26,6 +27,7 @@ __all__ = [
     "config_names",
     "config_to_dict",
     "dump_config",
+    "flat_config",
     "load_config",
     "resolve_config",
 ]

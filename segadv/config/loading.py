@@ -427,6 +427,22 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     return cfg.model_dump(mode="json")
 
 
+def flat_config(cfg: Config) -> dict[str, Any]:
+    """``{"optim.generator.lr": 0.001, ...}``: every leaf setting by its dotted override key, in
+    schema order (lists and free-form mappings such as transforms stay whole values)."""
+    flat: dict[str, Any] = {}
+
+    def walk(value: Any, key: str, model: Any) -> None:
+        if isinstance(model, BaseModel):
+            for name in type(model).model_fields:
+                walk(value[name], f"{key}.{name}" if key else name, getattr(model, name))
+        else:
+            flat[key] = value
+
+    walk(config_to_dict(cfg), "", cfg)
+    return flat
+
+
 def dump_config(cfg: Config, path: PathLike) -> None:
     """Write ``cfg`` as YAML (schema order), atomically, so a crash never leaves half a file."""
     text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)

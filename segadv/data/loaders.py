@@ -24,17 +24,20 @@ from segadv.data.skips import SkipRecorder
 from segadv.data.streams import StreamSpec
 from segadv.data.synthetic import SyntheticShapes
 from segadv.errors import UserError
+from segadv.signals import ignore_stop_signals
 
 __all__ = ["build_dataloaders", "build_stream_loaders", "build_val_loader", "seed_worker"]
 
 
 def seed_worker(worker_id: int) -> None:
-    """Per-worker seeding: numpy/random from torch's per-worker seed, plus the augmentation RNG.
+    """A worker's start: SIGTERM and SIGINT left to the main process (segadv/signals.py), then
+    per-worker seeding: numpy/random from torch's per-worker seed, plus the augmentation RNG.
 
     torch's per-worker seed is the loader generator's draw (seeded from the training seed and
     the rank) plus the worker id. Without the last part every forked worker would inherit the
     same albumentations RNG state and apply identical augmentation sequences.
     """
+    ignore_stop_signals()
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
@@ -88,6 +91,13 @@ class SegLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         return self._checked(super().__iter__())
+
+    def close(self) -> None:
+        """End the workers now rather than at garbage collection (persistent workers included),
+        so none outlives the run (the end of the process would wait for them)."""
+        iterator, self._iterator = getattr(self, "_iterator", None), None
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
 
     def _checked(self, batches: Iterator[Any]) -> Iterator[Any]:
         poll = self.skipped.poll if self.skipped is not None else None

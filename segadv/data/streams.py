@@ -17,6 +17,8 @@ from typing import Any, Iterable, Iterator, Literal, Mapping, Optional, get_args
 
 from torch.utils.data import DataLoader
 
+from segadv.errors import UserError
+
 # What a stream draws: the labeled split (images and masks), the unlabeled pool (images only;
 # their masks are never read) or the domain adaptation target's train split (images only).
 Pool = Literal["labeled", "unlabeled", "target"]
@@ -64,9 +66,10 @@ def iterate_epochs(loader: Iterable, start_step: int = 0) -> Iterator:
 class Stream:
     """One loader as an endless stream that knows how many batches it has handed out."""
 
-    def __init__(self, name: str, loader: DataLoader) -> None:
+    def __init__(self, name: str, loader: DataLoader, batch_size_key: str = "data.batch_size") -> None:
         self.name = name
         self.loader = loader
+        self.batch_size_key = batch_size_key  # the setting a changed batch size is named by
         self.drawn = 0
         self.wait_seconds = 0.0  # time spent waiting for batches, since the last pop_wait
         self._batches: Iterator | None = None
@@ -84,10 +87,32 @@ class Stream:
         seconds, self.wait_seconds = self.wait_seconds, 0.0
         return seconds
 
+    def close(self) -> None:
+        """End the loader's iteration and its workers (a restored position restarts it)."""
+        if self._batches is not None:
+            self._batches.close()  # frees the loader's iterator, whose workers then shut down
+            self._batches = None
+        close_loader(self.loader)
+
+    @property
+    def batch_size(self) -> int | None:
+        return getattr(self.loader, "batch_size", None)
+
     def state_dict(self) -> dict[str, int]:
-        return {"batches": self.drawn}
+        state = {"batches": self.drawn}
+        if self.batch_size is not None:
+            state["batch_size"] = self.batch_size
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """The position is counted in batches of this rank: at another batch size it would
+        point elsewhere in the data (samples seen twice or skipped), so that is refused."""
+        saved = state.get("batch_size", self.batch_size)
+        if saved != self.batch_size:
+            raise UserError(f"{self.batch_size_key} is {self.batch_size} now but was {saved} when the "
+                            f"checkpoint was saved: the {self.name} stream's position ({state['batches']} batches) "
+                            f"holds only at {saved}; resume with {self.batch_size_key}={saved}, or start a new run "
+                            "from its weights (init.generator.path, init.discriminator.path)")
         self.drawn = int(state["batches"])
         self._batches = None
 
@@ -106,3 +131,14 @@ class Streams(dict[str, Stream]):
 
     def pop_wait(self) -> dict[str, float]:
         return {name: stream.pop_wait() for name, stream in self.items()}
+
+    def close(self) -> None:
+        for stream in self.values():
+            stream.close()
+
+
+def close_loader(loader: Iterable) -> None:
+    """Shut a loader's workers down now, if it has a ``close()`` (segadv's loaders do)."""
+    close = getattr(loader, "close", None)
+    if close is not None:
+        close()

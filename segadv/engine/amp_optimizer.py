@@ -103,7 +103,17 @@ class AmpOptimizer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The optimizer's moments, the schedule's position and the scaler from the checkpoint;
+        the settings (learning rate, weight decay, betas, momentum) from this run's config, so an
+        override at resume takes effect (torch would bring back the saved ones)."""
+        configured = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
+        for group, settings in zip(self.optimizer.param_groups, configured):
+            changed = [f"{k} {group[k]} -> {v}" for k, v in settings.items()
+                       if k not in ("lr", "initial_lr") and k in group and group[k] != v]
+            if changed:
+                log.info("%s optimizer: %s (the config's, from here on)", self.name, ", ".join(changed))
+            group.update(settings)  # the schedule's load sets "lr" for the step resumed at
         self.scheduler.load_state_dict(state["scheduler"])
         saved_scaler = state["scaler"]  # {} when saved with loss scaling off
         if self.scales_loss and not saved_scaler:

@@ -31,9 +31,10 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optim
 class PolyLR(torch.optim.lr_scheduler.LRScheduler):
     """lr = base_lr * (1 - step / total_iters) ** power, in closed form.
 
-    The horizon is the run's config, not its state: a run resumed with another ``train.max_steps``
-    follows the new horizon from the step it resumes at (torch's PolynomialLR would restore the
-    old one, and its chained form cannot change horizon midway), and says so in the log.
+    The horizon and the base learning rates are the run's config, not its state: a run resumed
+    with another ``train.max_steps`` or ``optim.*.lr`` (or ``train.lr_scaling``) follows them from
+    the step it resumes at (torch's PolynomialLR would restore the old ones, and its chained form
+    cannot change horizon midway), and says so in the log.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, total_iters: int, power: float) -> None:
@@ -47,15 +48,22 @@ class PolyLR(torch.optim.lr_scheduler.LRScheduler):
 
     def load_state_dict(self, state_dict: dict) -> None:
         saved_horizon = state_dict.get("total_iters", self.total_iters)
-        horizon = self.total_iters
+        horizon, base_lrs = self.total_iters, list(self.base_lrs)
         super().load_state_dict(state_dict)
-        self.total_iters = horizon
+        saved_lrs, self.total_iters, self.base_lrs = self.base_lrs, horizon, base_lrs
         self._last_lr = self.get_lr()
         for group, lr in zip(self.optimizer.param_groups, self._last_lr):
             group["lr"] = lr  # the optimizer's state brought the old horizon's value
+        if saved_lrs != base_lrs:
+            log.info("poly schedule: base lr %s in the checkpoint, %s now (optim.*.lr, train.lr_scaling); "
+                     "lr at step %d: %.3g", _shown(saved_lrs), _shown(base_lrs), self.last_epoch, self._last_lr[0])
         if saved_horizon != horizon:
             log.info("poly schedule: horizon %d steps in the checkpoint, %d now (train.max_steps); "
                      "lr at step %d: %.3g", saved_horizon, horizon, self.last_epoch, self._last_lr[0])
+
+
+def _shown(lrs: list[float]) -> str:
+    return ", ".join(f"{lr:.4g}" for lr in lrs)
 
 
 def build_poly_scheduler(optimizer: torch.optim.Optimizer, max_steps: int, power: float) -> PolyLR:

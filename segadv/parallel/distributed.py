@@ -62,6 +62,11 @@ def env_from(environ: Mapping[str, str] | None = None) -> DistEnv:
     return DistEnv()
 
 
+def launched_by_torchrun(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is a worker that torchrun (its elastic agent, the parent) started."""
+    return "TORCHELASTIC_RUN_ID" in (os.environ if environ is None else environ)
+
+
 def first_slurm_host(nodelist: str) -> str:
     """``node[03-05,9],gpu1`` -> ``node03``: the rendezvous host, without calling scontrol."""
     match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
@@ -78,6 +83,30 @@ def backend_for(device_map: DeviceMap) -> str:
     return "nccl" if all(d.type == "cuda" for d in device_map.devices) else "gloo"
 
 
+DEFAULT_PORT = 29500
+RENDEZVOUS_TIMEOUT_VARIABLE = "SEGADV_RENDEZVOUS_TIMEOUT"
+DEFAULT_RENDEZVOUS_SECONDS = 300
+
+
+def default_port(environ: Mapping[str, str]) -> int:
+    """The rendezvous port when MASTER_PORT is not given: under SLURM 15000 + the job id's last
+    four digits (Lightning's rule), so two jobs sharing a node do not collide; else 29500."""
+    job = environ.get("SLURM_JOB_ID", "")
+    return 15000 + int(job[-4:]) if job.isdigit() else DEFAULT_PORT
+
+
+def rendezvous_seconds(environ: Mapping[str, str]) -> int:
+    """How long the processes wait for each other to arrive (``SEGADV_RENDEZVOUS_TIMEOUT``)."""
+    text = environ.get(RENDEZVOUS_TIMEOUT_VARIABLE, str(DEFAULT_RENDEZVOUS_SECONDS))
+    try:
+        seconds = int(text)
+    except ValueError:
+        seconds = 0
+    if seconds < 1:
+        raise UserError(f"{RENDEZVOUS_TIMEOUT_VARIABLE}={text!r}: give a whole number of seconds, 1 or more")
+    return seconds
+
+
 def init_process_group(env: DistEnv, device_map: DeviceMap, environ: dict[str, str] | None = None) -> None:
     """Join the group (a no-op for a single process). SLURM launches get MASTER_* filled in."""
     if not env.distributed or (dist.is_available() and dist.is_initialized()):
@@ -85,7 +114,7 @@ def init_process_group(env: DistEnv, device_map: DeviceMap, environ: dict[str, s
     environ = os.environ if environ is None else environ
     if "MASTER_ADDR" not in environ and "SLURM_JOB_NODELIST" in environ:
         environ["MASTER_ADDR"] = first_slurm_host(environ["SLURM_JOB_NODELIST"])
-    environ.setdefault("MASTER_PORT", "29500")
+    environ.setdefault("MASTER_PORT", str(default_port(environ)))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         environ.setdefault(key, str(getattr(env, key.lower())))
     if "MASTER_ADDR" not in environ:
@@ -93,23 +122,50 @@ def init_process_group(env: DistEnv, device_map: DeviceMap, environ: dict[str, s
     backend = backend_for(device_map)
     kwargs = {"device_id": device_map.generator} if backend == "nccl" else {}
     timeout = timedelta(minutes=30)
-    dist.init_process_group(backend, store=attempt_store(env, environ, timeout), rank=env.rank,
+    dist.init_process_group(backend, store=attempt_store(env, environ), rank=env.rank,
                             world_size=env.world_size, timeout=timeout, **kwargs)
     log.info("process group: backend %s, rank %d/%d (local rank %d)", backend, env.rank, env.world_size, env.local_rank)
 
 
-def attempt_store(env: DistEnv, environ: Mapping[str, str], timeout: timedelta) -> dist.Store:
+def attempt_store(env: DistEnv, environ: Mapping[str, str]) -> dist.Store:
     """The rendezvous store, with a key space of its own per elastic restart attempt.
 
     torchrun's agent hosts one store for the whole job; without a per-attempt prefix the workers
     of a restarted round can read the dead round's gloo/nccl addresses and fail to connect.
-    Without torchrun (SLURM) rank 0 hosts the store.
+    Without torchrun (SLURM, or the variables set by hand) rank 0 hosts the store and waits
+    ``SEGADV_RENDEZVOUS_TIMEOUT`` seconds for every process to arrive; a taken port, a missing
+    process or an unreachable host is a UserError saying which. Its keys are prefixed with the
+    SLURM job id, so a process that reaches another job's store never joins that job.
     """
     agent_hosts_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), env.world_size,
-                          is_master=env.rank == 0 and not agent_hosts_store, timeout=timeout)
+    host, port = environ["MASTER_ADDR"], int(environ["MASTER_PORT"])
+    seconds = rendezvous_seconds(environ)
+    if not agent_hosts_store:
+        log.info("rendezvous at %s:%d: rank %d of %d, waiting up to %d s for the others (%s)",
+                 host, port, env.rank, env.world_size, seconds, RENDEZVOUS_TIMEOUT_VARIABLE)
+    try:
+        store = dist.TCPStore(host, port, env.world_size, is_master=env.rank == 0 and not agent_hosts_store,
+                              timeout=timedelta(seconds=seconds))
+    except RuntimeError as err:  # torch's DistNetworkError / DistStoreError
+        raise UserError(rendezvous_failure(err, env, host, port, seconds)) from None
     attempt = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"segadv/attempt_{attempt}/", store)
+    job = environ.get("SLURM_JOB_ID", "")
+    return dist.PrefixStore(f"segadv/{job}/attempt_{attempt}/", store)
+
+
+def rendezvous_failure(err: RuntimeError, env: DistEnv, host: str, port: int, seconds: int) -> str:
+    """What a failed rendezvous means, in the user's terms."""
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if "EADDRINUSE" in text or "address already in use" in text:
+        return (f"rendezvous port {port} on {host} is taken (another job or run on this node?): set MASTER_PORT "
+                "to a free port")
+    joined = re.search(r"(\d+)/(\d+) clients joined", text)
+    if joined:
+        return (f"only {joined.group(1)} of {joined.group(2)} processes reached the rendezvous at {host}:{port} "
+                f"within {seconds} s: start every rank (under SLURM: srun starts one per task, SLURM_NTASKS="
+                f"{env.world_size}), or raise {RENDEZVOUS_TIMEOUT_VARIABLE}")
+    return (f"rank {env.rank} could not reach the rendezvous at {host}:{port} within {seconds} s ({text}): is rank 0 "
+            f"running, and are MASTER_ADDR / MASTER_PORT the same for every rank?")
 
 
 def destroy_process_group(barrier_first: bool = False) -> None:
@@ -147,6 +203,58 @@ def any_rank(flag: bool) -> bool:
     tensor = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return bool(tensor.item())
+
+
+class StepAgreement:
+    """Whether any rank raised a flag (a stop request), agreed at every step without waiting.
+
+    Each call all-reduces this step's flag asynchronously on a gloo group of its own (CPU tensors:
+    no device sync, whatever the training backend) and returns the agreed value of the previous
+    call's. Every rank gets the same answer at the same step, one step after the flag went up:
+    a signal that reaches one rank stops every rank within two steps, whatever ``train.log_every``.
+    A single process answers at once. :meth:`close` collects the last pending reduction.
+    """
+
+    def __init__(self) -> None:
+        self.group = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
+        self._pending: tuple[dist.Work, torch.Tensor] | None = None
+
+    def any(self, flag: bool) -> bool:
+        if self.group is None:
+            return flag
+        agreed = self._collect()
+        tensor = torch.tensor([int(flag)], dtype=torch.int32)
+        self._pending = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True), tensor
+        return agreed
+
+    def close(self) -> None:
+        self._collect()
+
+    def _collect(self) -> bool:
+        if self._pending is None:
+            return False
+        (work, tensor), self._pending = self._pending, None
+        work.wait()
+        return bool(tensor.item())
+
+
+def check_ranks_agree(facts: Mapping[str, object], hint: str = "") -> None:
+    """Every rank's ``facts`` (a name for each: config keys, ``--resume``, the world size) must
+    equal rank 0's. Ranks launched with different settings would otherwise train apart in silence
+    or hang in a collective that only some of them reach; instead every rank raises the same
+    UserError, naming the first fact that differs and each rank's value (one all-gather)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    everyone: list = gather_objects(dict(facts))  # type: ignore[assignment]
+    missing = object()
+    reference = everyone[0]
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        for key in [*reference, *(k for k in theirs if k not in reference)]:
+            mine, other = reference.get(key, missing), theirs.get(key, missing)
+            if mine != other:
+                mine, other = ("(not set)" if v is missing else repr(v) for v in (mine, other))
+                raise UserError(f"the ranks disagree on {key}: rank 0 has {mine}, rank {rank} has {other}; "
+                                f"{hint or 'launch every rank with the same config, overrides and --resume'}")
 
 
 def gather_objects(obj: object) -> object:

@@ -147,3 +147,24 @@ def test_a_checkpoint_from_before_stream_positions_assumes_one_batch_a_step(tmp_
     torch.save({**read_checkpoint(path), "data_streams": None}, path)
     assert m.load("auto") == path
     assert streams.state_dict() == {"labeled": {"batches": 5}, "unlabeled": {"batches": 5}}
+
+
+@pytest.mark.parametrize("saved_by", [2, 4])
+def test_a_checkpoint_of_another_world_size_is_refused_before_anything_loads(tmp_path, saved_by):
+    """The data position and the RNGs are per process: 2 (or 4) -> 1 would see samples twice.
+    Older files carry no world_size: their one-RNG-state-per-rank list says it."""
+    weights = Weights(1.0)
+    manager(tmp_path, weights).save(2)
+    path = tmp_path / "checkpoints" / "last.pt"
+    ckpt = read_checkpoint(path)
+    assert ckpt["world_size"] == 1
+    torch.save({**ckpt, "world_size": saved_by}, path)
+    fresh = Weights(0.0)
+    with pytest.raises(UserError, match=f"saved by a run of {saved_by} processes and this run has 1.*"
+                                        f"--nproc-per-node {saved_by}.*init.generator.path="):
+        manager(tmp_path, fresh).load("auto")
+    assert fresh.value.item() == 0.0
+    del ckpt["world_size"]
+    torch.save({**ckpt, "rng": [{}] * saved_by}, path)
+    with pytest.raises(UserError, match=f"saved by a run of {saved_by} processes"):
+        manager(tmp_path, fresh).load(str(path))

@@ -34,3 +34,33 @@ def test_update_kernels_agree_with_the_per_tensor_loop(name, implementation):
 def test_fused_is_what_the_optimizer_runs():
     opt = build_optimizer(nn.Linear(2, 2), OptimizerConfig(name="adamw", lr=1e-3, implementation="fused"))
     assert opt.defaults["fused"] is True
+
+
+def stepped_optimizer(lr, weight_decay, lr_multiplier=1.0, steps=0):
+    from segadv.build import build_amp_optimizer
+    from segadv.config.schema import NetworkAmpConfig
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    cfg = OptimizerConfig(name="adamw", lr=lr, weight_decay=weight_decay, poly_power=0.9)
+    opt = build_amp_optimizer(model, cfg, NetworkAmpConfig(), torch.device("cpu"), 10, lr_multiplier=lr_multiplier)
+    for _ in range(steps):
+        opt.backward(model(torch.randn(4, 3)).square().mean())
+        opt.step()
+    return model, opt
+
+
+@pytest.mark.parametrize("lr_multiplier", [1.0, 2.0])
+def test_settings_at_resume_are_the_configs_and_the_state_the_checkpoints(lr_multiplier):
+    """A resumed optimizer keeps the checkpoint's moments and schedule position but takes the
+    learning rate (and train.lr_scaling's multiplier), weight decay and betas from the config it
+    is resumed with: the lr is a fresh run's at that step (torch would restore the saved ones)."""
+    _, saved = stepped_optimizer(lr=1e-3, weight_decay=0.0, steps=4)
+    _, resumed = stepped_optimizer(lr=5e-3, weight_decay=0.01, lr_multiplier=lr_multiplier)
+    resumed.load_state_dict(saved.state_dict())
+    _, fresh = stepped_optimizer(lr=5e-3, weight_decay=0.01, lr_multiplier=lr_multiplier, steps=4)
+    assert resumed.lr == fresh.lr == pytest.approx(5e-3 * lr_multiplier * (1 - 4 / 10) ** 0.9, rel=1e-12)
+    group = resumed.optimizer.param_groups[0]
+    assert group["weight_decay"] == 0.01 and group["initial_lr"] == 5e-3 * lr_multiplier
+    moments = [s["exp_avg"] for s in resumed.optimizer.state.values()]
+    assert moments and all(torch.equal(a, b["exp_avg"]) for a, b in zip(moments, saved.optimizer.state.values()))

@@ -1,18 +1,24 @@
 """Resume: exact continuation, crash safety (SIGKILL, SIGTERM), retention, corrupt fallback."""
 
+import os
 import random
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from segadv.checkpoint import CheckpointManager, read_checkpoint
+from segadv.errors import UserError
+from segadv.run_lock import RunDirLock
 from segadv.train import train
 
 from conftest import TINY_OVERRIDES
-from helpers import LOSSES, per_step_losses, records, resume_cfg
+from helpers import LOSSES, per_step_losses, records, resume_cfg, stream_positions
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -64,7 +70,7 @@ def test_advsemiseg_resumes_each_of_its_three_streams_exactly(tmp_path, workers)
     full = train(resume_cfg(tmp_path, "full", *extra))
     first = train(resume_cfg(tmp_path, "split", *extra), stop_at=5)  # mid-epoch in every stream
     ckpt = read_checkpoint(tmp_path / "split" / "checkpoints" / "last.pt")
-    assert ckpt["data_streams"] == {"labeled": {"batches": 5}, "unlabeled": {"batches": 3}, "gt": {"batches": 5}}
+    assert stream_positions(ckpt) == {"labeled": 5, "unlabeled": 3, "gt": 5}
     second = train(resume_cfg(tmp_path, "split", *extra), resume="auto")
     assert (full.step, first.step, second.step) == (7, 5, 7)
     expected, got = per_step_losses(full.run_dir, SEMI_LOSSES), per_step_losses(second.run_dir, SEMI_LOSSES)
@@ -222,3 +228,23 @@ def test_float16_switched_on_or_off_at_resume_starts_the_scaler_fresh(tmp_path, 
     with caplog.at_level("INFO"):
         assert train(resume_cfg(tmp_path, "off", "train.max_steps=4"), resume="auto").step == 4
     assert "loss scaling is off now" in caplog.text
+
+
+def test_a_changed_batch_size_at_resume_is_refused_naming_the_key(tmp_path):
+    """A stream's position is counted in batches: at another batch size it points elsewhere in the
+    data, so the resume is refused before anything is loaded or written."""
+    first = train(resume_cfg(tmp_path, "bs", "train.max_steps=2"))
+    before = (first.run_dir / "checkpoints" / "last.pt").read_bytes()
+    with pytest.raises(UserError, match=r"data.batch_size is 4 now but was 2 .* resume with data.batch_size=2"):
+        train(resume_cfg(tmp_path, "bs", "train.max_steps=4", "data.batch_size=4"), resume="auto")
+    assert (first.run_dir / "checkpoints" / "last.pt").read_bytes() == before
+
+
+def test_a_run_dir_in_use_is_refused_naming_its_holder_and_free_again_after(tmp_path):
+    cfg = resume_cfg(tmp_path, "busy", "train.max_steps=1")
+    with RunDirLock(Path(cfg.run_dir)):
+        with pytest.raises(UserError, match=rf"run dir .*busy is in use by pid {os.getpid()} on host "
+                                            rf"{re.escape(socket.gethostname())} since"):
+            train(cfg)
+    assert not (Path(cfg.run_dir) / "metrics.jsonl").exists()
+    assert train(cfg).step == 1  # the holder has let go

@@ -22,6 +22,7 @@ from segadv.parallel import parse_device_map, unwrap
 from segadv.parallel.wrap import AutocastForward
 
 from conftest import TINY_OVERRIDES
+from helpers import stream_positions
 from ddp_worker import freeze_batch_statistics
 
 HERE = Path(__file__).parent
@@ -139,7 +140,7 @@ def test_cli_ddp_advsemiseg_shards_and_checkpoints_its_three_streams(tmp_path):
     run(train_cli(run_dir, "train.max_steps=5", "checkpoint.every=5", "method.name=advsemiseg",
                   "data.labeled_fraction=0.5", "method.advsemiseg.semi_start=2", "--nproc-per-node", "2"))
     ckpt = read_checkpoint(run_dir / "checkpoints" / "last.pt")
-    assert ckpt["data_streams"] == {name: {"batches": 5} for name in ("labeled", "unlabeled", "gt")}
+    assert stream_positions(ckpt) == {name: 5 for name in ("labeled", "unlabeled", "gt")}
     last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
             if "train/loss_semi" in line][-1]
     assert last["train/loss_semi"] > 0 and 0 <= last["train/semi_pixel_ratio"] <= 1
@@ -157,7 +158,7 @@ def test_cli_ddp_multi_level_adaptation_wraps_each_of_three_networks(tmp_path):
     assert sorted(line.split()[1] for line in table) == ["discriminator"] * 2 + ["discriminator_aux"] * 2 + \
         ["generator"] * 2  # one row per rank and network
     ckpt = read_checkpoint(run_dir / "checkpoints" / "last.pt")
-    assert ckpt["data_streams"] == {"source": {"batches": 3}, "target": {"batches": 3}}
+    assert stream_positions(ckpt) == {"source": 3, "target": 3}
     assert "discriminator_aux" in ckpt and not any(k.startswith("module.") for k in ckpt["discriminator_aux"])
     assert json.loads((run_dir / "checkpoints" / "best.json").read_text())["step"] == 3
 

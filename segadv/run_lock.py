@@ -1,0 +1,73 @@
+"""One run at a time in a run dir: a lock held by the rank that writes (rank 0) for the whole run.
+
+Two launches into one run dir would interleave their metrics and overwrite each other's
+checkpoints without a word. The lock is an ``flock`` on ``RUN/.segadv.lock``: the kernel drops it
+when its holder dies however it dies (kill -9 included), so a crashed run never leaves a stale
+lock behind. The file names the holder (pid, host, start time) for the second launch's message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+from segadv.errors import UserError
+from segadv.parallel import distributed
+from segadv.parallel.distributed import DistEnv
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; runs there are single-process anyway
+    fcntl = None
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".segadv.lock"
+
+
+class RunDirLock:
+    """``with RunDirLock(run_dir, env):`` the run dir is this run's, or a UserError (exit 2) on
+    every rank naming the run that holds it."""
+
+    def __init__(self, run_dir: Path, env: DistEnv = DistEnv()) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self.env = env
+        self._fd: int | None = None
+
+    def __enter__(self) -> "RunDirLock":
+        problem = self._acquire() if self.env.is_main and fcntl is not None else None
+        if distributed.any_rank(problem is not None):
+            self.release()
+            raise UserError(problem or "rank 0 found the run dir in use (its message names the run holding it)")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+    def _acquire(self) -> str | None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            return (f"run dir {self.path.parent} is in use by {holder}: wait for that run to end, "
+                    "stop it, or give another --run-dir")
+        except OSError as err:  # a file system without locks (some network mounts)
+            os.close(fd)
+            log.warning("cannot lock the run dir (%s): a second launch into it would not be refused", err)
+            return None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                 .encode())
+        self._fd = fd
+        return None
