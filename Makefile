@@ -16,12 +16,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/segadv-train --run-dir runs/demo
 
+# Both cores (pytest-xdist), one test file per worker at a time (module fixtures built once), one
+# intra-op thread each: two workers with torch's default threads oversubscribe a 2-core machine.
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 # The edit loop's subset (a few minutes): everything but the tests marked slow in tests/conftest.py.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 bench: $(STAMP)
 	$(PY) tools/bench.py

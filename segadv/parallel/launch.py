@@ -57,12 +57,15 @@ def launch_with_torchrun(nproc_per_node: int, argv: list[str]) -> int:
 
 
 def exit_code_of(err: Exception) -> int:
-    """The first failed rank's exit code; a rank killed by signal N (torch reports -N) as the
-    shell does, 128 + N."""
-    codes = [f.exitcode for _, f in sorted(err.failures.items()) if f.exitcode]
-    if not codes:
+    """The exit code of the rank that failed first (torchrun's root cause); within the same
+    second a death by SIGTERM comes last, as the others may have died of the SIGTERM torchrun sent
+    them after the first failure. A rank killed by signal N (torch reports -N) as the shell does,
+    128 + N."""
+    failures = [f for f in err.failures.values() if f.exitcode]
+    if not failures:
         return 1
-    return 128 - codes[0] if codes[0] < 0 else codes[0]
+    code = min(failures, key=lambda f: (f.timestamp, f.exitcode == -signal.SIGTERM)).exitcode
+    return 128 - code if code < 0 else code
 
 
 class ForwardedSignals:

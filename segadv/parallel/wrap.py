@@ -78,7 +78,7 @@ def wrap_network(
         inner = AutocastForward(module, devices[0].type, getattr(torch, amp.dtype)) if amp.enabled else module
         if devices[0].type != "cuda":
             log.warning("DataParallel on %s runs the network as it is (it replicates over CUDA devices only)", devices[0])
-            return nn.DataParallel(inner)  # with no CUDA at all it falls through to the module
+            return HostDataParallel(inner)
         ids = [d.index for d in devices]
         return nn.DataParallel(inner, device_ids=ids, output_device=ids[0])
     device_ids = [devices[0].index] if devices[0].type == "cuda" else None
@@ -87,6 +87,18 @@ def wrap_network(
     # find_unused_parameters=False: every parameter of each network takes part in its own loss.
     return DistributedDataParallel(module, device_ids=device_ids, find_unused_parameters=False,
                                    **{sync_key: broadcast_buffers})
+
+
+class HostDataParallel(nn.DataParallel):
+    """``parallel.*=dp`` for a network on the host: DataParallel's own fall-through (no replicas,
+    the module called as it is), whatever accelerator the process has. ``nn.DataParallel`` falls
+    through only when there is none: with another one (an XPU, segadv-plan's stand-in) it would
+    move the network there, onto a device the map never named."""
+
+    def __init__(self, module: nn.Module) -> None:
+        nn.Module.__init__(self)
+        self.module = module
+        self.device_ids: list[int] = []
 
 
 def check_batch_for_replicas(batch_size: int, replicas: int, role: str) -> None:

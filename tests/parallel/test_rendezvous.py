@@ -85,12 +85,15 @@ def test_nproc_per_node_below_1_exits_2(n, capsys):
 
 
 def test_the_launcher_exits_with_the_first_failed_ranks_code_and_128_plus_a_killing_signal():
-    def failed(*codes):
-        return SimpleNamespace(failures={rank: SimpleNamespace(exitcode=code) for rank, code in enumerate(codes)})
+    def failed(*codes_and_times):
+        return SimpleNamespace(failures={rank: SimpleNamespace(exitcode=code, timestamp=when)
+                                         for rank, (code, when) in enumerate(codes_and_times)})
 
-    assert exit_code_of(failed(2, 1)) == 2
-    assert exit_code_of(failed(-9, 2)) == 137  # SIGKILL (the OOM killer), as a shell reports it
-    assert exit_code_of(failed(0, 4)) == 4
+    assert exit_code_of(failed((2, 10), (1, 11))) == 2
+    assert exit_code_of(failed((-15, 12), (3, 11))) == 3  # rank 1 diverged; rank 0 got torchrun's SIGTERM
+    assert exit_code_of(failed((-15, 11), (3, 11))) == 3  # ... within the same second
+    assert exit_code_of(failed((-9, 10), (2, 11))) == 137  # SIGKILL (the OOM killer), as a shell reports it
+    assert exit_code_of(failed((0, 10), (4, 11))) == 4
 
 
 def test_the_launcher_finds_its_workers():
