@@ -98,3 +98,22 @@ def test_shown_names_a_stand_in_as_the_cuda_device_it_stands_for():
 def test_replica_and_rank_errors(spec, count, rank, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_device_map(spec, cuda_device_count=count, local_rank=rank)
+
+
+def test_dataparallel_on_the_host_never_moves_the_network_to_another_accelerator():
+    """With an accelerator registered that the map does not name (segadv-plan's stand-in here; an
+    XPU on a real machine), nn.DataParallel would move a CPU network onto it; segadv's falls through."""
+    from torch import nn
+
+    from segadv.config.schema import NetworkAmpConfig
+    from segadv.parallel.wrap import wrap_network
+    from segadv.plan import standin
+
+    if not standin.available():
+        pytest.skip("this torch build cannot register the stand-in backend")
+    standin.register()
+    net = nn.Conv2d(3, 2, 1)
+    wrapped = wrap_network(net, "dp", (torch.device("cpu"),), NetworkAmpConfig(), broadcast_buffers=True)
+    assert {p.device for p in net.parameters()} == {torch.device("cpu")}
+    assert wrapped(torch.randn(1, 3, 4, 4)).device == torch.device("cpu")
+    assert list(wrapped.state_dict()) == ["module.weight", "module.bias"]  # DataParallel's keys
