@@ -11,8 +11,8 @@ Then segadv's step under variants, again alternating rounds: float32 / bfloat16 
 per network, channels_last on, and on CUDA ``g:cuda:0,d:cuda:0`` vs ``g:cuda:0,d:cpu`` (the cost
 of a cross-device hop). Last, the cost of the stop agreement that DDP runs make every step
 (``StepAgreement``: a gloo all-reduce of one flag, collected a step later), in two processes on
-this machine: call after call (nothing to hide it, an upper bound) and with segadv's step time of
-busy work between calls, and that as a share of the step.
+this machine: call after call (the whole round trip, an upper bound, and its share of segadv's
+step) and a step apart with the host idle in between (as during a GPU step).
 
     python tools/bench.py [--config FILE] [--steps N] [--rounds R] [--no-variants] [key=value ...]
 
@@ -201,8 +201,8 @@ AGREEMENT_WORKER = "--stop-agreement-worker"
 
 def stop_agreement_seconds(calls: int = 300, step_seconds: float = 0.0) -> float:
     """Seconds one ``StepAgreement.any`` call takes in a 2-process gloo group on this machine (the
-    slower rank's mean), with ``step_seconds`` of busy work between calls standing in for the step
-    it hides behind (0: call after call, an upper bound)."""
+    slower rank's mean), ``step_seconds`` apart: the host sleeping in between, as it waits for its
+    device during a GPU step (0: call after call, the whole round trip, an upper bound)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -224,9 +224,7 @@ def agreement_worker(calls: int, step_seconds: float) -> None:
         agreement.any(False)
     spent = 0.0
     for _ in range(calls):
-        until = time.perf_counter() + step_seconds
-        while time.perf_counter() < until:
-            pass
+        time.sleep(step_seconds)
         t0 = time.perf_counter()
         agreement.any(False)
         spent += time.perf_counter() - t0
@@ -302,9 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         compare_variants(args, batches, log_every)
         back_to_back = stop_agreement_seconds()
         hidden = stop_agreement_seconds(calls=50, step_seconds=times["segadv"])
-        figure("stop_agreement/us_per_call", back_to_back * 1e6, "us", "call after call: nothing to hide behind")
-        figure("stop_agreement/us_per_step", hidden * 1e6, "us", "with segadv's step time between calls")
-        figure("stop_agreement/share_of_step", hidden / times["segadv"], "", "DDP runs only")
+        figure("stop_agreement/us_per_call", back_to_back * 1e6, "us", "call after call: the whole round trip")
+        figure("stop_agreement/us_per_step", hidden * 1e6, "us", "a step apart, the host idle in between")
+        figure("stop_agreement/share_of_step", back_to_back / times["segadv"], "",
+               "upper bound (the round trip) over segadv's step; DDP runs only")
     return 0
 
 
