@@ -10,6 +10,7 @@ stream at its own position, even one drawn from only on some iterations.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from itertools import count
@@ -18,6 +19,8 @@ from typing import Any, Iterable, Iterator, Literal, Mapping, Optional, get_args
 from torch.utils.data import DataLoader
 
 from segadv.errors import UserError
+
+log = logging.getLogger(__name__)
 
 # What a stream draws: the labeled split (images and masks), the unlabeled pool (images only;
 # their masks are never read) or the domain adaptation target's train split (images only).
@@ -95,24 +98,34 @@ class Stream:
         close_loader(self.loader)
 
     @property
-    def batch_size(self) -> int | None:
-        return getattr(self.loader, "batch_size", None)
+    def order(self) -> dict[str, int]:
+        """What the position means: the batch size, the shuffle seed and the pool's size."""
+        sampler = getattr(self.loader, "sampler", None)
+        found = {"batch_size": getattr(self.loader, "batch_size", None), "seed": getattr(sampler, "seed", None),
+                 "samples": getattr(sampler, "length", None)}
+        return {key: value for key, value in found.items() if value is not None}
 
     def state_dict(self) -> dict[str, int]:
-        state = {"batches": self.drawn}
-        if self.batch_size is not None:
-            state["batch_size"] = self.batch_size
-        return state
+        return {"batches": self.drawn, **self.order}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """The position is counted in batches of this rank: at another batch size it would
-        point elsewhere in the data (samples seen twice or skipped), so that is refused."""
-        saved = state.get("batch_size", self.batch_size)
-        if saved != self.batch_size:
-            raise UserError(f"{self.batch_size_key} is {self.batch_size} now but was {saved} when the "
-                            f"checkpoint was saved: the {self.name} stream's position ({state['batches']} batches) "
-                            f"holds only at {saved}; resume with {self.batch_size_key}={saved}, or start a new run "
-                            "from its weights (init.generator.path, init.discriminator.path)")
+        """The position is a count of this rank's batches in an epoch order drawn from the seed:
+        at another batch size or seed it would point elsewhere in the data (samples seen twice or
+        skipped), so those are refused; a pool that grew or shrank is a warning (the current
+        epoch's order changes with it)."""
+        now = self.order
+        for key, setting in (("batch_size", self.batch_size_key), ("seed", "train.seed")):
+            if key in state and key in now and state[key] != now[key]:
+                same = (f"{setting}={state[key]}" if key == "batch_size" else
+                        f"the {setting} the run started with (segadv-ckpt inspect shows the checkpoint's config)")
+                raise UserError(
+                    f"{setting} differs from the checkpoint's ({state[key]} then, {now[key]} now): the {self.name} "
+                    f"stream's position ({state['batches']} batches) holds only at the saved value; resume with "
+                    f"{same}, or start a new run from its weights (init.generator.path, init.discriminator.path)")
+        if "samples" in state and "samples" in now and state["samples"] != now["samples"]:
+            log.warning("the %s stream has %d samples now and had %d when the checkpoint was saved: its epoch order "
+                        "changes, so within this epoch some samples may be seen twice and others skipped",
+                        self.name, now["samples"], state["samples"])
         self.drawn = int(state["batches"])
         self._batches = None
 

@@ -230,13 +230,18 @@ def test_float16_switched_on_or_off_at_resume_starts_the_scaler_fresh(tmp_path, 
     assert "loss scaling is off now" in caplog.text
 
 
-def test_a_changed_batch_size_at_resume_is_refused_naming_the_key(tmp_path):
-    """A stream's position is counted in batches: at another batch size it points elsewhere in the
-    data, so the resume is refused before anything is loaded or written."""
+@pytest.mark.parametrize("change,message", [
+    ("data.batch_size=4", r"data.batch_size differs from the checkpoint's \(2 then, 4 now\).* resume with data.batch_size=2"),
+    ("train.seed=7", r"train.seed differs from the checkpoint's .* resume with the train.seed the run started with"),
+])
+def test_a_changed_data_order_at_resume_is_refused_naming_the_key(tmp_path, change, message):
+    """A stream's position is a count of batches in an epoch order drawn from the seed: at another
+    batch size or seed it points elsewhere in the data, so the resume is refused before anything
+    is written."""
     first = train(resume_cfg(tmp_path, "bs", "train.max_steps=2"))
     before = (first.run_dir / "checkpoints" / "last.pt").read_bytes()
-    with pytest.raises(UserError, match=r"data.batch_size is 4 now but was 2 .* resume with data.batch_size=2"):
-        train(resume_cfg(tmp_path, "bs", "train.max_steps=4", "data.batch_size=4"), resume="auto")
+    with pytest.raises(UserError, match=message):
+        train(resume_cfg(tmp_path, "bs", "train.max_steps=4", change), resume="auto")
     assert (first.run_dir / "checkpoints" / "last.pt").read_bytes() == before
 
 
