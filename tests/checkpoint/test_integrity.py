@@ -165,3 +165,21 @@ def test_convert_seals_its_output_and_never_writes_over_its_input(checkpoints, t
     err = capsys.readouterr().err
     assert f"--output {copy} is --checkpoint {copy}: nothing replaces an input" in err and "Traceback" not in err
     assert (copy.read_bytes(), copy.stat().st_mtime_ns) == before
+
+
+def test_convert_to_an_smp_dir_seals_it_refuses_its_input_and_names_a_write_failure(checkpoints, tmp_path, capsys):
+    good, _, _ = checkpoints
+    (tmp_path / "a_file").write_text("not a folder")
+    blocked = tmp_path / "a_file" / "smp"
+    assert ckpt_cli.main(["convert", str(good), "--smp", str(blocked)]) == 4
+    err = capsys.readouterr().err
+    assert f"error: cannot write {blocked}: Not a directory (ENOTDIR)" in err and "Traceback" not in err
+
+    smp = tmp_path / "smp"
+    assert ckpt_cli.main(["convert", str(good), "--smp", str(smp)]) == 0
+    assert ckpt_cli.main(["inspect", str(smp)]) == 0
+    assert "sha256 sealed in the file: matches" in capsys.readouterr().out
+    before = {p.name: p.read_bytes() for p in smp.iterdir()}
+    assert ckpt_cli.main(["convert", str(smp), "--smp", str(smp)]) == 2
+    assert f"--smp {smp} is --checkpoint {smp}: nothing replaces an input" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in smp.iterdir()} == before
