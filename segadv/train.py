@@ -22,8 +22,6 @@ from segadv.build import Training, build_training, log_placement
 from segadv.checkpoint import CheckpointManager, NetworkWeights, Stateful, load_weights
 from segadv.config import Config, config_to_dict, dump_config, load_config
 from segadv.data import build_stream_loaders, build_val_loader, palette
-from segadv.data.files import absent_classes_note
-from segadv.data.loaders import left_out
 from segadv.data.streams import Stream, Streams
 from segadv.engine.evaluate import evaluate
 from segadv.engine.nonfinite import NonFiniteGuard
@@ -330,6 +328,9 @@ def run_evaluation(
 def evaluation_notes(cfg: Config, loader: Iterable, absent: list[int], names: list[str]) -> str:
     """What an evaluation's numbers leave out: val samples dropped under data.on_error=skip, and
     classes with no ground-truth pixel (``; ...`` each, or "")."""
+    from segadv.data.files import absent_classes_note
+    from segadv.data.loaders import left_out
+
     skipped = len(left_out(loader))
     notes = [f"{skipped} val sample{'' if skipped == 1 else 's'} skipped (data.on_error=skip)"] if skipped else []
     absent_note = absent_classes_note(names, absent, cfg.data.ignore_index, "val")

@@ -11,7 +11,6 @@ from PIL import Image
 
 from data_builders import (
     H, W, declared_size_png, image_for, make_folder, make_gta5, save_image, save_mask, save_rotated, stripes,
-    write_list,
 )
 from segadv.config.schema import DataConfig
 from segadv.data import build_dataloaders
