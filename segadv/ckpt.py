@@ -11,7 +11,6 @@ which ``smp.from_pretrained(DIR)`` opens (segadv/checkpoint/smp_dir.py).
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 from collections import Counter
 from pathlib import Path
@@ -21,13 +20,14 @@ import torch
 import yaml
 
 from segadv.cli_args import add_config_arguments, parse_args
-from segadv.checkpoint.inference import load_generator
-from segadv.checkpoint.io import read_checkpoint
+from segadv.checkpoint.inference import load_generator, read_files
+from segadv.checkpoint.integrity import seal_safetensors
+from segadv.checkpoint.io import checkpoint_bytes, read_verified
 from segadv.checkpoint.loader import WRAPPER_SEGMENTS, describe_weights, find_state_dict
 from segadv.checkpoint.smp_dir import CONFIG_FILE, WEIGHTS_FILE, read_smp_config, save_smp_dir
 from segadv.checkpoint.state import is_segadv_checkpoint
 from segadv.errors import UserError, cli_entry
-from segadv.fsutil import atomic_write_bytes
+from segadv.fsutil import atomic_write_bytes, refuse_overwriting
 from segadv.runtime import setup_logging
 
 
@@ -63,8 +63,12 @@ def inspect(path: str, trusted: bool) -> str:
         config = read_smp_config(Path(path))
         return "\n".join([inspect(str(Path(path) / WEIGHTS_FILE), trusted), f"{CONFIG_FILE}:",
                           *(f"  {key}: {value}" for key, value in config.items())])
-    obj = read_checkpoint(path, trusted=trusted)
+    obj, integrity = read_verified(path, trusted=trusted)
     lines = [f"file:      {path}", f"format:    {detect_format(obj)}"]
+    if integrity.recorded is not None:
+        lines.append(f"sha256:    {integrity.recorded} ({integrity.checked})")
+    else:
+        lines.append(f"sha256:    {integrity.checked}")
     if is_segadv_checkpoint(obj):
         lines.append(f"step:      {obj.get('step')}")
         lines.append(f"segadv:    {obj.get('segadv_version')}")
@@ -86,26 +90,30 @@ def inspect(path: str, trusted: bool) -> str:
 
 
 def convert(path: str, output: str, as_safetensors: bool, config: str | None, overrides: list[str], trusted: bool) -> str:
-    """Load the generator strictly into a fresh model, then save its bare state dict."""
+    """Load the generator strictly into a fresh model, then save its bare state dict (sealed with
+    its sha256, segadv/checkpoint/integrity.py)."""
+    refuse_overwriting([("--output", output)], read_files(path, config))
+    if Path(output).is_dir():
+        raise UserError(f"--output {output} is a directory; name the weights file to write")
     loaded = load_generator(path, config, overrides, trusted=trusted)
     cfg = loaded.cfg
     state = {k: v.contiguous() for k, v in loaded.model.state_dict().items()}
     if as_safetensors:
         from safetensors.torch import save as safetensors_bytes
 
-        data = safetensors_bytes(state, metadata={"source": Path(path).name, "arch": cfg.model.generator.arch,
-                                                  "encoder": cfg.model.generator.encoder,
-                                                  "num_classes": str(cfg.data.num_classes)})
+        data = seal_safetensors(safetensors_bytes(state, metadata={
+            "source": Path(path).name, "arch": cfg.model.generator.arch, "encoder": cfg.model.generator.encoder,
+            "num_classes": str(cfg.data.num_classes)}))
     else:
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        data = buffer.getvalue()
+        data = checkpoint_bytes(state)
     atomic_write_bytes(output, data)
     return f"wrote {output}: generator only, {len(state)} tensors, no wrapper prefixes"
 
 
 def convert_to_smp(path: str, directory: str, config: str | None, overrides: list[str], trusted: bool) -> str:
     """Load the generator strictly into a fresh model, then write it as an smp directory."""
+    outputs = [("--smp", directory)] + [(f"--smp {name}", str(Path(directory) / name)) for name in (CONFIG_FILE, WEIGHTS_FILE)]
+    refuse_overwriting(outputs, read_files(path, config))
     loaded = load_generator(path, config, overrides, trusted=trusted)
     count = save_smp_dir(loaded.model, Path(directory))
     return f"wrote {directory}: {type(loaded.model).__name__} for smp.from_pretrained, {count} tensors"

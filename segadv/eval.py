@@ -17,6 +17,8 @@ import sys
 from segadv.cli_args import add_config_arguments, parse_args
 from segadv.checkpoint.inference import load_generator
 from segadv.data import build_val_loader, class_names
+from segadv.data.files import absent_classes_note
+from segadv.data.loaders import left_out
 from segadv.engine.evaluate import evaluate
 from segadv.errors import cli_entry
 from segadv.parallel import activate, parse_device_map
@@ -48,17 +50,27 @@ def main(argv: list[str] | None = None) -> int:
     # The split training measured val/* on: the target's with domain adaptation, else data's.
     val_data = cfg.target_data if cfg.target_data is not None else cfg.data
     val_loader = build_val_loader(val_data, seed=cfg.train.seed, pin_memory=False)  # no train split needed
-    metrics = evaluate(generator, val_loader, device_map.generator, cfg.data.num_classes).metrics
+    result = evaluate(generator, val_loader, device_map.generator, cfg.data.num_classes)
+    metrics, skipped = result.metrics, left_out(val_loader)
+    names = class_names(val_data)
+    absent = absent_classes_note(names, result.absent_classes, val_data.ignore_index, "val")
     if args.json:
-        print(json.dumps(metrics))
+        print(json.dumps({**metrics, "skipped": len(skipped), "absent_classes": result.absent_classes}))
         return 0
     step = "" if loaded.step is None else f", step {loaded.step}"
     print(f"checkpoint: {args.checkpoint} ({loaded.kind}{step}); val split of "
           f"{'target_data' if cfg.target_data is not None else 'data'}")
     print(f"mIoU       {metrics['mIoU']:.4f}")
     print(f"pixel acc  {metrics['pixel_acc']:.4f}")
-    for name, iou in zip(class_names(val_data), metrics["iou"]):
+    for name, iou in zip(names, metrics["iou"]):
         print(f"  IoU {name:<14} {iou:.4f}")
+    if skipped:
+        print(f"skipped    {len(skipped)} val sample{'' if len(skipped) == 1 else 's'} left out of the scores "
+              "(data.on_error=skip):")
+        for problem in skipped:
+            print(f"  {problem.message}")
+    if absent:
+        print(f"note       {absent}")
     return 0
 
 

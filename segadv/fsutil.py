@@ -1,7 +1,9 @@
-"""Crash-safe file writes shared by config dumps, checkpoints and exports, and a file's sha256.
+"""Crash-safe file writes shared by config dumps, checkpoints and exports, a file's sha256, and
+the rule that no output replaces an input.
 
 A run killed mid-write (OOM, Ctrl-C, power loss) must never leave a truncated ``config.yaml`` or
 checkpoint where a good one used to be: readers either see the old file or the complete new one.
+Every OSError while writing is a :class:`segadv.errors.WriteFailed` naming the file meant (exit 4).
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ import contextlib
 import hashlib
 import os
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Iterable, Iterator, Union
 
-from segadv.errors import WriteFailed
+from segadv.errors import UserError, WriteFailed
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -38,6 +40,37 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def make_dir(path: PathLike) -> None:
+    """``mkdir -p``: a path that exists and is not a directory is a UserError, an OSError a
+    :class:`WriteFailed` naming ``path``."""
+    directory = Path(path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"{directory} exists and is not a directory") from None
+    except OSError as err:
+        raise WriteFailed(directory, err) from None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def refuse_overwriting(outputs: Iterable[tuple[str, PathLike]], inputs: Iterable[tuple[str, PathLike]]) -> None:
+    """UserError when an output (``(what, path)``) is one of the inputs: the same file or folder,
+    by path, symlink or hard link. No output ever replaces an input."""
+    inputs = [(what, Path(path)) for what, path in inputs]
+    for out_what, out_path in outputs:
+        output = Path(out_path)
+        for in_what, source in inputs:
+            if _same_file(output, source):
+                raise UserError(f"{out_what} {output} is {in_what} {source}: nothing replaces an input; "
+                                "choose another output")
 
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:
@@ -110,10 +143,16 @@ class StagedFile:
 @contextlib.contextmanager
 def staged(target: PathLike) -> Iterator[StagedFile]:
     """Write to ``.path``, check the file, then ``commit()``; without a commit (an error or a
-    failed check) the temp file is removed and an existing ``target`` is left untouched."""
+    failed check) the temp file is removed and an existing ``target`` is left untouched. An
+    OSError on the way (writing, committing) is a :class:`WriteFailed` naming ``target``."""
     staged_file = StagedFile(Path(target))
     try:
         yield staged_file
+    except OSError as err:
+        if isinstance(err, WriteFailed):
+            raise
+        raise WriteFailed(staged_file.target, err) from None
     finally:
         if not staged_file.committed:
-            staged_file.path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                staged_file.path.unlink(missing_ok=True)

@@ -15,6 +15,15 @@ logits are averaged (``--mode slide``, the default: objects keep the scale the n
 at) or shrunk to fit ``max-size`` and the prediction scaled back (``--mode resize``: faster,
 coarser). A model exported with fixed input dimensions uses those as the window.
 
+Images are read as training reads them (segadv/images.py: EXIF orientation applied, 16-bit
+grayscale scaled to 8 bits). Every input's header is checked before the model is loaded: an
+unreadable input stops the job naming every one (``--on-error raise``, the default) or is listed
+and left out while the rest are segmented (``--on-error skip``).
+
+Nothing the user did not name is replaced: an output that would replace an input (an image, the
+model, the config) is refused, and so is an output folder holding files segadv-predict did not
+write (its masks carry a ``Software: segadv-predict`` PNG text chunk) unless ``--overwrite``.
+
 With an ONNX ``--model`` this runs on onnxruntime and numpy only: torch, the networks and the
 training code are never imported (the model's classes, palette and normalisation come from the
 metadata segadv-export embedded in the file, or else from its sidecar ``FILE.json``).
@@ -35,13 +44,15 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
+from PIL.PngImagePlugin import PngInfo
 
 from segadv.cli_args import add_config_arguments, parse_args
 from segadv.errors import UserError, cli_entry
 from segadv.export.deps import import_extra
-from segadv.export.sidecar import EMBED_FILE, EMBED_KEY, parse_metadata, prepare_input, read_sidecar
-from segadv.fsutil import atomic_write_bytes
+from segadv.export.sidecar import EMBED_FILE, EMBED_KEY, parse_metadata, prepare_input, read_sidecar, sidecar_path
+from segadv.fsutil import atomic_write_bytes, make_dir, refuse_overwriting
+from segadv.images import ImageProblem, open_image, read_rgb
 
 log = logging.getLogger("segadv.predict")
 
@@ -49,6 +60,10 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".p
 MODES = ("slide", "resize")
 DEFAULT_MAX_SIZE = 1024
 OVERLAY_DIR = "overlay"
+ON_ERROR = ("raise", "skip")
+# The PNG text chunk every file segadv-predict writes carries: its own files may be replaced.
+MARK_KEY, MARK = "Software", "segadv-predict"
+SHOWN = 10  # problems shown in one message
 
 
 # ----------------------------------------------------------------------------------- backends
@@ -203,23 +218,33 @@ def open_model(path_text: str, device: Optional[str]) -> Backend:
 
 
 def find_images(spec: str) -> list[Path]:
+    """The input images; broken symlinks are kept (and reported as unreadable), never left out."""
     path = Path(spec).expanduser()
-    if path.is_file():
+    if path.is_file() or _broken_link(path):
         return [path]
     if path.is_dir():
-        found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        found = sorted(p for p in path.iterdir()
+                       if (p.is_file() or _broken_link(p)) and p.suffix.lower() in IMAGE_SUFFIXES)
         if not found:
             raise UserError(f"--input {spec}: no image files in that folder ({', '.join(sorted(IMAGE_SUFFIXES))})")
         return found
     if glob.has_magic(spec):
-        found = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        found = sorted(Path(p) for p in glob.glob(str(path), recursive=True)
+                       if Path(p).is_file() or _broken_link(Path(p)))
         if not found:
             raise UserError(f"--input {spec}: no files match the pattern")
         return found
     raise UserError(f"--input {spec}: no such file or folder")
 
 
-def check_outputs(images: Sequence[Path], out_dir: Path, overlay: bool) -> None:
+def _broken_link(path: Path) -> bool:
+    return path.is_symlink() and not path.exists()
+
+
+def check_outputs(images: Sequence[Path], out_dir: Path, overlay: bool, inputs: Sequence[tuple[str, str]] = (),
+                  overwrite: bool = False) -> None:
+    """Refuse outputs that would replace an input (an image, the model or checkpoint, the config)
+    and, without ``overwrite``, an output folder holding files segadv-predict did not write."""
     by_stem: dict[str, list[Path]] = defaultdict(list)
     for p in images:
         by_stem[p.stem].append(p)
@@ -230,21 +255,72 @@ def check_outputs(images: Sequence[Path], out_dir: Path, overlay: bool) -> None:
             f"{len(clashes)} output name(s) would be written twice, e.g. {stem}.png from "
             f"{', '.join(map(str, paths[:3]))}; give inputs with distinct stems"
         )
-    inputs = {p.resolve() for p in images}
-    for p in images:
-        targets = [out_dir / f"{p.stem}.png"] + ([out_dir / OVERLAY_DIR / f"{p.stem}.png"] if overlay else [])
-        for target in targets:
-            if target.resolve() in inputs:
-                raise UserError(f"writing {target} would overwrite an input image: choose another --output")
+    resolved = {p.resolve() for p in images}
+    targets = [t for p in images for t in [out_dir / f"{p.stem}.png"] + ([out_dir / OVERLAY_DIR / f"{p.stem}.png"]
+                                                                         if overlay else [])]
+    for target in targets:
+        if target.resolve() in resolved:
+            raise UserError(f"writing {target} would overwrite an input image: choose another --output")
+    refuse_overwriting([("--output", out_dir), *(("mask", target) for target in targets)], inputs)
+    if overwrite:
+        return
+    foreign = not_ours(out_dir, overlay)
+    if foreign:
+        shown = ", ".join(str(p) for p in foreign[:3]) + (f", ... ({len(foreign)} in all)" if len(foreign) > 3 else "")
+        raise UserError(f"--output {out_dir} holds files segadv-predict did not write ({shown}); masks written "
+                        "there could replace them: choose an empty or new folder, or pass --overwrite")
+
+
+def not_ours(out_dir: Path, overlay: bool) -> list[Path]:
+    """Files in ``out_dir`` (and its overlay folder, with ``overlay``) that segadv-predict did not
+    write. Hidden files and other subfolders are not looked at: nothing is ever written there."""
+    foreign = []
+    for folder in [out_dir] + ([out_dir / OVERLAY_DIR] if overlay else []):
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.iterdir()):
+            if not path.name.startswith(".") and not path.is_dir() and not written_by_predict(path):
+                foreign.append(path)
+    return foreign
+
+
+def written_by_predict(path: Path) -> bool:
+    """Whether ``path`` is a PNG carrying segadv-predict's text chunk (read from its header)."""
+    if path.suffix.lower() != ".png":
+        return False
+    try:
+        with open_image(path) as img:
+            return img.info.get(MARK_KEY) == MARK
+    except ImageProblem:
+        return False
 
 
 def read_image(path: Path) -> np.ndarray:
+    """HxWx3 uint8 RGB as training reads it (segadv/images.py); UserError naming ``path``."""
     try:
-        with Image.open(path) as img:
-            img = ImageOps.exif_transpose(img)
-            return np.asarray(img.convert("RGB"))
-    except (OSError, ValueError, Image.DecompressionBombError) as err:
+        return read_rgb(path)
+    except ImageProblem as err:
         raise UserError(f"cannot read image {path}: {err}") from None
+
+
+def scan_inputs(images: Sequence[Path]) -> tuple[list[Path], list[str]]:
+    """Open every input's header (no decoding): ``(readable, one message per unreadable one)``."""
+    good, problems = [], []
+    for path in images:
+        try:
+            with open_image(path):
+                good.append(path)
+        except ImageProblem as err:
+            problems.append(f"cannot read image {path}: {err}")
+    return good, problems
+
+
+def unreadable_error(problems: Sequence[str], written: int = 0) -> UserError:
+    lines = [f"  {p}" for p in problems[:SHOWN]] + ([f"  ... and {len(problems) - SHOWN} more"]
+                                                    if len(problems) > SHOWN else [])
+    done = f"; {written} mask(s) written before it" if written else ""
+    head = problems[0] if len(problems) == 1 else f"{len(problems)} unreadable inputs:\n" + "\n".join(lines)
+    return UserError(f"{head}{done} (--on-error skip segments the rest and lists them)")
 
 
 # ----------------------------------------------------------------------------------- tiling
@@ -365,22 +441,27 @@ def run_windows(backend: Backend, plans: Sequence[Plan], batch_size: int) -> Non
                 plan.outputs[i] = result
 
 
+def _png(img: Image.Image) -> bytes:
+    """PNG bytes carrying segadv-predict's mark (so a later run may replace the file)."""
+    info = PngInfo()
+    info.add_text(MARK_KEY, MARK)
+    buffer = io.BytesIO()
+    img.save(buffer, format="PNG", pnginfo=info)
+    return buffer.getvalue()
+
+
 def palette_png(labels: np.ndarray, palette: np.ndarray) -> bytes:
     img = Image.fromarray(labels.astype(np.uint8), mode="P")
     flat = np.zeros((256, 3), dtype=np.uint8)
     flat[: len(palette)] = palette
     img.putpalette(flat.reshape(-1).tolist())
-    buffer = io.BytesIO()
-    img.save(buffer, format="PNG")
-    return buffer.getvalue()
+    return _png(img)
 
 
 def overlay_png(image: np.ndarray, labels: np.ndarray, palette: np.ndarray, alpha: float) -> bytes:
     colours = palette[labels]
     blended = (image.astype(np.float32) * (1.0 - alpha) + colours.astype(np.float32) * alpha)
-    buffer = io.BytesIO()
-    Image.fromarray(np.clip(blended + 0.5, 0, 255).astype(np.uint8)).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return _png(Image.fromarray(np.clip(blended + 0.5, 0, 255).astype(np.uint8)))
 
 
 def chunks(items: Sequence[Path], size: int) -> Iterator[Sequence[Path]]:
@@ -412,6 +493,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-size", type=int, default=DEFAULT_MAX_SIZE,
                    help=f"largest side run in one pass, and the window size (default {DEFAULT_MAX_SIZE})")
     p.add_argument("--overlap", type=float, default=0.25, help="window overlap fraction in slide mode (default 0.25)")
+    p.add_argument("--on-error", choices=ON_ERROR, default="raise",
+                   help="an unreadable input: stop naming every one (raise, default) or list it and segment "
+                   "the rest (skip)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into an --output folder holding files segadv-predict did not write (inputs are "
+                   "never replaced)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow a checkpoint that needs arbitrary pickled code (only for a file you trust)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (--checkpoint only)")
@@ -437,6 +524,15 @@ def validate(args: argparse.Namespace) -> None:
         raise UserError("--config, --trust-checkpoint and key=value overrides apply to --checkpoint only")
 
 
+def model_inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The files the model comes from (never to be replaced by a mask)."""
+    if args.model:
+        return [("--model", args.model), ("its sidecar", str(sidecar_path(args.model)))]
+    from segadv.checkpoint.inference import read_files  # torch: the checkpoint path only
+
+    return read_files(args.checkpoint, args.config)
+
+
 @cli_entry
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(build_parser(), argv)
@@ -446,7 +542,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out_dir = Path(args.output)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--output {out_dir} exists and is not a folder")
-    check_outputs(images, out_dir, args.overlay)
+    check_outputs(images, out_dir, args.overlay, model_inputs(args), args.overwrite)
+    images, problems = scan_inputs(images)
+    if problems and args.on_error == "raise":
+        raise unreadable_error(problems)
+    if not images:
+        raise UserError(f"--input {args.input}: none of the {len(problems)} inputs is readable:\n  "
+                        + "\n  ".join(problems[:SHOWN]))
     if args.model:
         backend = open_model(args.model, args.device)
     else:
@@ -461,18 +563,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     log.info("%d image(s) from %s; model: %s; mode %s, max size %d", len(images), args.input,
              backend.description, args.mode, args.max_size)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(out_dir)
     if args.overlay:
-        (out_dir / OVERLAY_DIR).mkdir(exist_ok=True)
+        make_dir(out_dir / OVERLAY_DIR)
     counts = np.zeros(num_classes, dtype=np.int64)
-    windows = 0
+    windows = written = 0
     t0 = time.perf_counter()
     for batch in chunks(images, args.batch_size):
-        pictures = [read_image(p) for p in batch]
+        readable: list[tuple[Path, np.ndarray]] = []
+        failed = []
+        for path in batch:
+            try:
+                readable.append((path, read_image(path)))
+            except UserError as err:  # pixel data that does not decode (a truncated file)
+                failed.append(str(err))
         plans = [plan_image(img, mode=args.mode, max_size=args.max_size, overlap=args.overlap, divisor=divisor,
-                            fixed=backend.fixed_size) for img in pictures]
+                            fixed=backend.fixed_size) for _, img in readable]
         run_windows(backend, plans, args.batch_size)
-        for path, picture, plan in zip(batch, pictures, plans):
+        for (path, picture), plan in zip(readable, plans):
             labels = assemble(plan, class_ids, num_classes).astype(np.uint8)
             windows += len(plan.windows)
             counts += np.bincount(labels.reshape(-1), minlength=num_classes)[:num_classes]
@@ -480,14 +588,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.overlay:
                 atomic_write_bytes(out_dir / OVERLAY_DIR / f"{path.stem}.png",
                                    overlay_png(picture, labels, palette, args.alpha))
+            written += 1
+        if failed and args.on_error == "raise":  # the batch's readable images are written first
+            raise unreadable_error(failed, written)
+        problems += failed
     elapsed = time.perf_counter() - t0
 
     print(f"model      {backend.description}")
-    print(f"wrote      {len(images)} mask(s) to {out_dir}" + (f" (+ overlays in {out_dir / OVERLAY_DIR})" if args.overlay else ""))
+    print(f"wrote      {written} mask(s) to {out_dir}" + (f" (+ overlays in {out_dir / OVERLAY_DIR})" if args.overlay else ""))
     print(f"windows    {windows} forward window(s); mode {args.mode}, max size {args.max_size}; "
-          f"{elapsed:.2f} s ({elapsed / max(len(images), 1) * 1000:.0f} ms/image)")
+          f"{elapsed:.2f} s ({elapsed / max(written, 1) * 1000:.0f} ms/image)")
     total = max(int(counts.sum()), 1)
     print("classes    " + ", ".join(f"{name} {c / total:.1%}" for name, c in zip(meta["classes"], counts)))
+    if problems:
+        print(f"skipped    {len(problems)} unreadable input(s) (--on-error skip):")
+        for problem in problems:
+            print(f"  {problem}")
     return 0
 
 

@@ -25,7 +25,7 @@ from segadv.data import build_stream_loaders, build_val_loader, palette
 from segadv.data.streams import Stream, Streams, close_loader
 from segadv.engine.evaluate import evaluate
 from segadv.engine.nonfinite import NonFiniteGuard
-from segadv.errors import Diverged, UserError, WriteFailed, cli_entry
+from segadv.errors import Diverged, UserError, WriteFailed, cli_entry, input_shape_message
 from segadv.fsutil import unwritable
 from segadv.methods import stream_batch_sizes
 from segadv.monitor.diagnostics import D_LOSSES, DWinsWatch
@@ -153,6 +153,11 @@ def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, *, resu
         except WriteFailed as err:  # metrics or TensorBoard: say where the run can go on from
             err.after = err.after or checkpoints.resume_note()
             raise
+        except (UserError, RuntimeError) as err:  # bad data found mid-run: where the run can go on from
+            noted = with_resume_note(err, checkpoints)
+            if noted is err:
+                raise
+            raise noted from None
         finally:
             progress.close()
             writer.close()
@@ -160,6 +165,15 @@ def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, *, resu
     if stopped_by and step < max_steps:
         return stopped(run_dir, step, max_steps, stopped_by, val_metrics, checkpoints)
     return finished(cfg, run_dir, step, val_metrics, checkpoints, writer)
+
+
+def with_resume_note(err: Exception, checkpoints: CheckpointManager) -> Exception:
+    """A user error met after the run started (a sample that fails to read, a batch G cannot take)
+    as one naming the last complete checkpoint; any other error as it is."""
+    message = str(err) if isinstance(err, UserError) else input_shape_message(err)
+    if message is None:
+        return err
+    return UserError(f"{message}; {checkpoints.resume_note()}")
 
 
 def start_processes(cfg: Config) -> tuple[DistEnv, DeviceMap]:
@@ -323,13 +337,26 @@ def run_evaluation(
     metrics = result.metrics
     scalars = {f"{prefix}/mIoU": metrics["mIoU"], f"{prefix}/pixel_acc": metrics["pixel_acc"], **(extra or {})}
     names = class_names_for(cfg)
+    notes = evaluation_notes(cfg, loader, result.absent_classes, names)
     scalars.update({f"{prefix}/IoU/{name}": iou for name, iou in zip(names, metrics["iou"]) if iou == iou})
     writer.scalars(step, scalars)
     if result.samples is not None:
         panel = segmentation_panel(*result.samples, palette(cfg.data.num_classes), cfg.data.mean, cfg.data.std)
         writer.image(step, f"{prefix}/input_gt_pred", panel)
-    progress.write(f"step {step}: {prefix} mIoU {metrics['mIoU']:.4f}, pixel accuracy {metrics['pixel_acc']:.4f}")
+    progress.write(f"step {step}: {prefix} mIoU {metrics['mIoU']:.4f}, pixel accuracy {metrics['pixel_acc']:.4f}{notes}")
     return metrics
+
+
+def evaluation_notes(cfg: Config, loader: Iterable, absent: list[int], names: list[str]) -> str:
+    """What an evaluation's numbers leave out: val samples dropped under data.on_error=skip, and
+    classes with no ground-truth pixel (``; ...`` each, or "")."""
+    from segadv.data.files import absent_classes_note
+    from segadv.data.loaders import left_out
+
+    skipped = len(left_out(loader))
+    notes = [f"{skipped} val sample{'' if skipped == 1 else 's'} skipped (data.on_error=skip)"] if skipped else []
+    absent_note = absent_classes_note(names, absent, cfg.data.ignore_index, "val")
+    return "".join(f"; {note}" for note in [*notes, *([absent_note] if absent_note else [])])
 
 
 def first_images(stream: Stream, count: int) -> torch.Tensor:

@@ -125,3 +125,30 @@ def make_folder(root: Path, n_train: int = 6, n_val: int = 3, num_classes: int =
 def _mk(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def declared_size_png(path: Path, width: int, height: int) -> Path:
+    """A PNG of a few dozen bytes whose header declares ``width`` x ``height`` RGB pixels (as a
+    huge aerial tile's does): enough for Pillow to size it, never decoded."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b""))
+                     + chunk(b"IEND", b""))
+    return path
+
+
+def save_rotated(path: Path, upright: np.ndarray, orientation: int = 6) -> Path:
+    """``upright`` stored as a phone does: the pixels turned (here for EXIF orientation 6, 90
+    degrees counterclockwise) plus the tag that tells a viewer to turn them back."""
+    assert orientation == 6
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.ascontiguousarray(np.rot90(upright, 1))).save(path, exif=exif.tobytes())
+    return path

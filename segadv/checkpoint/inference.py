@@ -56,6 +56,15 @@ class LoadedGenerator:
         }
 
 
+def read_files(checkpoint: str | Path, config: Optional[str] = None) -> list[tuple[str, str]]:
+    """``(what, path)`` of every file :func:`load_generator` reads: none may be an output."""
+    path = Path(checkpoint)
+    files = [("--checkpoint", str(path))]
+    if path.is_dir():
+        files += [(f"--checkpoint's {name}", str(path / name)) for name in (CONFIG_FILE, WEIGHTS_FILE)]
+    return files + ([("--config", str(config))] if config else [])
+
+
 def load_generator(
     checkpoint: str | Path,
     config: Optional[str] = None,

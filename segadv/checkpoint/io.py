@@ -1,27 +1,39 @@
-"""Reading and writing checkpoint files: safe (``weights_only``), CPU-mapped, atomic."""
+"""Reading and writing checkpoint files: safe (``weights_only``), CPU-mapped, atomic, sealed with
+their sha256 and verified on every read (segadv/checkpoint/integrity.py)."""
 
 from __future__ import annotations
 
 import io
 import logging
 import pickle
+import re
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from segadv.checkpoint.integrity import (
+    PICKLE, SAFETENSORS, TORCHSCRIPT, UNKNOWN, CorruptCheckpoint, Integrity, seal_torch_zip, sniff,
+    unknown_format, verify,
+)
 from segadv.errors import UserError
 from segadv.fsutil import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
 
-def save_checkpoint(state: dict[str, Any], *paths: Path) -> None:
-    """Serialise once, then write each path atomically (temp file, fsync, os.replace)."""
+def checkpoint_bytes(state: dict[str, Any]) -> bytes:
+    """``torch.save``'s bytes of ``state``, sealed with their sha256."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    data = buffer.getvalue()
+    return seal_torch_zip(buffer)
+
+
+def save_checkpoint(state: dict[str, Any], *paths: Path) -> None:
+    """Serialise (and seal) once, then write each path atomically (temp file, fsync, os.replace)."""
+    data = checkpoint_bytes(state)
     for path in paths:
         atomic_write_bytes(path, data)
 
@@ -29,33 +41,100 @@ def save_checkpoint(state: dict[str, Any], *paths: Path) -> None:
 def read_checkpoint(path: str | Path, *, trusted: bool = False) -> dict[str, Any]:
     """Load a checkpoint onto the CPU: tensors never land on the device they were saved from.
 
-    Only plain data is unpickled (``weights_only=True``) unless the caller says the file is
-    trusted, which runs whatever code the file holds.
+    The file is verified first (its sealed sha256, else a zip archive's CRC-32s). Only plain data
+    is unpickled (``weights_only=True``) unless the caller says the file is trusted, which runs
+    whatever code the file holds.
     """
+    return read_verified(path, trusted=trusted)[0]
+
+
+def read_verified(path: str | Path, *, trusted: bool = False) -> tuple[dict[str, Any], Integrity]:
+    """:func:`read_checkpoint`, and what its integrity check found."""
     path = Path(path)
     if path.is_dir():
         raise UserError(f"checkpoint {path} is a directory, not a file (an smp save_pretrained directory is "
                         "read by segadv-eval, segadv-export, segadv-predict and segadv-ckpt convert)")
     if not path.is_file():
         raise UserError(f"checkpoint not found: {path}")
-    if path.suffix == ".safetensors":
-        return _read_safetensors(path)
-    if not _looks_like_torch_file(path):
-        raise UserError(f"checkpoint {path} is truncated or corrupt: not a PyTorch file")
+    try:
+        kind = sniff(path)
+        integrity = verify(path, kind)
+    except OSError as err:
+        raise UserError(f"cannot read checkpoint {path}: {err.strerror or err}") from None
+    if kind == UNKNOWN:
+        raise unknown_format(path)
+    if kind == TORCHSCRIPT:
+        raise UserError(
+            f"checkpoint {path} is a TorchScript module (torch.jit.save, e.g. segadv-export --format torchscript), "
+            f"not a checkpoint: segadv-predict --model {path} runs it; here the weights file or training "
+            "checkpoint it was made from is needed"
+        )
+    if kind == SAFETENSORS:
+        if path.suffix != ".safetensors":
+            log.info("%s holds safetensors (read as such, whatever its suffix)", path)
+        return _read_safetensors(path), integrity
+    return _torch_load(path, trusted, legacy=kind == PICKLE), integrity
+
+
+def _torch_load(path: Path, trusted: bool, legacy: bool) -> dict[str, Any]:
     try:
         # map_location="cpu": a file saved on cuda:0 must not touch cuda:0 here (seed 004).
         obj = torch.load(path, map_location="cpu", weights_only=not trusted)
     except pickle.UnpicklingError as err:
-        raise UserError(
-            f"checkpoint {path} was refused: it needs arbitrary pickled code to load, not only "
-            f"weights ({_unsupported_global(err)}). segadv loads with weights_only=True; pass "
-            "--trust-checkpoint only for a file from a source you trust."
-        ) from None
+        raise _unpickling_error(path, err, legacy) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
-        raise UserError(f"checkpoint {path} is truncated or corrupt: {type(err).__name__}: {err}") from None
+        raise CorruptCheckpoint(f"checkpoint {path} is truncated or corrupt: {_first_line(err)}") from None
+    if isinstance(obj, torch.nn.Module):  # a pickled model (trusted): its weights are what is wanted
+        log.info("%s holds a pickled %s: using its state_dict()", path, type(obj).__name__)
+        return obj.state_dict()
     if not isinstance(obj, dict):
         raise UserError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict of tensors")
     return obj
+
+
+_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def _unpickling_error(path: Path, err: pickle.UnpicklingError, legacy: bool) -> UserError:
+    """Untrusted code (a global the safe unpickler refuses), a pickled model, or a damaged file."""
+    match = _GLOBAL.search(str(err))
+    if match is None:  # not a refused global: the pickle stream itself is broken
+        what = "not a readable pickle stream" if legacy else "its pickle data does not read"
+        return CorruptCheckpoint(f"checkpoint {path} is corrupt: {what} ({_weights_unpickler_error(err)})")
+    name = match.group(1)
+    module = _loaded_class(name)
+    if module is not None and issubclass(module, torch.nn.Module):
+        return UserError(
+            f"checkpoint {path} holds a pickled {module.__name__} model object (torch.save(model)), not weights: "
+            "save model.state_dict() where it was made; or, only for a file from a source you trust, pass "
+            "--trust-checkpoint, which runs the code it holds and uses the model's state_dict()"
+        )
+    return UserError(
+        f"checkpoint {path} was refused: it needs arbitrary pickled code to load, not only "
+        f"weights (Unsupported global: GLOBAL {name}). segadv loads with weights_only=True; pass "
+        "--trust-checkpoint only for a file from a source you trust."
+    )
+
+
+def _loaded_class(name: str) -> type | None:
+    """The class ``module.Class`` names, if its module is imported already (nothing is imported
+    on a file's say-so)."""
+    module_name, _, attr = name.rpartition(".")
+    value = getattr(sys.modules.get(module_name), attr, None)
+    return value if isinstance(value, type) else None
+
+
+def _weights_unpickler_error(err: pickle.UnpicklingError) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith(("Unsupported operand", "Unsupported")):
+            return line
+    return lines[-1] if lines else "unpickling failed"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
 def _read_safetensors(path: Path) -> dict[str, Any]:
@@ -66,19 +145,4 @@ def _read_safetensors(path: Path) -> dict[str, Any]:
     try:
         return load_file(path, device="cpu")
     except (SafetensorError, OSError, ValueError) as err:
-        raise UserError(f"checkpoint {path} is truncated or corrupt: {err}") from None
-
-
-def _looks_like_torch_file(path: Path) -> bool:
-    """torch.save writes a zip archive; files from torch < 1.6 start with a pickle opcode."""
-    if zipfile.is_zipfile(path):
-        return True
-    with open(path, "rb") as fh:
-        return fh.read(1) == b"\x80"
-
-
-def _unsupported_global(err: pickle.UnpicklingError) -> str:
-    for line in str(err).splitlines():
-        if "Unsupported global" in line or "Unsupported operand" in line:
-            return line.strip().removeprefix("WeightsUnpickler error: ")
-    return str(err).strip().splitlines()[0] if str(err).strip() else "unpickling failed"
+        raise CorruptCheckpoint(f"checkpoint {path} is truncated or corrupt: {err}") from None

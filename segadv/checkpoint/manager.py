@@ -100,6 +100,9 @@ class CheckpointManager:
         (None: "auto" found nothing, a fresh start)."""
         if resume == "auto":
             found = self.newest_loadable(trusted)
+            if found is None and (self.last_path.is_file() or self.step_files()):
+                raise UserError(f"--resume auto: no checkpoint in {self.directory} loads (each is named above): "
+                                "resume from a good copy with --resume PATH, or move them away to start fresh")
             if found is None:
                 log.info("--resume auto: no checkpoint in %s, starting fresh", self.directory)
                 return None

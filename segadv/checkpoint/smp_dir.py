@@ -24,8 +24,9 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from segadv.errors import UserError
-from segadv.fsutil import staged
+from segadv.checkpoint.integrity import seal_safetensors
+from segadv.errors import UserError, WriteFailed
+from segadv.fsutil import make_dir, staged
 from segadv.models.generator import GENERATORS
 
 log = logging.getLogger(__name__)
@@ -91,20 +92,28 @@ def check_smp_config(config: Mapping[str, Any], generator: nn.Module, directory:
 
 def save_smp_dir(generator: nn.Module, directory: Path) -> int:
     """Write the inference ``generator`` as a directory ``smp.from_pretrained`` opens; each file
-    is replaced atomically. Returns the number of tensors written."""
+    is replaced atomically, ``model.safetensors`` sealed with its sha256 (integrity.py). Returns
+    the number of tensors written; an OSError is a :class:`WriteFailed` naming the directory."""
     if directory.exists() and not directory.is_dir():
         raise UserError(f"--smp {directory}: exists and is not a directory")
-    directory.mkdir(parents=True, exist_ok=True)
+    make_dir(directory)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = type(generator)(**generator.config)  # every stage, the dropped ones too
     model.load_state_dict({**model.state_dict(), **generator.state_dict()})  # strict
-    with tempfile.TemporaryDirectory(dir=directory, prefix=".staging-") as staging:
-        model.save_pretrained(staging)
-        for file in sorted(Path(staging).iterdir()):
-            with staged(directory / file.name) as stage:
-                os.replace(file, stage.path)
-                stage.commit()
+    try:
+        with tempfile.TemporaryDirectory(dir=directory, prefix=".staging-") as staging:
+            model.save_pretrained(staging)
+            weights = Path(staging) / WEIGHTS_FILE
+            weights.write_bytes(seal_safetensors(weights.read_bytes()))
+            for file in sorted(Path(staging).iterdir()):
+                with staged(directory / file.name) as stage:
+                    os.replace(file, stage.path)
+                    stage.commit()
+    except WriteFailed:
+        raise
+    except OSError as err:
+        raise WriteFailed(directory, err) from None
     return len(model.state_dict())
 
 

@@ -109,14 +109,17 @@ def _describe(dataset: Any) -> str:
 
 
 def _probe(dataset: Any, key: str) -> None:
-    """Run sample 0 through the pipeline now, so a broken step fails at startup by config key
-    rather than later inside a DataLoader worker with a long traceback."""
+    """Run the first good sample through the pipeline now, so a broken step fails at startup by
+    config key rather than later inside a DataLoader worker with a long traceback."""
     try:
-        image, mask = dataset[0]
+        item = next((item for item in map(dataset.__getitem__, range(len(dataset))) if item is not None), None)
     except UserError:
         raise
     except Exception as err:
         raise UserError(f"{key}: pipeline failed on {_describe(dataset)}: {one_line(err)}") from err
+    if item is None:  # an evaluation set under data.on_error=skip whose every sample failed to load
+        raise UserError(f"data: {empty_split_message(dataset.split, 'its files', len(dataset))}")
+    image, mask = item
     if image.ndim != 3 or mask.ndim != 2 or tuple(image.shape[1:]) != tuple(mask.shape):
         raise UserError(
             f"{key}: pipeline produced image {tuple(image.shape)} and mask {tuple(mask.shape)}; "
@@ -167,7 +170,7 @@ def _files(cfg: DataConfig, train_tf: Any, val_tf: Any, recorder: SkipRecorder) 
     record = {"kind": cfg.kind, "root": str(found.root), **found.split_record}
     return DataBundle(
         SegmentationFiles("train", labeled, found.spec, train_tf, cfg.on_error),
-        SegmentationFiles("val", val, found.spec, val_tf, cfg.on_error),
+        SegmentationFiles("val", val, found.spec, val_tf, cfg.on_error, drop_bad=True),
         UnlabeledImages("unlabeled", unlabeled, train_tf, cfg.on_error) if unlabeled else None,
         record,
         recorder,
@@ -213,26 +216,30 @@ def build_data(cfg: DataConfig, *, run_dir: Optional[Path | str] = None) -> Data
     return bundle
 
 
-def build_val_dataset(cfg: DataConfig) -> Dataset:
+def build_val_dataset(cfg: DataConfig, skipped: Optional[SkipRecorder] = None, split: str = "val") -> Dataset:
     """The val split alone, with the val pipeline (segadv-eval): the train split is neither listed
-    nor opened, so evaluating needs only the val files. Bad val samples follow ``data.on_error``."""
+    nor opened, so evaluating needs only the val files. Bad val samples follow ``data.on_error``;
+    under skip they are left out of the scores and recorded in ``skipped`` (watched: the ones
+    found bad as they are read too). ``split``: what the samples' problems call the split."""
     check_config(cfg)
     val_tf = build_transform(cfg.val_transforms, cfg.mean, cfg.std, VAL_KEY, ignore_index=cfg.ignore_index)
     if cfg.kind == "synthetic":
         val = synthetic_split(cfg, "val", val_tf)
     else:
-        samples = checked_split(cfg, "val", with_masks=True)
-        val = SegmentationFiles("val", samples, LABEL_SPECS[cfg.kind](cfg), val_tf, cfg.on_error)
+        samples = checked_split(cfg, "val", with_masks=True, skipped=skipped, split_name=split)
+        val = SegmentationFiles(split, samples, LABEL_SPECS[cfg.kind](cfg), val_tf, cfg.on_error, drop_bad=True)
+        if skipped is not None:
+            skipped.watch(val)
     _probe(val, VAL_KEY)
+    if skipped is not None:
+        skipped.poll()
     return val
 
 
-
-
-def build_target_data(cfg: DataConfig) -> tuple[Dataset, Dataset]:
+def build_target_data(cfg: DataConfig, skipped: Optional[SkipRecorder] = None) -> tuple[Dataset, Dataset]:
     """Domain adaptation's target (``target_data``): its train split as images only, with the
     train pipeline (masks are neither listed as needed nor opened, and may be absent), and its
-    val split with the val pipeline."""
+    val split with the val pipeline. Samples dropped under skip are recorded in ``skipped``."""
     check_config(cfg)
     train_tf = build_transform(cfg.train_transforms, cfg.mean, cfg.std, "target_data.train_transforms",
                                ignore_index=cfg.ignore_index)
@@ -240,9 +247,11 @@ def build_target_data(cfg: DataConfig) -> tuple[Dataset, Dataset]:
         if cfg.kind == "synthetic":
             images: Dataset = _ImagesOnly(synthetic_split(cfg, "train", train_tf))
         else:
-            samples = checked_split(cfg, "train", with_masks=False)
+            samples = checked_split(cfg, "train", with_masks=False, skipped=skipped, split_name="target")
             images = UnlabeledImages("target", samples, train_tf, cfg.on_error)
-        val = build_val_dataset(cfg)
+            if skipped is not None:
+                skipped.watch(images)
+        val = build_val_dataset(cfg, skipped, "target_val")
     except UserError as err:
         raise UserError(f"target_data: {err}") from None
     log.info("target data: %s; train %d images (labels not read), val %d", cfg.kind, len(images), len(val))

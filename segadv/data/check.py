@@ -7,6 +7,10 @@ unreadable files, image / mask size mismatches, mask values that are not class i
 value, list files naming missing ids, empty splits) and prints counts per split, the image size
 range, the class pixel histogram and every problem found. Exit 0 when clean, 2 when not (or on a
 config error). Masks of the unlabeled pool are not read, as in training.
+
+Warnings (exit 0) say what reads without error but may not be what was meant: a class with no
+pixel in a split, masks holding only 0 and 255 with two classes (binary masks saved as 0/255:
+every object pixel is ignore), images whose pixels are scaled on reading (16-bit grayscale).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from segadv.config.schema import DataConfig
 from segadv.data.augment import build_transform
 from segadv.data.config_checks import check_config, class_names
 from segadv.data.dataset import load_pair
-from segadv.data.files import Problem, Sample, SampleError, display, read_image
+from segadv.data.files import Problem, Sample, SampleError, absent_classes_note, display, image_note, read_image
 from segadv.data.listing import collect, empty_split_message
 from segadv.data.splits import split_labeled
 from segadv.data.synthetic import SyntheticShapes
@@ -46,6 +50,8 @@ class SplitReport:
     heights: list[int] = field(default_factory=list)
     widths: list[int] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    binary_255: int = 0  # masks holding only 0 and 255 (with two classes: likely binary masks saved as 0/255)
+    image_notes: dict[str, int] = field(default_factory=dict)  # what reading did to pixels -> images
 
     def add_image(self, shape: tuple[int, ...]) -> None:
         self.heights.append(int(shape[0]))
@@ -63,26 +69,47 @@ class Report:
     def problems(self) -> list[Problem]:
         return [p for s in self.splits for p in s.problems]
 
+    def warnings(self) -> list[str]:
+        """What reads without error but may not be what was meant, per split."""
+        found = []
+        for s in self.splits:
+            absent = [i for i in range(len(self.names)) if s.hist[i] == 0]
+            # With no class-1 pixel at all, the absent-class note below gives the same hint.
+            if s.binary_255 and len(self.names) == 2 and self.ignore_index == 255 and 1 not in absent:
+                found.append(f"{s.name}: {s.binary_255} mask{'s hold' if s.binary_255 > 1 else ' holds'} only 0 and "
+                             "255 with 2 classes: 255 is data.ignore_index, so every object pixel is ignored "
+                             "(binary masks saved as 0/255? save objects as 1)")
+            if s.hist.sum() > 0 and absent:
+                found.append(absent_classes_note(self.names, absent, self.ignore_index, s.name))
+            for note, count in sorted(s.image_notes.items()):
+                found.append(f"{s.name}: {count} image{'s are' if count > 1 else ' is'} {note}")
+        return found
+
 
 def _scan(samples: list[Sample], split: str, labeled: bool, spec, report: SplitReport, workers: int) -> None:
     def one(sample: Sample):
         try:
+            note = image_note(sample.image)
             if labeled:
                 image, mask = load_pair(sample, spec)
-                return image.shape, np.bincount(mask.ravel(), minlength=256), None
-            return read_image(sample.image).shape, None, None
+                return image.shape, np.bincount(mask.ravel(), minlength=256), note, None
+            return read_image(sample.image).shape, None, note, None
         except SampleError as err:
             files = sample.files() if labeled else (str(sample.image),)
-            return None, None, Problem(split, sample.id, files, str(err))
+            return None, None, None, Problem(split, sample.id, files, str(err))
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for shape, hist, problem in pool.map(one, samples):
+        for shape, hist, note, problem in pool.map(one, samples):
             if problem is not None:
                 report.problems.append(problem)
                 continue
             report.add_image(shape)
+            if note is not None:
+                report.image_notes[note] = report.image_notes.get(note, 0) + 1
             if hist is not None:
                 report.hist += hist
+                if set(np.flatnonzero(hist).tolist()) == {0, 255}:
+                    report.binary_255 += 1
 
 
 def check_files(cfg: DataConfig, workers: int) -> Report:
@@ -156,11 +183,12 @@ def format_report(report: Report) -> Iterable[str]:
             for s, t in zip(report.splits, totals)
         )
         yield f"  {class_id:>4}  {name:<16}{cells}"
-    for s in report.splits:
-        absent = [report.names[i] for i in range(num_classes) if s.hist[i] == 0 and s.hist.sum() > 0]
-        if absent:
-            yield f"  no {s.name} pixels of: {', '.join(absent)}"
     yield ""
+    warnings = report.warnings()
+    if warnings:
+        yield f"warnings ({len(warnings)}):"
+        yield from (f"  {w}" for w in warnings)
+        yield ""
     problems = report.problems
     if not problems:
         yield "problems: none"

@@ -5,9 +5,11 @@ an error naming the file and the values), so a bad mask never reaches the loss, 
 a CUDA device-side assert.
 
 With ``data.on_error: skip`` a sample that fails to load is flagged in a small shared-memory
-array and replaced by the next good sample; the flags are visible to the main process, which
-lists the dropped samples in the run dir (``skips.SkipRecorder``). Samples that fail the cheap
-start-up scan (missing files, unreadable headers, size mismatches) never get here.
+array; a training set replaces it by the next good sample (batches stay full), an evaluation set
+(``drop_bad``) hands out None instead, which the val loader leaves out, so no sample is scored
+twice. The flags are visible to the main process, which lists the dropped samples in the run dir
+(``skips.SkipRecorder``). Samples that fail the cheap start-up scan (missing files, unreadable
+headers, size mismatches) never get here.
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ def load_pair(sample: Sample, spec: LabelSpec) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Skippable(Dataset):
-    """Shared ``on_error`` handling: raise, or flag the sample and use the next good one."""
+    """Shared ``on_error`` handling: raise, or flag the sample and use the next good one (or,
+    with ``drop_bad``, None: the sample is left out)."""
 
     split: str
     samples: list[Sample]
     on_error: str
+    drop_bad: bool = False
 
     def _init_flags(self) -> None:
         # Created small and in normal memory; loaders.py moves it to shared memory when worker
@@ -75,6 +79,14 @@ class _Skippable(Dataset):
                     f"{err} ({self.split} split; data.on_error=skip drops bad samples; "
                     "`segadv-data check` lists every problem)"
                 ) from None
+        if self.drop_bad:
+            if self.bad[i]:
+                return None
+            try:
+                return self._load(i)
+            except SampleError:
+                self.bad[i] = 1
+                return None
         n = len(self.samples)
         for k in range(n):
             j = (i + k) % n
@@ -104,18 +116,20 @@ class SegmentationFiles(_Skippable):
     """Labeled ``(image, mask)`` pairs from files, with a joint albumentations pipeline.
 
     Items are ``(float image 3xHxW, int64 mask HxW)`` like ``SyntheticShapes``; the mask holds
-    train ids and ``spec.ignore_index``.
+    train ids and ``spec.ignore_index``. ``drop_bad`` (evaluation sets): under
+    ``on_error="skip"`` a sample that fails to load is None, never another sample.
     """
 
     def __init__(
         self, split: str, samples: Sequence[Sample], spec: LabelSpec,
-        transform: Optional[Transform] = None, on_error: str = "raise",
+        transform: Optional[Transform] = None, on_error: str = "raise", drop_bad: bool = False,
     ) -> None:
         self.split = split
         self.samples = list(samples)
         self.spec = spec
         self.transform = transform
         self.on_error = on_error
+        self.drop_bad = drop_bad
         self._init_flags()
 
     @property
@@ -128,8 +142,11 @@ class SegmentationFiles(_Skippable):
 
     _load = raw
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        image, mask = self._load_good(int(i))
+    def __getitem__(self, i: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        loaded = self._load_good(int(i))
+        if loaded is None:  # left out (drop_bad)
+            return None
+        image, mask = loaded
         if self.transform is None:
             return _as_tensor(image, channels_last=True), torch.from_numpy(mask).long()
         out = self.transform(image=image, mask=mask)

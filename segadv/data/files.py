@@ -18,21 +18,25 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from segadv.errors import UserError
+from segadv.images import ImageProblem, decode, deep_mode, open_image, orientation, to_rgb, upright, upright_size
 
 __all__ = [
     "LabelSpec",
+    "absent_classes_note",
     "Listing",
     "Problem",
     "Sample",
     "SampleError",
     "check_sizes",
     "display",
+    "image_note",
     "probe_image",
     "probe_mask",
     "read_id_list",
+    "shown_id",
     "read_image",
     "read_mask",
 ]
@@ -134,54 +138,87 @@ class LabelSpec:
         return raw if self.lut is None else self.lut[raw]
 
 
+def absent_classes_note(names: Sequence[str], absent: Sequence[int], ignore_index: int, split: str) -> Optional[str]:
+    """What it means that classes ``absent`` have no mask pixel in ``split`` (None if none is
+    absent): G never learns them (train), mIoU cannot measure them (val). With two classes and 255
+    ignored, masks saved as 0/255 are the likely cause: every object pixel is then ignore."""
+    if not absent:
+        return None
+    it = "it" if len(absent) == 1 else "them"
+    effect = f"training never shows {it} to G" if split == "train" else \
+        f"mIoU cannot measure {it} (IoU 0 where predicted, left out where not)"
+    note = f"no {split} mask pixels of {', '.join(names[i] for i in absent)}: {effect}"
+    if len(names) == 2 and ignore_index == 255 and 1 in absent:
+        note += ("; binary masks saved as 0/255? 255 is data.ignore_index, so every object pixel is ignored: "
+                 "save objects as 1")
+    return note
+
+
 # --------------------------------------------------------------------------------------- list files
 
 
+_IMAGE_PATH = re.compile(r"([/\\]|\.(jpe?g|png|bmp|tiff?|webp)$)", re.I)
+
+
 def read_id_list(path: Path, what: str) -> list[str]:
-    """Ids from a list file: one per line; blank lines and ``#`` comments skipped.
+    """Ids from a list file: one per line, the whole line (an id may hold spaces or ``#``); blank
+    lines and lines starting with ``#`` are skipped, a UTF-8 byte-order mark is dropped.
 
     A line may also be a path or a pair of paths (``/JPEGImages/x.jpg /SegmentationClassAug/x.png``,
-    as in some ``train_aug.txt`` releases): the id is the first path's file stem. Duplicates are
+    as in some ``train_aug.txt`` releases): the id is the (first) path's file stem. Duplicates are
     dropped, first occurrence kept. ``what`` names the config key for messages.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise UserError(f"{what}: list file {display(path)} does not exist") from None
     except (OSError, UnicodeDecodeError) as err:
         raise UserError(f"{what}: cannot read list file {display(path)}: {err}") from None
     ids: dict[str, None] = {}
     for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
+        line = line.strip()
+        if not line or line.startswith("#"):
             continue
-        first = line.split()[0]
-        if "/" in first or "\\" in first or re.search(r"\.(jpe?g|png|bmp|tiff?|webp)$", first, re.I):
-            first = Path(first.replace("\\", "/")).stem
-        ids.setdefault(first, None)
+        if _IMAGE_PATH.search(line):
+            first = line.split()[0]
+            path_text = first if _IMAGE_PATH.search(first) else line  # two paths, or one holding spaces
+            line = Path(path_text.replace("\\", "/")).stem
+        ids.setdefault(line, None)
     return list(ids)
+
+
+def shown_id(sample_id: str) -> str:
+    """An id quoted for messages; invisible or control characters spelt out (``'\\ufeffx'``)."""
+    return f"'{sample_id}'" if sample_id.isprintable() else ascii(sample_id)
 
 
 # --------------------------------------------------------------------------------------- images
 
 
+def _problem(path: Path, what: str, err: ImageProblem) -> SampleError:
+    if err.missing:
+        detail = "" if str(err) == "does not exist" else f" ({err})"
+        return SampleError(f"{display(path)}: {what} file is missing{detail}")
+    return SampleError(f"{display(path)}: cannot read {what}: {err}")
+
+
 def _open(path: Path, what: str) -> Image.Image:
-    """``Image.open`` with every failure as a SampleError naming ``path``."""
+    """The file's header, every failure a SampleError naming ``path``."""
     try:
-        return Image.open(path)
-    except FileNotFoundError:
-        raise SampleError(f"{display(path)}: {what} file is missing") from None
-    except UnidentifiedImageError:
-        raise SampleError(f"{display(path)}: cannot read {what}: not an image file PIL can identify") from None
-    except (OSError, ValueError) as err:
-        raise SampleError(f"{display(path)}: cannot read {what}: {err}") from None
+        return open_image(path)
+    except ImageProblem as err:
+        raise _problem(path, what, err) from None
 
 
-def _decode(img: Image.Image, path: Path, what: str) -> None:
+def _decoded(img: Image.Image, path: Path, what: str) -> np.ndarray:
+    """The pixel array of ``img`` (decoded now), upright (its EXIF orientation applied)."""
     try:
-        img.load()
-    except (OSError, ValueError, SyntaxError) as err:  # truncated / corrupt data
-        raise SampleError(f"{display(path)}: cannot read {what}: {err}") from None
+        turn = orientation(img)
+        decode(img)
+        pixels = to_rgb(img) if what == "image" else np.array(img)
+    except ImageProblem as err:
+        raise _problem(path, what, err) from None
+    return upright(pixels, turn)
 
 
 def _check_mask_mode(img: Image.Image, path: Path) -> None:
@@ -194,33 +231,36 @@ def _check_mask_mode(img: Image.Image, path: Path) -> None:
 
 
 def probe_image(path: Path) -> tuple[int, int]:
-    """``(height, width)`` from the file header, without decoding; SampleError if unreadable."""
+    """Upright ``(height, width)`` from the file header, without decoding; SampleError if unreadable."""
     with _open(path, "image") as img:
-        return img.height, img.width
+        return upright_size(img)
 
 
 def probe_mask(path: Path) -> tuple[int, int]:
-    """``(height, width)`` of a mask from its header; SampleError if unreadable or a colour mask."""
+    """Upright ``(height, width)`` of a mask from its header; SampleError if unreadable or a colour mask."""
     with _open(path, "mask") as img:
         _check_mask_mode(img, path)
-        return img.height, img.width
+        return upright_size(img)
+
+
+def image_note(path: Path) -> Optional[str]:
+    """What reading the image does to its pixels beyond an 8-bit read (16-bit scaled), from its header."""
+    with _open(path, "image") as img:
+        return deep_mode(img)
 
 
 def read_image(path: Path) -> np.ndarray:
-    """HxWx3 uint8 RGB; SampleError naming ``path`` if missing, unreadable or corrupt."""
+    """HxWx3 uint8 RGB, upright (segadv/images.py); SampleError naming ``path`` if missing,
+    unreadable or corrupt."""
     with _open(path, "image") as img:
-        _decode(img, path, "image")
-        if img.mode != "RGB":
-            img = img.convert("RGB")
-        return np.array(img)
+        return _decoded(img, path, "image")
 
 
 def read_mask(path: Path) -> np.ndarray:
-    """HxW uint8 raw mask values (palette indices for mode P); SampleError if unusable."""
+    """HxW uint8 raw mask values (palette indices for mode P), upright; SampleError if unusable."""
     with _open(path, "mask") as img:
         _check_mask_mode(img, path)
-        _decode(img, path, "mask")
-        arr = np.array(img)
+        arr = _decoded(img, path, "mask")
     if arr.dtype == np.uint8:
         return arr
     if arr.dtype == bool:

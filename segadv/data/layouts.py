@@ -9,13 +9,14 @@ docs/datasets.md.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 import numpy as np
 
 from segadv.config.schema import DataConfig
-from segadv.data.files import LabelSpec, Listing, Problem, Sample, display, read_id_list
+from segadv.data.files import LabelSpec, Listing, Problem, Sample, display, read_id_list, shown_id
 from segadv.errors import UserError
 
 # --------------------------------------------------------------------------------------- helpers
@@ -25,6 +26,27 @@ def resolve(root: Path, path: str) -> Path:
     """A path from the data section: relative ones are taken from ``data.root``."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else root / p
+
+
+def _broken_link(split: str, path: Path) -> Problem:
+    """An image entry that is a symlink to nothing: a problem, never silently left out."""
+    return Problem(split, path.stem, (str(path),),
+                   f"{display(path)}: image file is a broken symlink to {os.readlink(path)}, which does not exist")
+
+
+def _files_by_stem(directory: Path, suffixes: set[str]) -> tuple[dict[str, Path], dict[str, Path]]:
+    """The files of ``directory`` with one of ``suffixes`` (any case: ``.PNG`` too) by stem, and
+    the entries with such a name that are broken symlinks, by stem."""
+    found: dict[str, Path] = {}
+    broken: dict[str, Path] = {}
+    for path in sorted(directory.iterdir()):
+        if path.suffix.lower() not in suffixes:
+            continue
+        if path.is_file():
+            found.setdefault(path.stem, path)
+        elif path.is_symlink():
+            broken.setdefault(path.stem, path)
+    return found, {i: p for i, p in broken.items() if i not in found}
 
 
 def _require_dir(path: Path, key: str, hint: str = "") -> None:
@@ -42,10 +64,11 @@ def _from_list(
     for sample_id in ids:
         image = image_of(sample_id)
         if image is None or not image.is_file():
-            expected = display(image) if image is not None else f"an image '{sample_id}.*' in {where}"
+            expected = display(image) if image is not None else f"an image {shown_id(sample_id + '.*')} in {where}"
+            broken = f" (a broken symlink to {os.readlink(image)})" if image is not None and image.is_symlink() else ""
             problems.append(Problem(
                 split, sample_id, (str(list_path),),
-                f"{display(list_path)} names id '{sample_id}', but {expected} does not exist",
+                f"{display(list_path)} names id {shown_id(sample_id)}, but {expected} does not exist{broken}",
             ))
             continue
         samples.append(Sample(sample_id, image, mask_of(sample_id, image)))
@@ -176,13 +199,15 @@ def gta5_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
     gta = cfg.gta5
     image_dir, label_dir = root / "images", root / "labels"
     _require_dir(image_dir, "data.root", " (expected images/ and labels/ in it)")
-    by_id = {p.stem: p for p in sorted(image_dir.glob("*.png"))}
-    mask_of = lambda i, _: label_dir / f"{i}.png"  # noqa: E731
+    by_id, broken = _files_by_stem(image_dir, {".png"})
+    labels = _files_by_stem(label_dir, {".png"})[0] if label_dir.is_dir() else {}
+    mask_of = lambda i, _: labels.get(i, label_dir / f"{i}.png")  # noqa: E731 - .png or .PNG
     list_path = gta.train_list if split == "train" else gta.val_list
     if list_path is not None:
         path = resolve(root, list_path)
         ids = read_id_list(path, f"data.gta5.{split}_list")
-        return _from_list(split, ids, path, lambda i: image_dir / f"{i}.png", mask_of, "images")
+        image_of = lambda i: by_id.get(i) or broken.get(i, image_dir / f"{i}.png")  # noqa: E731
+        return _from_list(split, ids, path, image_of, mask_of, "images")
     ids = sorted(by_id)
     held_out = ids[gta.val_every - 1 :: gta.val_every]
     if split == "val":
@@ -194,7 +219,9 @@ def gta5_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
             val_ids = set(read_id_list(resolve(root, gta.val_list), "data.gta5.val_list"))
         chosen = [i for i in ids if i not in val_ids]
         source = f"{display(image_dir)} less the val images"
-    return Listing(split, [Sample(i, by_id[i], mask_of(i, None)) for i in chosen], source)
+    # Broken image symlinks belong to no split by their place in the listing: train reports them.
+    problems = [_broken_link(split, p) for p in broken.values()] if split == "train" else []
+    return Listing(split, [Sample(i, by_id[i], mask_of(i, None)) for i in chosen], source, problems)
 
 
 # --------------------------------------------------------------------------------------- folder
@@ -221,13 +248,18 @@ def folder_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
     _require_dir(image_dir, f"data.folder.{split}.images")
     suffixes = {s.lower() if s.startswith(".") else f".{s.lower()}" for s in folder.image_suffixes}
     by_id: dict[str, list[Path]] = {}
+    broken: dict[str, Path] = {}  # symlinks to nothing: problems, never silently left out
     for path in sorted(image_dir.iterdir()):
-        if path.suffix.lower() in suffixes and path.is_file():
+        if path.suffix.lower() not in suffixes:
+            continue
+        if path.is_file():
             by_id.setdefault(path.stem, []).append(path)
+        elif path.is_symlink():
+            broken.setdefault(path.stem, path)
     mask_of = lambda i, _: mask_dir / f"{i}{folder.mask_suffix}"  # noqa: E731
     problems = [
         Problem(split, i, tuple(str(p) for p in paths),
-                f"{len(paths)} images share the id '{i}': {', '.join(display(p) for p in paths)}")
+                f"{len(paths)} images share the id {shown_id(i)}: {', '.join(display(p) for p in paths)}")
         for i, paths in by_id.items() if len(paths) > 1
     ]
     unique = {i: paths[0] for i, paths in by_id.items() if len(paths) == 1}
@@ -235,9 +267,10 @@ def folder_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
         list_path = resolve(root, split_cfg.list_file)
         ids = read_id_list(list_path, f"data.folder.{split}.list_file")
         listing = _from_list(split, [i for i in ids if i not in by_id or i in unique], list_path,
-                             unique.get, mask_of, display(image_dir))
+                             lambda i: unique.get(i) or broken.get(i), mask_of, display(image_dir))
         listing.problems[:0] = [p for p in problems if p.id in ids]
         return listing
+    problems += [_broken_link(split, path) for i, path in broken.items() if i not in by_id]
     samples = [Sample(i, path, mask_of(i, path)) for i, path in unique.items()]
     source = f"{display(image_dir)} ({', '.join(sorted(suffixes))})"
     return Listing(split, samples, source, problems)

@@ -7,9 +7,9 @@ follow ``data.on_error``: ``raise_problems`` names them all in one error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from segadv.config.schema import DataConfig
 from segadv.data.config_checks import check_config, data_root
@@ -96,15 +96,21 @@ def empty_split_message(split: str, listing_source: str, dropped: int) -> str:
     return f"the {split} split is empty: no samples in {listing_source}"
 
 
-def checked_split(cfg: DataConfig, split: str, with_masks: bool) -> list[Sample]:
+def checked_split(
+    cfg: DataConfig, split: str, with_masks: bool, skipped: Optional[SkipRecorder] = None,
+    split_name: Optional[str] = None,
+) -> list[Sample]:
     """One split of a file dataset, listed and header-checked on its own (the other split is not
-    opened); bad samples follow ``data.on_error`` (logged: no run dir to list them in)."""
+    opened); bad samples follow ``data.on_error`` and are recorded in ``skipped`` (or only
+    logged). ``split_name``: what the problems call the split (default ``split``)."""
     listing = LISTERS[cfg.kind](cfg, data_root(cfg), split)
     samples, bad = scan_headers(listing.samples, split, with_masks=with_masks)
     problems = [*listing.problems, *bad]
+    if split_name is not None:
+        problems = [replace(p, split=split_name) for p in problems]
     if problems and cfg.on_error == "raise":
         raise_problems(problems)
-    SkipRecorder().add(problems)
+    (skipped if skipped is not None else SkipRecorder()).add(problems)
     if not samples:
-        raise UserError(f"data: {empty_split_message(split, listing.source, len(bad))}")
+        raise UserError(f"data: {empty_split_message(split_name or split, listing.source, len(bad))}")
     return samples

@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_
 
 from segadv.config.schema import DataConfig
 from segadv.data.augment import seed_transform
-from segadv.data.bundle import TRAIN_KEY, VAL_KEY, build_data, build_target_data, build_val_dataset
+from segadv.data.bundle import TRAIN_KEY, build_data, build_target_data, build_val_dataset
+from segadv.data.files import Problem
 from segadv.data.resumable import PerSampleSeeded, ResumableSampler, derived_seed
 from segadv.data.skips import SkipRecorder
 from segadv.data.streams import StreamSpec
@@ -26,7 +27,7 @@ from segadv.data.synthetic import SyntheticShapes
 from segadv.errors import UserError
 from segadv.signals import ignore_stop_signals
 
-__all__ = ["build_dataloaders", "build_stream_loaders", "build_val_loader", "seed_worker"]
+__all__ = ["build_dataloaders", "build_stream_loaders", "build_val_loader", "left_out", "seed_worker"]
 
 
 def seed_worker(worker_id: int) -> None:
@@ -66,6 +67,28 @@ class SameSizeCollate:
                 "end the pipeline with a fixed-size step (e.g. RandomCrop / PadIfNeeded / Resize)"
             )
         return default_collate(batch)
+
+
+class SizeGroups(list):
+    """One val batch as same-size sub-batches, each handed out by the loader as a batch of its own."""
+
+
+class ValCollate:
+    """Val batches: samples left out under ``data.on_error=skip`` (None) are dropped, and samples
+    of different sizes (a val pipeline may keep each image's own size) are collated in same-size
+    groups, each scored as a batch: the scores never depend on the batching. None when every
+    sample of the batch was left out. A class (not a closure) so it pickles into worker processes."""
+
+    def __call__(self, batch: Sequence[Any]) -> Any:
+        kept = [sample for sample in batch if sample is not None]
+        if not kept:
+            return None
+        groups: dict[tuple, list[Any]] = {}
+        for sample in kept:
+            groups.setdefault(tuple(sample[0].shape), []).append(sample)
+        if len(groups) == 1:
+            return default_collate(kept)
+        return SizeGroups(default_collate(group) for group in groups.values())
 
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*: (.*)$")
@@ -110,7 +133,20 @@ class SegLoader(DataLoader):
                 raise _short(err) from None
             if poll is not None:
                 poll()
-            yield batch
+            if batch is None:  # every sample of it left out (val, data.on_error=skip)
+                continue
+            if isinstance(batch, SizeGroups):
+                yield from batch
+            else:
+                yield batch
+
+
+def left_out(loader: Any) -> list[Problem]:
+    """The samples of ``loader``'s split left out under ``data.on_error=skip`` so far (at start-up
+    and as they were read); none for a loader that keeps no record."""
+    recorder = getattr(loader, "skipped", None)
+    split = getattr(getattr(loader, "dataset", None), "split", None)
+    return recorder.in_split(split) if recorder is not None and split is not None else []
 
 
 class ShardSampler(Sampler[int]):
@@ -176,7 +212,7 @@ def build_stream_loaders(
     pools: dict[str, Optional[Dataset]] = {"labeled": bundle.train, "unlabeled": bundle.unlabeled}
     val = bundle.val
     if target is not None:
-        pools["target"], val = build_target_data(target)
+        pools["target"], val = build_target_data(target, bundle.skipped)
     loaders: dict[str, DataLoader] = {}
     for spec in streams:
         dataset = _pool(pools, spec)
@@ -234,11 +270,16 @@ def _check_batch_size(cfg: DataConfig, dataset: Dataset, spec: StreamSpec, batch
     )
 
 
-def build_val_loader(cfg: DataConfig, *, seed: int, pin_memory: bool) -> DataLoader:
-    """The val loader alone (see ``build_val_dataset``), exactly as training builds it."""
-    val = build_val_dataset(cfg)
+def build_val_loader(
+    cfg: DataConfig, *, seed: int, pin_memory: bool, skipped: Optional[SkipRecorder] = None
+) -> DataLoader:
+    """The val loader alone (see ``build_val_dataset``), exactly as training builds it. Samples
+    left out under ``data.on_error=skip`` are recorded in ``skipped`` (default: a recorder of its
+    own, logging only), reachable as the loader's ``skipped``."""
+    skipped = skipped if skipped is not None else SkipRecorder()
+    val = build_val_dataset(cfg, skipped)
     seed_transform(getattr(val, "transform", None), seed + 1)
-    return _val_loader(val, cfg, seed, 0, 1, _worker_options(cfg, pin_memory, [val]), None)
+    return _val_loader(val, cfg, seed, 0, 1, _worker_options(cfg, pin_memory, [val]), skipped)
 
 
 def _worker_options(cfg: DataConfig, pin_memory: bool, datasets: Sequence[Dataset]) -> dict[str, Any]:
@@ -268,7 +309,7 @@ def _val_loader(
         drop_last=False,
         # Own generator: worker seeds come from it, not from the global torch RNG.
         generator=_generator(seed + 1, rank),
-        collate_fn=SameSizeCollate(VAL_KEY),
+        collate_fn=ValCollate(),
         skipped=skipped,
         **workers,
     )

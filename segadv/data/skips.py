@@ -36,6 +36,10 @@ class SkipRecorder:
     def count(self) -> int:
         return len(self.problems)
 
+    def in_split(self, split: str) -> list[Problem]:
+        """The samples of ``split`` dropped so far (at start-up and as they were read)."""
+        return [p for p in self.problems if p.split == split]
+
     def add(self, problems: Sequence[Problem]) -> None:
         for p in problems:
             log.warning("skipping %s sample '%s': %s", p.split, p.id, p.message)

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from segadv.config.schema import DataConfig
-from segadv.data.files import Problem, display, read_id_list
+from segadv.data.files import Problem, display, read_id_list, shown_id
 from segadv.data.layouts import resolve
 from segadv.errors import UserError
 
@@ -43,7 +43,7 @@ def split_labeled(
             if sample_id not in position:
                 problems.append(Problem(
                     "train", sample_id, (str(path),),
-                    f"{display(path)} names id '{sample_id}', which is not in the train split",
+                    f"{display(path)} names id {shown_id(sample_id)}, which is not in the train split",
                 ))
         chosen = set(position[i] for i in wanted if i in position)
         labeled = sorted(chosen)

@@ -61,6 +61,11 @@ class EvalResult:
         """mIoU, pixel accuracy and per-class IoU, read to the host when first asked for."""
         return self.confusion.compute()
 
+    @cached_property
+    def absent_classes(self) -> list[int]:
+        """Classes with no ground-truth pixel in what was evaluated: mIoU cannot measure them."""
+        return torch.nonzero(self.confusion.mat.sum(1).cpu() == 0).flatten().tolist()
+
 
 @torch.no_grad()
 def evaluate(

@@ -24,9 +24,9 @@ from segadv.cli_args import add_config_arguments, parse_args
 from segadv.data import class_names, palette
 from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
-from segadv.checkpoint.inference import LoadedGenerator, load_generator
-from segadv.export.sidecar import to_json, write_sidecar
-from segadv.fsutil import file_sha256, staged
+from segadv.checkpoint.inference import LoadedGenerator, load_generator, read_files
+from segadv.export.sidecar import sidecar_path, to_json, write_sidecar
+from segadv.fsutil import file_sha256, make_dir, refuse_overwriting, staged
 from segadv.export.verify import DEFAULT_TOLERANCES, format_report, make_input, verify
 from segadv.export.wrapper import InferenceModel, export_metadata, input_dtype, input_kind, output_name, size_divisor
 from segadv.runtime import setup_logging
@@ -171,6 +171,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(build_parser(), argv)
     setup_logging()
     output = Path(args.output)
+    if output.is_dir():
+        raise UserError(f"--output {output} is a directory; name the file to write (e.g. {output / 'model.onnx'})")
+    refuse_overwriting([("--output", output), ("its sidecar", sidecar_path(output))],
+                       read_files(args.checkpoint, args.config))
     fmt = resolve_format(args.format, output)
     if args.opset is not None and fmt != "onnx":
         raise UserError("--opset applies to ONNX exports only")
@@ -183,8 +187,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if fmt == "onnx" and opset not in supported_opsets():
         opsets = supported_opsets()
         raise UserError(f"--opset {opset}: this torch exports opsets {opsets.start}..{opsets.stop - 1}")
-    if output.is_dir():
-        raise UserError(f"--output {output} is a directory; name the file to write")
     precision = "float16" if args.half else "float32"
     atol, rtol, min_agreement = DEFAULT_TOLERANCES[precision]
     atol = atol if args.atol is None else args.atol
@@ -218,7 +220,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argmax=args.with_argmax, half=args.half, dynamic=dynamic,
         input_size=(h, w), divisor=divisor,
     )
-    output.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(output.parent)
     notes = [CPU_HALF_NOTE] if args.half and fmt == "onnx" else []
     with staged(output) as stage:
         meta.update(write_export(fmt, exported, example, stage.path, args, to_json(meta), opset))

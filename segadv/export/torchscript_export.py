@@ -11,6 +11,7 @@ silenced here.
 
 from __future__ import annotations
 
+import io
 import logging
 import warnings
 from pathlib import Path
@@ -41,7 +42,10 @@ def export_torchscript(model: nn.Module, example: torch.Tensor, path: Path, *, e
             with torch.no_grad():
                 compiled = torch.jit.trace(model, (example,), check_trace=False)
             method = "trace"
-        torch.jit.save(compiled, str(path), _extra_files={EMBED_FILE: embed})
+        buffer = io.BytesIO()  # then a plain write: a failing disk is an OSError naming the file
+        torch.jit.save(compiled, buffer, _extra_files={EMBED_FILE: embed})
+    with open(path, "wb") as fh:
+        fh.write(buffer.getvalue())
     log.info("torchscript: %s, written", method)
     return {"method": method}
 

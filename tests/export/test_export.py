@@ -296,3 +296,43 @@ def test_tools_export_is_the_same_entry_point():
     namespace = runpy.run_path(str(Path(__file__).resolve().parents[2] / "tools" / "export.py"), run_name="not_main")
     assert namespace["main"] is cli.main
     assert os.access(Path(__file__).resolve().parents[2] / "tools" / "export.py", os.R_OK)
+
+
+def test_export_never_writes_over_its_checkpoint_or_config(model, tmp_path, capsys):
+    """`--output X.pt` with `--checkpoint X.pt` used to replace the training checkpoint."""
+    cfg, _, ckpt = model
+    copy = tmp_path / "last.pt"
+    copy.write_bytes(ckpt.read_bytes())
+    config = tmp_path / "config.yaml"
+    dump_config(cfg, config)
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (copy, config)}
+    for output, named in ((copy, "--checkpoint"), (config, "--config")):
+        code = cli.main(["--checkpoint", str(copy), "--config", str(config), "--output", str(output),
+                         "--format", "torchscript"])
+        err = capsys.readouterr().err
+        assert code == 2 and f"--output {output} is {named} {output}: nothing replaces an input" in err
+    assert cli.main(["--checkpoint", str(copy), "--output", str(tmp_path)]) == 2  # an existing folder
+    assert f"--output {tmp_path} is a directory; name the file to write" in capsys.readouterr().err
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (copy, config)} == before
+
+
+def test_export_write_failures_exit_4_naming_the_file(model, tmp_path, monkeypatch, capsys):
+    _, _, ckpt = model
+    (tmp_path / "a_file").write_text("not a folder")
+    out = tmp_path / "a_file" / "sub" / "m.pt"  # its folder cannot be made
+    assert cli.main(["--checkpoint", str(ckpt), "--output", str(out)]) == 4
+    err = capsys.readouterr().err
+    assert f"error: cannot write {out.parent}: Not a directory (ENOTDIR)" in err and "Traceback" not in err
+
+    from segadv import fsutil
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fsutil.os, "fsync", full_disk)
+    target = tmp_path / "m.pt"
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(["--checkpoint", str(ckpt), "--output", str(target), "--verify-size", "64", "64"])
+    err = capsys.readouterr().err
+    assert code == 4 and f"error: cannot write {target}: No space left on device (ENOSPC)" in err
+    assert "Traceback" not in err and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]

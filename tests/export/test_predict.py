@@ -226,6 +226,79 @@ def test_input_errors_exit_2(model, onnx_model, image_dir, tmp_path, capsys):
         assert message in err and "Traceback" not in err, (argv, err)
 
 
+def snapshot(folder):
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_predict_never_writes_into_a_folder_of_files_it_did_not_write(onnx_model, image_dir, tmp_path, capsys):
+    """Predicting into a folder of ground-truth masks used to overwrite them silently."""
+    folder, _ = image_dir
+    truth = tmp_path / "truth"
+    truth.mkdir()
+    for stem in SIZES:
+        Image.fromarray(np.zeros((8, 8), np.uint8)).save(truth / f"{stem}.png")
+    (truth / "README.txt").write_text("ground truth")
+    before = snapshot(truth)
+    code, _ = predict_main("--model", onnx_model, "--input", folder, "--output", truth, "--device", "cpu")
+    err = capsys.readouterr().err
+    assert code == 2 and f"--output {truth} holds files segadv-predict did not write" in err and "--overwrite" in err
+    assert snapshot(truth) == before
+
+    out = tmp_path / "masks"  # its own files: a second run may replace them
+    for _ in range(2):
+        code, report = predict_main("--model", onnx_model, "--input", folder, "--output", out, "--device", "cpu")
+        assert code == 0, report
+    code, _ = predict_main("--model", onnx_model, "--input", folder, "--output", truth, "--device", "cpu",
+                           "--overwrite")
+    assert code == 0
+    assert snapshot(truth)["README.txt"] == before["README.txt"]  # only the masks it names are replaced
+    assert all((truth / f"{stem}.png").read_bytes() == (out / f"{stem}.png").read_bytes() for stem in SIZES)
+
+
+def test_predict_on_error_skip_segments_the_readable_inputs_and_lists_the_rest(onnx_model, image_dir, tmp_path,
+                                                                               capsys):
+    from data_builders import declared_size_png
+
+    folder, _ = image_dir
+    mixed = tmp_path / "mixed"
+    shutil.copytree(folder, mixed)
+    data = (mixed / "wide.png").read_bytes()
+    (mixed / "wide.png").write_bytes(data[: len(data) // 2])  # its header reads, its pixels do not
+    os.symlink(tmp_path / "gone.png", mixed / "link.png")
+    declared_size_png(mixed / "aerial.png", 20000, 9000)
+    run = ("--model", onnx_model, "--input", mixed, "--device", "cpu", "--batch-size", 4)
+
+    code, _ = predict_main(*run, "--output", tmp_path / "raise")
+    err = capsys.readouterr().err
+    assert code == 2 and "2 unreadable inputs:" in err and "Traceback" not in err
+    assert f"cannot read image {mixed / 'aerial.png'}: Image size (180000000 pixels) exceeds limit" in err
+    assert f"cannot read image {mixed / 'link.png'}: broken symlink to {tmp_path / 'gone.png'}" in err
+    assert not (tmp_path / "raise").exists()  # found before the model was loaded: nothing written
+
+    code, report = predict_main(*run, "--output", tmp_path / "skip", "--on-error", "skip")
+    assert code == 0, report
+    assert sorted(p.name for p in (tmp_path / "skip").glob("*.png")) == ["square.png", "tall.png"]
+    assert "wrote      2 mask(s)" in report and "skipped    3 unreadable input(s) (--on-error skip):" in report
+    for name in ("aerial.png", "link.png", "wide.png"):
+        assert f"cannot read image {mixed / name}" in report
+
+    for name in ("aerial.png", "link.png"):
+        (mixed / name).unlink()
+    code, _ = predict_main(*run, "--output", tmp_path / "late")  # found while reading: the batch's good ones kept
+    err = capsys.readouterr().err
+    assert code == 2 and f"cannot read image {mixed / 'wide.png'}" in err and "2 mask(s) written before it" in err
+    assert sorted(p.name for p in (tmp_path / "late").glob("*.png")) == ["square.png", "tall.png"]
+
+
+def test_predict_write_failure_exits_4(onnx_model, image_dir, tmp_path, capsys):
+    folder, _ = image_dir
+    (tmp_path / "a_file").write_text("not a folder")
+    out = tmp_path / "a_file" / "masks"
+    code, _ = predict_main("--model", onnx_model, "--input", folder, "--output", out, "--device", "cpu")
+    err = capsys.readouterr().err
+    assert code == 4 and f"error: cannot write {out}: Not a directory (ENOTDIR)" in err and "Traceback" not in err
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("source", ["checkpoint", "torchscript"])
 def test_predict_on_cuda_matches_the_cpu_masks(model, image_dir, tmp_path, source, no_tf32):

@@ -1,10 +1,15 @@
 """Runs that go wrong stop cleanly and lose nothing: divergence, a failed write, a run dir that is
 unwritable or too small (docs/failures.md)."""
 
+import contextlib
 import errno
+import io
+import json
+import logging
 import math
 import os
 import re
+import shutil
 
 import pytest
 import torch
@@ -252,3 +257,97 @@ def test_cli_ddp_every_rank_stops_on_divergence_with_exit_3(tmp_path):
     assert result.returncode == EXIT_DIVERGED, result.stderr[-3000:]
     assert result.stderr.count("error: training diverged: train/loss_") == 2  # each rank, the same decision
     assert not (run_dir / "checkpoints" / "last.pt").exists()
+
+
+# ------------------------------------------------------------------ bad data found mid-run (issue 33)
+
+
+def test_cli_a_sample_that_fails_to_read_mid_run_names_the_last_checkpoint(tmp_path, monkeypatch, capsys):
+    """A truncated file found at step 2 (its header read fine at start-up): one message naming the
+    file and the checkpoint of step 1, no traceback."""
+    from PIL import Image
+
+    from segadv.data.files import read_image
+
+    truncated = tmp_path / "img_7.png"
+    Image.new("RGB", (64, 64), (10, 20, 30)).save(truncated)
+    truncated.write_bytes(truncated.read_bytes()[:60])
+    original = Stream.next
+
+    def next_batch(self):
+        if self.drawn == 1:  # the second draw reads the damaged file
+            read_image(truncated)
+        return original(self)
+
+    monkeypatch.setattr(Stream, "next", next_batch)
+    run_dir = tmp_path / "r"
+    code = train_cli.main(["--run-dir", str(run_dir), "--device-map", "cpu", *TINY_OVERRIDES, "log.tensorboard=false",
+                           "checkpoint.every=1", "train.max_steps=3", "train.eval_every=100"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert re.search(rf"^error: {re.escape(str(truncated))}: cannot read image: .*; the last complete checkpoint is "
+                     rf"{re.escape(str(run_dir / 'checkpoints' / 'last.pt'))} \(step 1; resume: --resume auto\)$",
+                     err, re.M), err
+
+
+@pytest.fixture(scope="module")
+def skipped_val_run(tmp_path_factory):
+    """A 2-step run on files whose val split holds 3 good images and 1 that fails to decode, under
+    data.on_error: skip, and the same val split without the bad file."""
+    from data_builders import make_folder, save_mask, stripes
+
+    root = tmp_path_factory.mktemp("skipval")
+    make_folder(root / "data", n_train=4, n_val=4, num_classes=3, h=32, w=32)
+    # Each val mask its own mix of classes (val_003, the one a replacement would score twice, is all
+    # class 1), so no prediction scores the same with val_003 counted once and twice.
+    for k, values in enumerate([[0, 0, 0, 1], [1, 2, 2, 0], [2, 2, 2, 2], [1, 1, 1, 1]]):
+        save_mask(root / "data" / "val" / "masks" / f"val_{k:03d}.png", stripes(values, 32, 32))
+    good = root / "good"
+    shutil.copytree(root / "data", good)
+    for sub in ("images", "masks"):
+        (good / "val" / sub / "val_002.png").unlink()
+    bad = root / "data" / "val" / "images" / "val_002.png"
+    bad.write_bytes(bad.read_bytes()[:200])  # header intact: found only when read
+    overrides = [*TINY_OVERRIDES, "data.kind=folder", f"data.root={root / 'data'}", "data.num_classes=3",
+                 "data.on_error=skip", "data.train_transforms=[]", "data.val_transforms=[]", "data.val_batch_size=2",
+                 "train.max_steps=2", "log.tensorboard=false", "log.num_images=0"]
+    run_dir = root / "run"
+    log, logger = io.StringIO(), logging.getLogger("segadv")
+    handler, level = logging.StreamHandler(log), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        assert train_cli.main(["--run-dir", str(run_dir), "--device-map", "cpu", *overrides]) == 0
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return run_dir, good, log.getvalue()
+
+
+def eval_json(checkpoint, *overrides):
+    from segadv import eval as eval_cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert eval_cli.main(["--checkpoint", str(checkpoint), "--device", "cpu", "--json", *overrides]) == 0
+    return json.loads(out.getvalue().strip().splitlines()[-1])
+
+
+def test_a_val_file_that_fails_to_decode_is_left_out_of_train_and_eval_scores(skipped_val_run, capsys):
+    """It used to be replaced by the next good file, which was then scored twice."""
+    from segadv import eval as eval_cli
+
+    run_dir, good, train_log = skipped_val_run
+    last = run_dir / "checkpoints" / "last.pt"
+    trained = [r for r in records(run_dir) if "val/mIoU" in r][-1]["val/mIoU"]
+    assert re.search(r"step 2: val mIoU [\d.]+, pixel accuracy [\d.]+; 1 val sample skipped \(data.on_error=skip\)",
+                     train_log), train_log
+    good_only = eval_json(last, f"data.root={good}")
+    assert good_only["skipped"] == 0
+    with_bad = eval_json(last)
+    assert with_bad["skipped"] == 1
+    assert with_bad["mIoU"] == good_only["mIoU"] == trained  # exactly the good files' score, in train and eval
+    assert eval_cli.main(["--checkpoint", str(last), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped    1 val sample left out of the scores (data.on_error=skip):" in out
+    assert "val/images/val_002.png: cannot read image" in out
