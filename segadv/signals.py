@@ -41,50 +41,48 @@ def _obey_sigterm_from(parent: int) -> None:
 class StopRequests:
     """While active, the first SIGTERM/SIGINT sets ``requested``; a second SIGINT interrupts.
 
-    ``watch_parent`` (a worker of torchrun): the launcher's death is a stop request too, noticed
-    within a second. A launcher killed outright (SIGKILL) cannot pass a signal on, and its workers
-    would otherwise train on headless; they stop at the next step and save instead.
+    ``watch_parent`` (a worker of torchrun): the launcher's death is a stop request too, seen by
+    the next read of ``requested`` (every step). A launcher killed outright (SIGKILL) cannot pass a
+    signal on, and its workers would otherwise train on headless; they stop and save instead. The
+    check is a ``getppid()`` per read, not a thread: a thread in the training process makes each
+    data-loader fork riskier (a fork copies no thread but the caller, and no lock another held).
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
-    PARENT_POLL_SECONDS = 1.0
 
     def __init__(self, watch_parent: bool = False) -> None:
-        self.requested: str | None = None
+        self._requested: str | None = None
         self.watch_parent = watch_parent
+        self._launcher: int | None = None
         self._previous: dict[int, object] = {}
-        self._done = threading.Event()
+
+    @property
+    def requested(self) -> str | None:
+        if self._requested is None and self._launcher is not None and os.getppid() != self._launcher:
+            self._request("launcher gone", f"the launcher (pid {self._launcher}) is gone")
+        return self._requested
 
     def __enter__(self) -> "StopRequests":
         if threading.current_thread() is threading.main_thread():  # signal() only works there
             for sig in self.SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
-        if self.watch_parent:
-            self._done.clear()
-            threading.Thread(target=self._watch, args=(os.getppid(),), name="segadv-launcher-watch",
-                             daemon=True).start()
+        self._launcher = os.getppid() if self.watch_parent else None
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._done.set()
+        self._launcher = None
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        if self.requested and signum == signal.SIGINT:
+        if self._requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self._request(name, f"{name} received")
 
-    def _watch(self, launcher: int) -> None:
-        while not self._done.wait(self.PARENT_POLL_SECONDS):
-            if os.getppid() != launcher:
-                self._request("launcher gone", f"the launcher (pid {launcher}) is gone")
-                return
-
     def _request(self, reason: str, why: str) -> None:
-        if self.requested:
+        if self._requested:
             return  # a stop is on its way (a SIGTERM both from the job and from its launcher)
-        self.requested = reason
+        self._requested = reason
         log.warning("%s: stopping after the current step and saving a checkpoint", why)

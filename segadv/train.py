@@ -135,6 +135,7 @@ def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, *, resu
                 if evaluating or saving:
                     guard.check_unlogged(step, losses)  # nothing non-finite is evaluated or saved
                 if evaluating:
+                    agreement.settle()
                     with profile.host_phase("evaluation"):
                         val_metrics = evaluate_all(cfg, parts, data, writer, progress, step, profile.elapsed())
                     with profile.host_phase("checkpoint"):

@@ -218,14 +218,21 @@ class StepAgreement:
     def __init__(self) -> None:
         self.group = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
         self._pending: tuple[dist.Work, torch.Tensor] | None = None
+        self._settled = False  # the answer of a reduction collected early (settle)
 
     def any(self, flag: bool) -> bool:
         if self.group is None:
             return flag
-        agreed = self._collect()
+        agreed, self._settled = self._settled or self._collect(), False
         tensor = torch.tensor([int(flag)], dtype=torch.int32)
         self._pending = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True), tensor
         return agreed
+
+    def settle(self) -> None:
+        """Finish the reduction in flight now (its answer kept for the next call): before an
+        evaluation forks its data-loader workers, so no collective is busy in another thread of
+        the process while it forks."""
+        self._settled = self._settled or self._collect()
 
     def close(self) -> None:
         self._collect()
