@@ -92,7 +92,7 @@ def inspect(path: str, trusted: bool) -> str:
 def convert(path: str, output: str, as_safetensors: bool, config: str | None, overrides: list[str], trusted: bool) -> str:
     """Load the generator strictly into a fresh model, then save its bare state dict (sealed with
     its sha256, segadv/checkpoint/integrity.py)."""
-    refuse_overwriting([("--output", output)], read_files(path, config))
+    refuse_overwriting([("--output", output)], read_files(path, config, name="the checkpoint"))
     if Path(output).is_dir():
         raise UserError(f"--output {output} is a directory; name the weights file to write")
     loaded = load_generator(path, config, overrides, trusted=trusted)
@@ -113,7 +113,7 @@ def convert(path: str, output: str, as_safetensors: bool, config: str | None, ov
 def convert_to_smp(path: str, directory: str, config: str | None, overrides: list[str], trusted: bool) -> str:
     """Load the generator strictly into a fresh model, then write it as an smp directory."""
     outputs = [("--smp", directory)] + [(f"--smp {name}", str(Path(directory) / name)) for name in (CONFIG_FILE, WEIGHTS_FILE)]
-    refuse_overwriting(outputs, read_files(path, config))
+    refuse_overwriting(outputs, read_files(path, config, name="the checkpoint"))
     loaded = load_generator(path, config, overrides, trusted=trusted)
     count = save_smp_dir(loaded.model, Path(directory))
     return f"wrote {directory}: {type(loaded.model).__name__} for smp.from_pretrained, {count} tensors"

@@ -56,12 +56,14 @@ class LoadedGenerator:
         }
 
 
-def read_files(checkpoint: str | Path, config: Optional[str] = None) -> list[tuple[str, str]]:
-    """``(what, path)`` of every file :func:`load_generator` reads: none may be an output."""
+def read_files(checkpoint: str | Path, config: Optional[str] = None,
+               name: str = "--checkpoint") -> list[tuple[str, str]]:
+    """``(what, path)`` of every file :func:`load_generator` reads: none may be an output.
+    ``name``: how the command's user gave the checkpoint (an option or an argument)."""
     path = Path(checkpoint)
-    files = [("--checkpoint", str(path))]
+    files = [(name, str(path))]
     if path.is_dir():
-        files += [(f"--checkpoint's {name}", str(path / name)) for name in (CONFIG_FILE, WEIGHTS_FILE)]
+        files += [(f"{name}'s {file}", str(path / file)) for file in (CONFIG_FILE, WEIGHTS_FILE)]
     return files + ([("--config", str(config))] if config else [])
 
 

@@ -162,7 +162,7 @@ def test_convert_seals_its_output_and_never_writes_over_its_input(checkpoints, t
     before = (copy.read_bytes(), copy.stat().st_mtime_ns)
     assert ckpt_cli.main(["convert", str(copy), "--output", str(copy), *extra]) == 2
     err = capsys.readouterr().err
-    assert f"--output {copy} is --checkpoint {copy}: nothing replaces an input" in err and "Traceback" not in err
+    assert f"--output {copy} is the checkpoint {copy}: nothing replaces an input" in err and "Traceback" not in err
     assert (copy.read_bytes(), copy.stat().st_mtime_ns) == before
 
 
@@ -180,5 +180,5 @@ def test_convert_to_an_smp_dir_seals_it_refuses_its_input_and_names_a_write_fail
     assert "sha256 sealed in the file: matches" in capsys.readouterr().out
     before = {p.name: p.read_bytes() for p in smp.iterdir()}
     assert ckpt_cli.main(["convert", str(smp), "--smp", str(smp)]) == 2
-    assert f"--smp {smp} is --checkpoint {smp}: nothing replaces an input" in capsys.readouterr().err
+    assert f"--smp {smp} is the checkpoint {smp}: nothing replaces an input" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in smp.iterdir()} == before
