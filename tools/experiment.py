@@ -75,6 +75,7 @@ from segadv.cli_args import ListShipped
 from segadv.config import EXPERIMENTS_DIR, resolve_config
 from segadv.errors import UserError, cli_entry
 from segadv.fsutil import atomic_write_text
+from segadv.stats import paired_test, welch_test
 
 log = logging.getLogger("segadv.experiment")
 
@@ -413,72 +414,6 @@ def _or_nan(value: Optional[float]) -> float:
 
 
 # ------------------------------------------------------------------------------ statistics
-
-
-def _beta_continued_fraction(x: float, a: float, b: float) -> float:
-    """The continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes'
-    betacf), converging fast for x < (a + 1) / (a + b + 2)."""
-    tiny, eps = 1e-300, 1e-15
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 1000):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < eps:
-            return h
-    raise ArithmeticError(f"incomplete beta: no convergence for x={x}, a={a}, b={b}")
-
-
-def regularized_incomplete_beta(x: float, a: float, b: float) -> float:
-    """I_x(a, b) for 0 <= x <= 1 and a, b > 0."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _beta_continued_fraction(x, a, b) / a
-    return 1.0 - math.exp(log_front) * _beta_continued_fraction(1.0 - x, b, a) / b
-
-
-def student_t_p(t: float, df: float) -> float:
-    """Two-sided p of Student's t with ``df`` (real, > 0) degrees of freedom: P(|T| >= |t|)."""
-    return regularized_incomplete_beta(df / (df + t * t), df / 2.0, 0.5)
-
-
-def welch_test(a: list[float], b: list[float]) -> dict[str, Optional[float]]:
-    """mean(a) - mean(b), Welch's t, its Welch-Satterthwaite df and two-sided p. t, df and p are
-    None with fewer than two values on a side, or when both sides have no spread."""
-    diff = statistics.fmean(a) - statistics.fmean(b) if a and b else None
-    if len(a) < 2 or len(b) < 2:
-        return {"diff": diff, "t": None, "df": None, "p": None}
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    if va + vb == 0.0:
-        return {"diff": diff, "t": None, "df": None, "p": None}
-    t = diff / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return {"diff": diff, "t": t, "df": df, "p": student_t_p(t, df)}
-
-
-def paired_test(a: dict[int, float], b: dict[int, float]) -> Optional[dict[str, Any]]:
-    """The per-seed differences a[s] - b[s] over the seeds both have: their mean, the paired t
-    (df = n - 1) and its two-sided p. None with fewer than two common seeds; t and p None when
-    every difference is the same."""
-    seeds = sorted(set(a) & set(b))
-    if len(seeds) < 2:
-        return None
-    diffs = [a[s] - b[s] for s in seeds]
-    mean, sd = statistics.fmean(diffs), statistics.stdev(diffs)
-    if sd == 0.0:
-        return {"seeds": seeds, "diff": mean, "t": None, "df": len(seeds) - 1, "p": None}
-    t = mean / (sd / math.sqrt(len(seeds)))
-    return {"seeds": seeds, "diff": mean, "t": t, "df": len(seeds) - 1, "p": student_t_p(t, len(seeds) - 1)}
 
 
 def seeds_wanted(diff: Optional[float], std: Optional[float], baseline_std: Optional[float]) -> int:

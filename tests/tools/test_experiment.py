@@ -288,22 +288,6 @@ def test_a_row_may_run_its_own_seeds(tmp_path, monkeypatch, capsys):
 # ---------------------------------------------------------------- statistics against a baseline row
 
 
-@pytest.mark.parametrize("t, df, p", [  # references: scipy.stats.t.sf(|t|, df) * 2
-    (2.0, 10, 0.07338803477074037), (1.1, 4, 0.33308364954755393), (0.5, 2.7, 0.6549470619957614),
-    (3.5, 7.3, 0.009343138528485555), (-2.2, 3.1, 0.11228259633520446), (10.0, 2, 0.00985245702332569),
-    (0.0, 5, 1.0), (1.96, 1000, 0.050273184955748736)])
-def test_two_sided_p_of_students_t(t, df, p):
-    assert experiment.student_t_p(t, df) == pytest.approx(p, abs=1e-9)
-
-
-@pytest.mark.parametrize("x, a, b, value", [  # references: scipy.special.betainc(a, b, x)
-    (0.3, 2.5, 0.5, 0.018927124071945658), (0.9, 0.5, 7.0, 0.9999999780702157), (0.45, 30.0, 40.0, 0.6447480085585666),
-    (0.37, 1.0, 1.0, 0.37), (0.6, 3.0, 1.0, 0.6**3), (0.0, 2.0, 3.0, 0.0), (1.0, 2.0, 3.0, 1.0)])
-def test_regularized_incomplete_beta(x, a, b, value):
-    assert experiment.regularized_incomplete_beta(x, a, b) == pytest.approx(value, abs=1e-12)
-    assert experiment.regularized_incomplete_beta(1 - x, b, a) == pytest.approx(1 - value, abs=1e-12)
-
-
 def write_done(out, row_slug, seed, final, best):
     run_dir = out / row_slug / f"seed{seed}"
     run_dir.mkdir(parents=True)
@@ -352,13 +336,6 @@ def test_rows_are_compared_with_their_baseline(tmp_path, monkeypatch, caplog):
     assert "| base | 4/4 |" in table and table.split("| base | 4/4 |")[1].split("\n")[0].endswith("| - | - | - | - |")
     assert "| c | 1/1 |" in table and "| a | +8.3 (t -) | - | +5.7 (t -) |" in table
     assert "- More seeds wanted: 'a' vs 'base': 3 and 4 finished seeds, 5 wanted" in table
-
-
-def test_paired_test_needs_two_common_seeds_and_a_spread():
-    assert experiment.paired_test({0: 0.5, 1: 0.6}, {1: 0.4, 2: 0.3}) is None
-    same = experiment.paired_test({0: 0.5, 1: 0.6}, {0: 0.4, 1: 0.5})
-    assert same["diff"] == pytest.approx(0.1) and (same["t"], same["p"]) == (None, None)
-    assert experiment.welch_test([0.5, 0.5], [0.4, 0.4]) == {"diff": pytest.approx(0.1), "t": None, "df": None, "p": None}
 
 
 @pytest.mark.parametrize("grid_text, message", [
