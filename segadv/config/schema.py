@@ -44,6 +44,10 @@ class DiscriminatorConfig(Section):
     # size halved this many times; 5 is the reference's (10x10 at 321 px, but 2x2 at 80 px: use 3
     # there). image: before the global pooling; 4 is the reference's. None: the kind's reference.
     num_downsamples: Optional[int] = Field(None, ge=1)
+    # fc: how D's logit map is upsampled to the label size (bilinear). True: AdvSemiSeg's reference
+    # (nn.Upsample(align_corners=True), which weighs the map's outer ring of cells less and shifts the
+    # confidence map by up to half a cell against False; docs/methods.md "Deviations").
+    align_corners: bool = True
 
 
 class ModelConfig(Section):

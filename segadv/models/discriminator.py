@@ -21,10 +21,12 @@ class FCDiscriminator(nn.Module):
     Each convolution halves the size (rounded down), so D's logit map is the input halved
     ``num_downsamples`` times (five: 10x10 at 321 px, 2x2 at 80 px; three: 10x10 at 80 px), and
     each logit sees a window 1 + 3 * (2**num_downsamples - 1) pixels wide (five: 94). The map is
-    upsampled back to the input (label) size."""
+    upsampled back to the input (label) size, bilinearly; ``align_corners`` True as the reference
+    does (hfslyc/AdvSemiSeg's ``interp``)."""
 
-    def __init__(self, num_classes: int, ndf: int = 64, num_downsamples: int = 5) -> None:
+    def __init__(self, num_classes: int, ndf: int = 64, num_downsamples: int = 5, align_corners: bool = True) -> None:
         super().__init__()
+        self.align_corners = align_corners
         widths = [num_classes] + [ndf * 2 ** min(i, 3) for i in range(num_downsamples - 1)]
         self.features = nn.ModuleList(
             nn.Conv2d(c_in, c_out, kernel_size=4, stride=2, padding=1)
@@ -37,7 +39,7 @@ class FCDiscriminator(nn.Module):
         for conv in self.features:
             x = F.leaky_relu(conv(x), negative_slope=0.2)
         logits = self.classifier(x)
-        return F.interpolate(logits, size=probs.shape[-2:], mode="bilinear", align_corners=False)
+        return F.interpolate(logits, size=probs.shape[-2:], mode="bilinear", align_corners=self.align_corners)
 
 
 IMAGE_CHANNELS = 3  # RGB: what the image-level D reads besides the class maps
@@ -87,4 +89,5 @@ def build_discriminator(cfg: DiscriminatorConfig, num_classes: int) -> nn.Module
     except KeyError:
         raise KeyError(f"unknown discriminator {cfg.kind!r}; valid: {sorted(DISCRIMINATORS)}") from None
     depth = DEFAULT_DOWNSAMPLES[cfg.kind] if cfg.num_downsamples is None else cfg.num_downsamples
-    return cls(num_classes=num_classes, ndf=cfg.ndf, num_downsamples=depth)
+    upsampling = {"align_corners": cfg.align_corners} if cfg.kind == "fc" else {}
+    return cls(num_classes=num_classes, ndf=cfg.ndf, num_downsamples=depth, **upsampling)

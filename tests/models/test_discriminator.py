@@ -75,3 +75,28 @@ def test_the_image_discriminator_is_s4gans():
     x = torch.rand(2, 8, 48, 48)
     assert torch.equal(d(x), d(x))  # no dropout in eval
     assert len(build_discriminator(DiscriminatorConfig(kind="image", num_downsamples=3), 5).features) == 3
+
+
+def test_the_fc_maps_upsampling_is_the_references_by_default():
+    """hfslyc/AdvSemiSeg upsamples D's map with nn.Upsample(mode="bilinear", align_corners=True):
+    at 80 px a 10x10 map's corner cells land exactly on the image's corners (False spreads them half
+    a cell inwards)."""
+    import torch.nn.functional as F
+
+    from segadv.config.schema import DiscriminatorConfig
+    from segadv.models import build_discriminator
+
+    torch.manual_seed(0)
+    d = build_discriminator(DiscriminatorConfig(ndf=4, num_downsamples=3), num_classes=5)
+    probs = torch.rand(2, 5, 80, 80).softmax(dim=1)
+    x = probs
+    for conv in d.features:
+        x = F.leaky_relu(conv(x), 0.2)
+    logits = d.classifier(x)
+    reference = torch.nn.Upsample(size=(80, 80), mode="bilinear", align_corners=True)(logits)
+    out = d(probs)
+    assert torch.equal(out, reference)
+    assert torch.equal(out[..., 0, 0], logits[..., 0, 0]) and torch.equal(out[..., -1, -1], logits[..., -1, -1])
+    legacy = build_discriminator(DiscriminatorConfig(ndf=4, num_downsamples=3, align_corners=False), num_classes=5)
+    legacy.load_state_dict(d.state_dict())
+    assert not torch.equal(legacy(probs), out)
