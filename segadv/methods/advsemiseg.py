@@ -65,18 +65,21 @@ class AdvSemiSeg(LabeledAdversarial):
         self.settings = settings
         self.schedule = Schedule(adversarial=(lambda_adv, adv_warmup_steps),
                                  semi_adv=(settings.lambda_semi_adv, settings.semi_start_adv),
-                                 semi=(settings.lambda_semi, settings.semi_start))
+                                 semi=(settings.lambda_semi, settings.semi_start),
+                                 unlabeled=(settings.lambda_semi + settings.lambda_semi_adv, settings.semi_start_adv))
 
-    # Which terms are on at a step (adversarial_active: the labeled term's). The unlabeled batch
-    # is drawn only while one of its terms is.
+    # Which terms are on at a step (adversarial_active: the labeled term's). The unlabeled batch is
+    # drawn, forwarded and shown to D as fake by the reference's rule (train.py 330): while either
+    # unlabeled weight is set, from semi_start_adv, whichever term is on; the self-training term
+    # lives inside that branch, so it also waits for semi_start_adv.
+    def unlabeled_active(self, step: int) -> bool:
+        return self.schedule.active("unlabeled", step)
+
     def semi_adv_active(self, step: int) -> bool:
         return self.schedule.active("semi_adv", step)
 
     def semi_active(self, step: int) -> bool:
-        return self.schedule.active("semi", step)
-
-    def unlabeled_active(self, step: int) -> bool:
-        return self.semi_adv_active(step) or self.semi_active(step)
+        return self.unlabeled_active(step) and self.schedule.active("semi", step)
 
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
         g, d, phase, ignore = self.g, self.d, self.phases.phase, self.ignore_index

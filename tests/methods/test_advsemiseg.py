@@ -115,6 +115,29 @@ def test_unlabeled_stream_is_drawn_only_while_an_unlabeled_term_is_on():
     assert streams["unlabeled"].drawn == 3 and streams["labeled"].drawn == streams["gt"].drawn == 6
 
 
+@pytest.mark.parametrize("semi_start, semi_start_adv, lambda_semi_adv, drawn_from, semi_from", [
+    (4, 0, 0.0, 0, 4),  # the pseudo-labels control: unlabeled forwarded (and shown to D) from step 0
+    (1, 3, 0.1, 3, 3),  # the self-training term lives inside the unlabeled branch: it waits for it
+])
+def test_the_unlabeled_batch_follows_the_references_draw_rule(semi_start, semi_start_adv, lambda_semi_adv,
+                                                                drawn_from, semi_from):
+    """hfslyc/AdvSemiSeg train.py 330: the unlabeled batch is drawn and forwarded while lambda_semi
+    or lambda_semi_adv is set, from semi_start_adv, whichever term is on; D sees it as fake (421-423)."""
+    method = make_method(semi_start=semi_start, semi_start_adv=semi_start_adv, lambda_semi_adv=lambda_semi_adv,
+                         mask_threshold=0.0)
+    streams = make_streams()
+    n_l, n_u = len(streams["labeled"].batch[0]), len(streams["unlabeled"].batch)
+    fakes = []
+    method.d.module.register_forward_hook(lambda m, args, out: fakes.append(len(args[0])) and None)
+    for step in range(6):
+        fakes.clear()
+        out = method(streams, step)
+        assert streams["unlabeled"].drawn == max(0, step + 1 - drawn_from)
+        assert (out["loss_semi"].item() != 0) == (step >= semi_from)
+        # D's own update scores fake (labeled + unlabeled while drawn) and real in one forward
+        assert fakes[-1] == 2 * n_l + (n_u if step >= drawn_from else 0)
+
+
 def test_no_confident_pixel_keeps_the_unlabeled_adversarial_term():
     """The reference drops the whole unlabeled loss when no pixel passes mask_T; segadv keeps the
     adversarial part (self-training contributes exactly zero)."""
