@@ -21,14 +21,15 @@ from segadv.cli_args import add_config_arguments, parse_args
 from segadv.build import Training, build_training, log_placement
 from segadv.checkpoint import CheckpointManager, NetworkWeights, Stateful, load_weights
 from segadv.config import Config, config_to_dict, dump_config, flat_config, load_config
-from segadv.data import build_stream_loaders, build_val_loader, palette
+from segadv.data import build_stream_loaders, build_val_loader, palette, pool_has_masks
 from segadv.data.streams import Stream, Streams, close_loader
 from segadv.engine.evaluate import evaluate
 from segadv.engine.nonfinite import NonFiniteGuard
 from segadv.errors import Diverged, UserError, WriteFailed, cli_entry, input_shape_message
 from segadv.fsutil import unwritable
 from segadv.methods import stream_batch_sizes
-from segadv.monitor.diagnostics import D_LOSSES, DWinsWatch
+from segadv.data.augment import seed_transform
+from segadv.monitor.diagnostics import D_LOSSES, DWinsWatch, confidence_quality
 from segadv.monitor.images import confidence_panel, segmentation_panel
 from segadv.monitor.meters import LossAverager, StepTimer
 from segadv.monitor.profile import RunProfile, format_profile, peak_memory_gib, profile_scalars
@@ -60,6 +61,8 @@ class RunData:
     val_loader: Iterable  # val/* (the target's under domain adaptation)
     source_val_loader: Iterable | None  # val_source/* (train.eval_source), else None
     panel_images: torch.Tensor | None  # the method's panel inputs, fixed for the run
+    # Unlabeled images with their masks for diag/d_confidence_auroc (log.diagnostic_images), or None
+    diagnostic: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def close(self) -> None:
         """Every loader's workers ended (persistent ones included) before the run returns."""
@@ -205,7 +208,10 @@ def build_data(cfg: Config, parts: Training, run_dir: Path) -> RunData:
         source_val_loader = build_val_loader(cfg.data, seed=cfg.train.seed, pin_memory=False)
     panel_images = first_images(streams[parts.method.panel_stream], cfg.log.num_images) \
         if parts.method.panel_stream and cfg.log.num_images else None
-    return RunData(streams, val_loader, source_val_loader, panel_images)
+    diagnostic = None
+    if panel_images is not None and cfg.log.diagnostic_images and pool_has_masks(cfg.data):
+        diagnostic = first_labeled_samples(streams[parts.method.panel_stream], cfg.log.diagnostic_images)
+    return RunData(streams, val_loader, source_val_loader, panel_images, diagnostic)
 
 
 def run_state(parts: Training, streams: Streams) -> dict[str, Stateful]:
@@ -319,6 +325,8 @@ def evaluate_all(cfg: Config, parts: Training, data: RunData, writer: MetricWrit
                              extra={"perf/train_seconds": train_seconds})
     if data.panel_images is not None:
         log_method_panel(cfg, parts, data.panel_images, writer, step)
+    if data.diagnostic is not None:
+        log_confidence_quality(cfg, parts, data.diagnostic, writer, step)
     if data.source_val_loader is not None:
         run_evaluation(cfg, parts, data.source_val_loader, writer, progress, step, prefix="val_source")
     return metrics
@@ -366,6 +374,35 @@ def first_images(stream: Stream, count: int) -> torch.Tensor:
     dataset = stream.loader.dataset
     samples = [dataset[(i, 0)] for i in range(min(count, len(dataset)))]
     return torch.stack([s[0] if isinstance(s, (tuple, list)) else s for s in samples])
+
+
+def first_labeled_samples(stream: Stream, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stream's first ``count`` images (as :func:`first_images` reads them) with their masks,
+    which only a diagnostic reads (the pool's ``labeled_sample``)."""
+    dataset = stream.loader.dataset
+    samples = []
+    for i in range(min(count, len(dataset))):
+        seed_transform(getattr(dataset, "transform", None), 0)  # as dataset[(i, 0)] seeds it
+        samples.append(dataset.labeled_sample(i))
+    images, masks = zip(*samples)
+    return torch.stack(images), torch.stack(masks)
+
+
+def log_confidence_quality(cfg: Config, parts: Training, samples: tuple[torch.Tensor, torch.Tensor],
+                           writer: MetricWriter, step: int) -> None:
+    """Does D know which pixels are right? The method's own panel maps (G's argmax, D's confidence,
+    the mask) on the diagnostic images, in chunks of the panel's size, against their masks:
+    ``diag/d_confidence_auroc``, ``diag/d_mask_precision``, ``diag/d_mask_pass``, ``diag/g_pixel_acc``
+    (docs/training.md)."""
+    images, truth = samples
+    chunk = max(cfg.log.num_images, 1)
+    maps = [parts.method.panel(images[i:i + chunk]) for i in range(0, len(images), chunk)]
+    if any(m is None for m in maps):
+        return
+    ignore = cfg.data.ignore_index
+    quality = confidence_quality(torch.cat([m.preds for m in maps]), torch.cat([m.confidence for m in maps]),
+                                 torch.cat([m.pseudo_labels for m in maps]) != ignore, truth, ignore)
+    writer.scalars(step, {f"diag/{name}": value for name, value in quality.items()})
 
 
 def log_method_panel(cfg: Config, parts: Training, images: torch.Tensor, writer: MetricWriter, step: int) -> None:

@@ -242,12 +242,15 @@ def read_val_metrics(metrics_path: Path) -> dict[str, Any]:
 # accuracies (real/fake, or source/target), the share of unlabeled pixels (AdvSemiSeg) or images
 # (s4GAN) self-training took, G's supervised loss. Averaged over the last quarter of the run.
 DIAGNOSTICS = ("loss_seg", "loss_d", "d_acc_real", "d_acc_fake", "d_acc_source", "d_acc_target",
-               "semi_pixel_ratio", "st_image_ratio")
+               "semi_pixel_ratio", "st_image_ratio", "d_confidence_auroc", "d_mask_precision")
+# Logged at evaluations under diag/ (does D know which of G's pixels are right?), the rest under train/.
+DIAGNOSTIC_PREFIX = {"d_confidence_auroc": "diag", "d_mask_precision": "diag"}
 
 
 def read_train_diagnostics(metrics_path: Path, keys: tuple[str, ...] = DIAGNOSTICS) -> dict[str, float]:
-    """The mean of each ``train/<key>`` a run logged over the last quarter of its steps (steps past
-    3/4 of its last logged step); keys it never logged are left out."""
+    """The mean of each ``train/<key>`` (``diag/<key>``, :data:`DIAGNOSTIC_PREFIX`) a run logged
+    over the last quarter of its steps (steps past 3/4 of its last logged step); keys it never
+    logged are left out."""
     records = list(metrics_records(metrics_path))
     if not records:
         return {}
@@ -256,7 +259,7 @@ def read_train_diagnostics(metrics_path: Path, keys: tuple[str, ...] = DIAGNOSTI
     for record in records:
         if record["step"] > since:
             for key in keys:
-                value = record.get(f"train/{key}")
+                value = record.get(f"{DIAGNOSTIC_PREFIX.get(key, 'train')}/{key}")
                 if _is_number(value) and math.isfinite(value):
                     values.setdefault(key, []).append(value)
     return {key: statistics.fmean(values[key]) for key in keys if key in values}

@@ -310,6 +310,11 @@ class InitConfig(Section):
 class LogConfig(Section):
     tensorboard: bool = True
     num_images: int = Field(4, ge=0)  # val samples shown as image panels at each evaluation
+    # Unlabeled training images whose masks (never read by training) measure at each evaluation
+    # whether D's confidence knows which of G's pixels are right (diag/d_confidence_auroc,
+    # diag/d_mask_precision), in chunks of num_images (the method's panel); 0: off. Only for a
+    # method with a panel on a pool whose masks exist (the synthetic data's).
+    diagnostic_images: int = Field(16, ge=0)
     progress_bar: Optional[bool] = None  # None: a bar on a terminal, log lines otherwise
     # "D wins outright" (segadv/monitor/diagnostics.py): one warning when D's loss stays below
     # d_wins_loss at d_wins_steps consecutive log steps. The bound is on BCE's scale (healthy

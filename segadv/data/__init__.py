@@ -3,7 +3,7 @@ and loaders. docs/datasets.md documents each layout."""
 
 from segadv.data.augment import build_transform
 from segadv.data.files import SampleError
-from segadv.data.bundle import DataBundle, build_data, build_datasets
+from segadv.data.bundle import DataBundle, build_data, build_datasets, pool_has_masks
 from segadv.data.config_checks import check_config, class_names
 from segadv.data.loaders import build_dataloaders, build_stream_loaders, build_val_loader
 from segadv.data.streams import StreamSpec
@@ -24,4 +24,5 @@ __all__ = [
     "check_config",
     "class_names",
     "palette",
+    "pool_has_masks",
 ]

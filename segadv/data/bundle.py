@@ -78,10 +78,22 @@ class _ImagesOnly(Dataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         return self.dataset[i][0]
 
+    def labeled_sample(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Image ``i`` with its mask: for diagnostics that measure against the truth (training
+        draws images only)."""
+        return self.dataset[i]
+
     @property
     def transform(self) -> Any:
         # Reachable, so PerSampleSeeded seeds the augmentation of each unlabeled sample too.
         return getattr(self.dataset, "transform", None)
+
+
+def pool_has_masks(cfg: DataConfig) -> bool:
+    """Whether the unlabeled pool's images have masks a diagnostic may read (``labeled_sample``):
+    the synthetic kind's pool is labeled images with their labels withheld; a folder's unlabeled
+    images may have none."""
+    return cfg.kind == "synthetic"
 
 
 @dataclass

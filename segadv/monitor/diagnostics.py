@@ -35,6 +35,40 @@ def d_confidence(logits: torch.Tensor, valid: Optional[torch.Tensor] = None) -> 
     return confidence.flatten() if valid is None else confidence[valid]
 
 
+def auroc(scores: torch.Tensor, positives: torch.Tensor) -> float:
+    """The area under the ROC curve of ``scores`` for the boolean ``positives``: the probability
+    that a random positive scores above a random negative, ties counting half (the Mann-Whitney U
+    over n_pos * n_neg). NaN when either class is empty."""
+    scores, positives = scores.flatten().double(), positives.flatten().bool()
+    n_pos = int(positives.sum())
+    n_neg = positives.numel() - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = scores.argsort()
+    _, inverse, counts = torch.unique_consecutive(scores[order], return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    ranks = ((ends - counts + 1 + ends) / 2)[inverse]  # 1-based, tied scores share their mean rank
+    rank_sum = ranks[positives[order]].sum().item()
+    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+def confidence_quality(preds: torch.Tensor, confidence: torch.Tensor, passes: torch.Tensor, truth: torch.Tensor,
+                       ignore_index: int) -> dict[str, float]:
+    """Does D know which pixels G got right? Over the labeled pixels of (N,H,W) maps: the AUROC of
+    D's ``confidence`` for "G's argmax ``preds`` equals ``truth``", the precision of the pixels
+    that ``passes`` the method's mask (the share of them G got right) and that share of pixels.
+    The truth is read for this diagnostic only, never by training."""
+    labeled = truth != ignore_index
+    correct = (preds == truth)[labeled]
+    passing = passes[labeled]
+    return {
+        "d_confidence_auroc": auroc(confidence[labeled], correct),
+        "d_mask_precision": correct[passing].float().mean().item() if passing.any() else float("nan"),
+        "d_mask_pass": passing.float().mean().item(),
+        "g_pixel_acc": correct.float().mean().item(),
+    }
+
+
 class DWinsDetector:
     """Warns once, with the numbers, when ``loss_d`` (its value at each log step) has been below
     ``bound`` at ``steps`` consecutive log steps. Its count starts over on a resumed run."""

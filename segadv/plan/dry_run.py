@@ -24,6 +24,7 @@ from torch.overrides import TorchFunctionMode
 
 from segadv.build import Training, build_training
 from segadv.config import Config
+from segadv.data import pool_has_masks
 from segadv.engine.evaluate import evaluate
 from segadv.errors import UserError
 from segadv.parallel.device_map import DeviceMap, parse_device_map
@@ -240,11 +241,12 @@ def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, strea
     return run
 
 
-def standin_inputs(cfg: Config, parts: Training) -> tuple[dict[str, Any], torch.Tensor | None]:
-    """Each stream's batch of the configured shape and the method's panel images, on the host."""
+def standin_inputs(cfg: Config, parts: Training) -> tuple[dict[str, Any], torch.Tensor | None, tuple[torch.Tensor, ...]]:
+    """Each stream's batch of the configured shape, the method's panel images and the diagnostic
+    samples, on the host."""
     shapes = stream_shapes(cfg, parts.method.streams)
     batches = {name: make_batch(shape, cfg.data.num_classes) for name, shape in shapes.items()}
-    return batches, panel_images(cfg, parts, shapes)
+    return batches, panel_images(cfg, parts, shapes), diagnostic_samples(cfg, parts, shapes)
 
 
 def panel_images(cfg: Config, parts: Training, shapes: dict[str, BatchShape]) -> torch.Tensor | None:
@@ -257,12 +259,25 @@ def panel_images(cfg: Config, parts: Training, shapes: dict[str, BatchShape]) ->
     return make_batch(BatchShape(cfg.log.num_images, shape.height, shape.width, labeled=False), cfg.data.num_classes)
 
 
-def count_inputs(tracker: DryRunMode, batches: dict[str, Any], panel: torch.Tensor | None) -> None:
+def diagnostic_samples(cfg: Config, parts: Training, shapes: dict[str, BatchShape]) -> tuple[torch.Tensor, ...]:
+    """The images and masks the loop holds for ``diag/d_confidence_auroc`` (``log.diagnostic_images``
+    of the panel stream's pool, where its masks exist), or none. Their evaluation runs the panel's
+    own maps in chunks of the panel's size: the evaluation pass's panel covers its peak."""
+    stream = parts.method.panel_stream
+    if stream is None or not cfg.log.num_images or not cfg.log.diagnostic_images or not pool_has_masks(cfg.data):
+        return ()
+    shape = shapes[stream]
+    return make_batch(BatchShape(cfg.log.diagnostic_images, shape.height, shape.width, labeled=True),
+                      cfg.data.num_classes)
+
+
+def count_inputs(tracker: DryRunMode, batches: dict[str, Any], panel: torch.Tensor | None,
+                 held: tuple[torch.Tensor, ...] = ()) -> None:
     """The loop's inputs where they are: each stream's batch as its loader hands it out (on the
-    host) and the panel images, counted from the start (their copies onto the devices are the
-    iterations' own ops)."""
+    host), the panel images and the diagnostic samples (``held``), counted from the start (their
+    copies onto the devices are the iterations' own ops)."""
     tensors = [t for batch in batches.values() for t in (batch if isinstance(batch, tuple) else (batch,))]
-    tracker.mark(tensors + ([] if panel is None else [panel]), "other")
+    tracker.mark(tensors + ([] if panel is None else [panel]) + list(held), "other")
 
 
 def evaluation_pass(parts: Training, cfg: Config, tracker: DryRunMode, panel: torch.Tensor | None,
@@ -376,11 +391,12 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
             parts = build_training(cfg, planned)
         for _, opt in networks(parts):
             as_on_cuda(opt, real)
-        batches, panel = standin_inputs(cfg, parts)
+        batches, panel, held = standin_inputs(cfg, parts)
         with fake, tracker, as_cuda:
             batches = {name: _fake(fake, batch) for name, batch in batches.items()}
             panel = None if panel is None else _fake(fake, panel)
-            count_inputs(tracker, batches, panel)
+            held = tuple(_fake(fake, t) for t in held)  # live for the whole plan, as the loop holds them
+            count_inputs(tracker, batches, panel, held)
             run = iterate(parts, cfg, steps, tracker, {name: FixedStream(b) for name, b in batches.items()})
             between, host = transfer_totals(tracker)
             evaluation_pass(parts, cfg, tracker, panel, lambda batch: _fake(fake, batch))
@@ -440,9 +456,9 @@ def _measured_peaks(cfg: Config, steps: int) -> tuple[dict[str, tuple[int, int]]
                 data = build_data(cfg, parts, Path(run_dir))
                 streams, panel, source = data.streams, data.panel_images, "the loader's own batches"
             except UserError as err:
-                batches, panel = standin_inputs(cfg, parts)  # the panel held for the whole run, as the loop holds it
+                batches, panel, held = standin_inputs(cfg, parts)  # held for the whole run, as the loop holds them
                 streams = {name: FixedStream(b) for name, b in batches.items()}
-                count_inputs(tracker, batches, panel)
+                count_inputs(tracker, batches, panel, held)
                 source = f"stand-in batches (the data cannot be read here: {str(err).splitlines()[0]})"
         # The iterations' peaks, as the plan's are: from what the build left live (its own
         # transients, e.g. a whole encoder before its unused stages are dropped, are not theirs).

@@ -170,6 +170,10 @@ def test_trains_logs_new_scalars_and_panel_and_checkpoints_stream_positions(tmp_
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in logged if "train/loss_semi" in r][-1]
     assert {"train/loss_semi_adv", "train/semi_pixel_ratio", "perf/data_time/unlabeled"} <= set(last)
+    # Does D know which pixels are right? Measured at each evaluation on unlabeled images' masks.
+    diag = [r for r in logged if "diag/d_confidence_auroc" in r]
+    assert [r["step"] for r in diag] == [2, 4]
+    assert all(0 <= r["diag/d_confidence_auroc"] <= 1 and 0 <= r["diag/d_mask_pass"] <= 1 for r in diag)
     ckpt = read_checkpoint(run / "checkpoints" / "last.pt")
     # unlabeled drawn from step 2 on (semi_start_adv): steps 2 and 3
     assert stream_positions(ckpt) == {"labeled": 4, "unlabeled": 2, "gt": 4}
@@ -192,7 +196,7 @@ def test_panel_confidence_histogram_is_logged_at_each_evaluation_from_the_panels
         return panels[-1]
 
     monkeypatch.setattr(AdvSemiSeg, "panel", recorded_panel)
-    cfg = load_config(None, semi_overrides("train.max_steps=4"))
+    cfg = load_config(None, semi_overrides("train.max_steps=4", "log.diagnostic_images=0"))  # the panel's calls only
     cfg.run_dir, cfg.device_map = str(tmp_path / "run"), "cpu"
     train(cfg)
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"histograms": 0}).Reload()

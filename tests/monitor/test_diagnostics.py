@@ -103,3 +103,30 @@ def test_a_run_warns_once_per_d_that_wins_with_the_numbers(tmp_path, caplog, d_w
         expected.append(f"D wins outright: {name} below 100 at 2 consecutive log steps (steps 1-2; "
                         f"min {min(first, second):.4f}, now {second:.4f})")
     assert [w.split(": D tells")[0] for w in warnings] == expected
+
+
+def test_auroc_is_the_probability_a_positive_outscores_a_negative_ties_counting_half():
+    from segadv.monitor.diagnostics import auroc
+
+    scores = torch.tensor([0.9, 0.8, 0.3, 0.1])
+    assert auroc(scores, torch.tensor([True, True, False, False])) == 1.0
+    assert auroc(scores, torch.tensor([False, False, True, True])) == 0.0
+    # pairs (pos, neg): (0.8, 0.9) lost, (0.8, 0.3) won, (0.1, 0.9) lost, (0.1, 0.3) lost: 1 of 4
+    assert auroc(scores, torch.tensor([False, True, False, True])) == 0.25
+    assert auroc(torch.tensor([0.5, 0.5, 0.5]), torch.tensor([True, False, False])) == 0.5  # ties: half
+    assert auroc(scores, torch.ones(4, dtype=torch.bool)) != auroc(scores, torch.ones(4, dtype=torch.bool))  # NaN
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(2000, generator=gen), torch.rand(2000, generator=gen) > 0.5
+    assert abs(auroc(x, y) - 0.5) < 0.05  # uninformative scores
+
+
+def test_confidence_quality_reads_the_truth_at_labeled_pixels_only():
+    from segadv.monitor.diagnostics import confidence_quality
+
+    preds = torch.tensor([[[1, 1], [2, 2]]])
+    truth = torch.tensor([[[1, 0], [2, 255]]])  # right, wrong, right, ignored
+    confidence = torch.tensor([[[0.9, 0.2], [0.6, 0.0]]])
+    passes = confidence >= 0.5
+    quality = confidence_quality(preds, confidence, passes, truth, ignore_index=255)
+    assert quality == {"d_confidence_auroc": 1.0, "d_mask_precision": 1.0, "d_mask_pass": pytest.approx(2 / 3),
+                       "g_pixel_acc": pytest.approx(2 / 3)}

@@ -355,3 +355,13 @@ def test_voc_plans_without_voc_or_weights():
     g = data["devices"]["cuda:1"]
     assert 3.0 * 2**30 < g["peak_bytes"] < 5.0 * 2**30 and g["fits"] is False
     assert "cuda:1 does not fit in 1.00 GiB" in result.stderr
+
+
+def test_the_confidence_diagnostics_images_are_planned_on_the_host():
+    """AdvSemiSeg on synthetic data holds log.diagnostic_images unlabeled images and their masks
+    for the whole run (diag/d_confidence_auroc): the plan's host row counts them."""
+    cfg = small("semi.yaml", "device_map=cpu", "data.synthetic.image_size=64")
+    with_diag, without = (dry_run(cfg.model_copy(update={"log": cfg.log.model_copy(update={"diagnostic_images": n})}),
+                                  steps=1) for n in (16, 0))
+    size = cfg.data.synthetic.image_size
+    assert with_diag.devices["cpu"].peak_bytes - without.devices["cpu"].peak_bytes == 16 * (3 * size * size * 4 + size * size * 8)
