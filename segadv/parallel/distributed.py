@@ -219,13 +219,21 @@ class StepAgreement:
         self.group = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
         self._pending: tuple[dist.Work, torch.Tensor] | None = None
         self._settled = False  # the answer of a reduction collected early (settle)
+        self._options = dist.AllreduceOptions()
+        self._options.reduceOp = dist.ReduceOp.MAX
+        self._buffers = (torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
+        self._calls = 0
 
     def any(self, flag: bool) -> bool:
         if self.group is None:
             return flag
         agreed, self._settled = self._settled or self._collect(), False
-        tensor = torch.tensor([int(flag)], dtype=torch.int32)
-        self._pending = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True), tensor
+        # Two buffers in turn (the other may still be in flight); the group's own allreduce, not
+        # dist.all_reduce's wrapper: half the host time (tools/bench.py stop_agreement/*).
+        self._calls += 1
+        tensor = self._buffers[self._calls % 2]
+        tensor.fill_(int(flag))
+        self._pending = self.group.allreduce([tensor], self._options), tensor
         return agreed
 
     def settle(self) -> None:
