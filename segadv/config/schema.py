@@ -281,6 +281,9 @@ class TrainConfig(Section):
     # saved. skip_step: skip each network's update whose gradients are non-finite (a GradScaler
     # held at scale 1 where no fp16 one runs: a host read of its flag per step), counted and logged.
     on_nonfinite: Literal["stop", "skip_step"] = "stop"
+    # Gradient accumulation: each optimizer step over K micro-batches, each stream's batch cut into
+    # K equal parts (K must divide every stream's batch size); the schedule counts optimizer steps.
+    accumulation_steps: int = Field(1, gt=0)
 
 
 class CheckpointConfig(Section):

@@ -225,7 +225,7 @@ def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, strea
             for step in run:
                 tracker.step = step
                 tracker.transfers.clear()
-                parts.method(streams, step)
+                parts.step(streams, step)
         except ValueError as err:  # a shape or batch the networks refuse: training would stop there too
             where = segadv_line(traceback.extract_tb(err.__traceback__))
             raise IterationFails(f"the {cfg.method.name} iteration fails as segadv-train's would: {err}\n  at {where}") \

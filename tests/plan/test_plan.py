@@ -87,6 +87,19 @@ def test_doubling_the_batch_doubles_the_activations():
         assert two.devices[device].params_bytes == one.devices[device].params_bytes
 
 
+def test_accumulation_plans_the_micro_batch():
+    """train.accumulation_steps=4 at batch 8: each device's activations are batch 2's (the micro-batch),
+    the step's stream batch still drawn whole on the host."""
+    whole = dry_run(demo("data.batch_size=8"), steps=2)
+    micro = dry_run(demo("data.batch_size=8", "train.accumulation_steps=4"), steps=2)
+    two = dry_run(demo("data.batch_size=2"), steps=2)
+    for device in ("cuda:1", "cuda:0"):
+        got, batch_2 = micro.devices[device].activations_bytes, two.devices[device].activations_bytes
+        assert abs(got - batch_2) <= 0.01 * batch_2, (device, got, batch_2)
+        assert got < 0.35 * whole.devices[device].activations_bytes
+        assert micro.devices[device].grads_bytes == whole.devices[device].grads_bytes
+
+
 def test_measure_on_cpu_agrees_with_the_plan():
     cfg = load_config(None, ["device_map=cpu"])
     plan = dry_run(cfg, steps=2)
