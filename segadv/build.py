@@ -33,7 +33,7 @@ from segadv.monitor.profile import PhaseTimer
 from segadv.parallel import DeviceMap, place_networks
 from segadv.parallel.distributed import DistEnv
 from segadv.parallel.report import gather_rows, network_row, placement_table
-from segadv.parallel.wrap import check_batch_for_replicas, resolve_mode, wrap_network
+from segadv.parallel.wrap import check_batch_for_replicas, parallelize_network, resolve_mode
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,8 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
         model, own = models[role], settings[role]
         # broadcast_buffers: G's BatchNorm statistics follow rank 0, so every rank evaluates (and
         # could save) the same model; a D has no buffers, so there is nothing to broadcast.
-        wrapped = wrap_network(model, modes[role], devices[role], own.amp, broadcast_buffers=role == "generator")
+        wrapped = parallelize_network(model, modes[role], devices[role], own.amp, broadcast_buffers=role == "generator",
+                                      activation_checkpointing=role == "generator" and cfg.model.generator.activation_checkpointing)
         opt = build_amp_optimizer(model, own.optim, own.amp, devices[role][0], max_steps, lr_multiplier,
                                   loss_scaling=g_loss_scaling if role == "generator" else None, name=role,
                                   skip_nonfinite=skip, accumulation_steps=cfg.train.accumulation_steps)

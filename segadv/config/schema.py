@@ -33,6 +33,10 @@ class GeneratorConfig(Section):
     # there, upsampled to the input): AdaptSegNet's and ADVENT's multi-level adaptation. Training
     # only: evaluation, export, predict and segadv-ckpt convert use the main output.
     aux_head: bool = False
+    # Training only: the encoder's stages and the decoder keep only their inputs for the backward
+    # and run their forward again there (torch.utils.checkpoint, non-reentrant): less memory for
+    # G's activations, about one more forward of them in time. Weights and files are unchanged.
+    activation_checkpointing: bool = False
 
 
 class DiscriminatorConfig(Section):

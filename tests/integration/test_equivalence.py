@@ -131,6 +131,7 @@ DEMO_G = ("model.generator.encoder=resnet18", "model.generator.encoder_depth=3",
           "model.generator.decoder_channels=128", "model.generator.decoder_atrous_rates=[1,2,3]",
           "train.channels_last=true")
 CUDA, CUDA2 = (pytest.mark.cuda,), (pytest.mark.cuda2,)
+CHECKPOINTING = "model.generator.activation_checkpointing=true"  # the reference builds the plain G
 CASES = [
     Case("cpu"),
     Case("cpu-dataparallel", overrides=DP),
@@ -141,6 +142,10 @@ CASES = [
     Case("cpu-accumulation-2", overrides=("train.accumulation_steps=2", "data.batch_size=4")),
     Case("accumulation-4-g-bf16-d-fp16",
          overrides=("train.accumulation_steps=4", "data.batch_size=4", *amp("generator", "bfloat16"), *amp("discriminator", "float16"))),
+    # G's encoder stages and decoder recomputed in the backward (alone, under G's bf16 autocast, with accumulation).
+    Case("cpu-activation-checkpointing", overrides=(CHECKPOINTING,)),
+    Case("checkpointing-g-bf16", overrides=(CHECKPOINTING, *amp("generator", "bfloat16"))),
+    Case("checkpointing-accumulation-2", overrides=(CHECKPOINTING, "train.accumulation_steps=2", "data.batch_size=4")),
     Case("g-bf16", overrides=amp("generator", "bfloat16")),
     Case("d-bf16", overrides=amp("discriminator", "bfloat16")),
     Case("both-bf16", overrides=(*amp("generator", "bfloat16"), *amp("discriminator", "bfloat16"))),
@@ -173,6 +178,8 @@ CASES = [
          marks=CUDA2),
     Case("g:0+1,d:1", "g:0+1,d:1", split_batch=True, marks=CUDA2),
     Case("g:0+1,d:1-bf16", "g:0+1,d:1", amp("generator", "bfloat16"), split_batch=True, marks=CUDA2),
+    Case("cuda-checkpointing-g-bf16", "g:cuda:0,d:cuda:0", (CHECKPOINTING, *amp("generator", "bfloat16")), marks=CUDA),
+    Case("g:0+1,d:1-checkpointing", "g:0+1,d:1", (CHECKPOINTING,), split_batch=True, marks=CUDA2),
 ]
 
 
@@ -410,6 +417,7 @@ DDP_CASES = [
     pytest.param("cpu", (*amp("generator", "bfloat16"), *amp("discriminator", "float16")), id="ddp-gloo-cpu-amp"),
     # Two micro-batches of one sample per rank: no_sync on the first, one all-reduce in the second.
     pytest.param("cpu", ("train.accumulation_steps=2",), id="ddp-gloo-cpu-accumulation"),
+    pytest.param("cpu", (CHECKPOINTING,), id="ddp-gloo-cpu-checkpointing"),
     pytest.param("g:0,d:0", (), id="ddp-cuda", marks=pytest.mark.cuda),
 ]
 
@@ -453,7 +461,7 @@ SEMI_OVERRIDES = ("method.name=advsemiseg", "method.advsemiseg.semi_start=0", "m
                   "method.advsemiseg.mask_threshold=0.0", "data.labeled_fraction=0.5")
 SEMI_CASES = [c for c in CASES if c.name in {
     "cpu", "cpu-dataparallel", "both-bf16", "g-bf16-d-fp16", "g:cuda:0,d:cpu", "g:cpu,d:cuda:0",
-    "cuda-both-fp16", "g:1,d:0", "g:0+1,d:1", "cpu-accumulation-2"}]
+    "cuda-both-fp16", "g:1,d:0", "g:0+1,d:1", "cpu-accumulation-2", "cpu-activation-checkpointing"}]
 
 
 def make_semi_batches(cfg):
@@ -637,7 +645,8 @@ UDA_OVERRIDES = (
 D_AUX_APART = (*amp("discriminator", "bfloat16"), *amp("discriminator_aux", "float16"))
 UDA_CASES = [c for c in CASES if c.name in {
     "cpu", "cpu-dataparallel", "cpu-channels_last", "both-bf16", "g-bf16-d-fp16", "g:cuda:0,d:cpu",
-    "g:cpu,d:cuda:0", "cuda-both-fp16", "g:1,d:0", "g:0+1,d:1", "cpu-accumulation-2"}] + [
+    "g:cpu,d:cuda:0", "cuda-both-fp16", "g:1,d:0", "g:0+1,d:1", "cpu-accumulation-2",
+    "cpu-activation-checkpointing"}] + [
     Case("d-bf16-d_aux-fp16", overrides=D_AUX_APART),
     Case("g:cpu,d:cpu,d_aux:cuda:0", "g:cpu,d:cpu,d_aux:cuda:0", marks=CUDA),
     Case("g:cuda:0,d:cpu-bf16,d_aux:cuda:0-fp16", "g:cuda:0,d:cpu,d_aux:cuda:0", D_AUX_APART, marks=CUDA),
