@@ -76,42 +76,50 @@ def largest_batch(cfg: Config, steps: int, budget: int) -> tuple[int | None, Pla
 
     A device's need grows affinely with the batch, so each next probe is where the line through
     the two probes nearest the budget meets it (kept strictly between the largest fit and the
-    smallest miss known; bisection while fewer than two probes trained), and the search ends when
-    those are neighbours or the fit reaches ``MAX_BATCH_LIMIT``."""
+    smallest miss known; bisection while fewer than two probes trained or where the line leaves that
+    bracket), and the search ends when
+    those are neighbours or the fit reaches ``MAX_BATCH_LIMIT``. With ``train.accumulation_steps``
+    K, the batches searched are multiples of K (the search counts in K-sample units)."""
+    unit = cfg.train.accumulation_steps
     plans: dict[int, Plan] = {}
     excess: dict[int, int] = {}
     untrainable: set[int] = set()
 
     def probe(batch: int) -> None:
         try:
-            plans[batch] = dry_run(with_batch(cfg, batch), steps)
+            plans[batch] = dry_run(with_batch(cfg, batch * unit), steps)
         except IterationFails as err:
-            if batch >= cfg.data.batch_size:
+            if batch * unit >= cfg.data.batch_size:
                 raise
-            log.info("batch %d: does not train (%s)", batch, str(err).splitlines()[0])
+            log.info("batch %d: does not train (%s)", batch * unit, str(err).splitlines()[0])
             untrainable.add(batch)
             excess[batch] = 1  # a miss for the bounds; the line fit below leaves it out
             return
         excess[batch] = max((need(name, row) - budget
                              for name, row in plans[batch].devices.items() if name.startswith("cuda")), default=-1)
-        log.info("batch %d: %s", batch, "fits" if excess[batch] <= 0 else f"{excess[batch] / GiB:.2f} GiB over")
+        log.info("batch %d: %s", batch * unit, "fits" if excess[batch] <= 0 else f"{excess[batch] / GiB:.2f} GiB over")
 
-    first = cfg.data.batch_size
+    first = cfg.data.batch_size // unit
+    limit = MAX_BATCH_LIMIT // unit
     probe(first)
     probe(first * 2 if excess[first] <= 0 else max(first // 2, 1))
     while True:
         fit = max((b for b, e in excess.items() if e <= 0), default=0)
         miss = min((b for b, e in excess.items() if e > 0), default=None)
-        if miss is not None and miss == fit + 1 or fit >= MAX_BATCH_LIMIT:
-            return (fit, plans[fit]) if fit else (None, None)
+        if miss is not None and miss == fit + 1 or fit >= limit:
+            return (fit * unit, plans[fit]) if fit else (None, None)
         trained = sorted((b for b in excess if b not in untrainable), key=lambda n: abs(excess[n]))
-        upper = MAX_BATCH_LIMIT + 1 if miss is None else miss
+        upper = limit + 1 if miss is None else miss
         guess = fit * 2 if miss is None else (fit + miss) // 2
         if len(trained) >= 2:
             a, b = trained[:2]  # the two probes nearest the budget
             slope = (excess[b] - excess[a]) / (b - a)
             if slope > 0:
                 guess = int(a - excess[a] / slope)
+        if miss is not None and not fit < guess < miss:
+            # The line leaves the bracket: the need is not affine there (an evaluation's peak, which
+            # the batch does not move, sets it at small batches; with accumulation up to large ones).
+            guess = (fit + miss) // 2
         probe(min(max(guess, fit + 1), upper - 1))
 
 

@@ -384,6 +384,15 @@ def test_max_batch_is_the_largest_that_fits(capsys):
                  f"data.batch_size={best + 1}"]) == 3
 
 
+def test_max_batch_with_accumulation_searches_multiples_of_the_micro_batch_count(capsys):
+    args = ["--device-map", "g:1,d:0", "--gpu-memory", "0.9", "--max-batch", "--json", "--steps", "1"]
+    assert main([*args, "train.accumulation_steps=4"]) == 0
+    best = json.loads(capsys.readouterr().out)["max_batch"]
+    assert best and best % 4 == 0
+    assert main(["--device-map", "g:1,d:0", "--gpu-memory", "0.9", "--json", "--steps", "1",
+                 f"data.batch_size={best + 4}", "train.accumulation_steps=4"]) == 3
+
+
 @pytest.mark.parametrize("args", [["--device-map", "g:1,d:256"], ["--device-map", "g:²,d:0"],
                                   ["--device-map", "g:1,d:0", "--gpu-memory", "nan"],
                                   ["--device-map", "g:1,d:0", "--gpu-memory", "inf"]])
