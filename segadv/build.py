@@ -109,6 +109,7 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
 
     modes = {role: resolve_mode(settings[role].parallel, role, devices[role], env) for role in roles}
     micro_batch = check_accumulation(cfg)
+    checkpointing = {role: role == "generator" and cfg.model.generator.activation_checkpointing for role in roles}
     for role in roles:
         check_batch_for_replicas(micro_batch, len(devices[role]), role)
     if cfg.parallel.sync_bn:
@@ -131,7 +132,7 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
         # broadcast_buffers: G's BatchNorm statistics follow rank 0, so every rank evaluates (and
         # could save) the same model; a D has no buffers, so there is nothing to broadcast.
         wrapped = parallelize_network(model, modes[role], devices[role], own.amp, broadcast_buffers=role == "generator",
-                                      activation_checkpointing=role == "generator" and cfg.model.generator.activation_checkpointing)
+                                      activation_checkpointing=checkpointing[role])
         opt = build_amp_optimizer(model, own.optim, own.amp, devices[role][0], max_steps, lr_multiplier,
                                   loss_scaling=g_loss_scaling if role == "generator" else None, name=role,
                                   skip_nonfinite=skip, accumulation_steps=cfg.train.accumulation_steps)
@@ -148,7 +149,8 @@ def check_accumulation(cfg: Config) -> int:
     micro-batch's size."""
     steps = cfg.train.accumulation_steps
     sizes = {"data.batch_size": cfg.data.batch_size}
-    sizes.update({f"method.{cfg.method.name}.{name}_batch_size": size for name, size in stream_batch_sizes(cfg).items()})
+    for name, size in stream_batch_sizes(cfg).items():
+        sizes[f"method.{cfg.method.name}.{name}_batch_size"] = size
     for key, size in sizes.items():
         if size % steps:
             raise UserError(f"train.accumulation_steps={steps} does not divide {key}={size}: each optimizer step "

@@ -191,7 +191,8 @@ def compare_variants(args, batches, log_every: int) -> None:
     variants["channels_last/on,fp32"] = ["train.channels_last=true"]
     variants["channels_last/on,g=bf16"] = ["train.channels_last=true", *precision["amp/g=bf16,d=fp32"]]
     # Memory for time: G's stages and decoder recomputed in the backward; the batch in two micro-batches.
-    variants["activation_checkpointing/on"] = ["train.channels_last=false", "model.generator.activation_checkpointing=true"]
+    variants["activation_checkpointing/on"] = ["train.channels_last=false",
+                                               "model.generator.activation_checkpointing=true"]
     variants["accumulation_steps/2"] = ["train.channels_last=false", "train.accumulation_steps=2"]
     runners = {}
     for name, overrides in variants.items():

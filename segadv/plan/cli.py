@@ -2,11 +2,12 @@
 
     segadv-plan [--config FILE|NAME] --device-map MAP [--steps N] [--gpu-memory GIB] [--max-batch]
                 [--measure] [--json] [key=value ...]
-    segadv-plan [--config FILE|NAME] --advise --gpus N --gpu-memory GIB [--steps N] [--json] [key=value ...]
+    segadv-plan [--config FILE|NAME] --advise --gpus N --gpu-memory GIB [--steps N] [--json]
+                [key=value ...]
 
 Exit codes: 0 every device fits (or no --gpu-memory given), 3 a device does not (named, with by
-how much) or --max-batch finds no batch that fits or --advise no setting, 2 a user error (including a tensor the map does
-not place).
+how much) or --max-batch finds no batch that fits or --advise no setting, 2 a user error
+(including a tensor the map does not place).
 """
 
 from __future__ import annotations

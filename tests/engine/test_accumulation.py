@@ -67,7 +67,8 @@ def test_each_network_steps_once_per_k_micro_batches_and_the_schedule_counts_opt
 @pytest.mark.parametrize("overrides, key", [
     (["data.batch_size=6", "train.accumulation_steps=4"], "data.batch_size=6"),
     (["data.batch_size=4", "train.accumulation_steps=2", "method.name=advsemiseg",
-      "method.advsemiseg.unlabeled_batch_size=3", "data.labeled_fraction=0.5"], "method.advsemiseg.unlabeled_batch_size=3"),
+      "method.advsemiseg.unlabeled_batch_size=3", "data.labeled_fraction=0.5"],
+     "method.advsemiseg.unlabeled_batch_size=3"),
 ])
 def test_a_step_count_that_does_not_divide_a_batch_is_a_user_error_naming_both(overrides, key):
     cfg = load_config(None, [*TINY_OVERRIDES, *overrides])

@@ -141,7 +141,8 @@ CASES = [
     # (G's GradScaler scales, unscales and steps once over both micro-batches).
     Case("cpu-accumulation-2", overrides=("train.accumulation_steps=2", "data.batch_size=4")),
     Case("accumulation-4-g-bf16-d-fp16",
-         overrides=("train.accumulation_steps=4", "data.batch_size=4", *amp("generator", "bfloat16"), *amp("discriminator", "float16"))),
+         overrides=("train.accumulation_steps=4", "data.batch_size=4", *amp("generator", "bfloat16"),
+                    *amp("discriminator", "float16"))),
     # G's encoder stages and decoder recomputed in the backward (alone, under G's bf16 autocast, with accumulation).
     Case("cpu-activation-checkpointing", overrides=(CHECKPOINTING,)),
     Case("checkpointing-g-bf16", overrides=(CHECKPOINTING, *amp("generator", "bfloat16"))),
@@ -337,7 +338,8 @@ def segadv_outcome(case: Case, *overrides: str, run=None, batches_in_d_input: in
         parts.step({"labeled": FixedStream(make_batch(cfg))}, step=0)
     else:
         run(parts, cfg)
-    return Outcome(update(g0, parts.g.module), update(d0, parts.d.module), adversarial_gradient(grads, cfg, batches_in_d_input) / scale)
+    return Outcome(update(g0, parts.g.module), update(d0, parts.d.module),
+                   adversarial_gradient(grads, cfg, batches_in_d_input) / scale)
 
 
 def adversarial_gradient(grads: list[torch.Tensor], cfg, batches_in_d_input: int = 1) -> torch.Tensor:

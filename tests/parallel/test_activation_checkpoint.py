@@ -33,7 +33,8 @@ def one_step(checkpointing: bool, encoder: tuple[str, ...], init=None):
         d.load_state_dict(init[1])
     start = ({k: v.clone() for k, v in g.state_dict().items()}, {k: v.clone() for k, v in d.state_dict().items()})
     gen = torch.Generator().manual_seed(0)
-    batch = (torch.randn(4, 3, 64, 64, generator=gen), torch.randint(0, cfg.data.num_classes, (4, 64, 64), generator=gen))
+    batch = (torch.randn(4, 3, 64, 64, generator=gen),
+             torch.randint(0, cfg.data.num_classes, (4, 64, 64), generator=gen))
     torch.manual_seed(1)
     parts.step({"labeled": FixedStream(batch)}, 0)
     return start, {k: v.clone() for k, v in g.state_dict().items()}, g
