@@ -15,6 +15,7 @@ from torch import nn
 from segadv.checkpoint import load_encoder_weights
 from segadv.config import Config
 from segadv.config.schema import DiscriminatorConfig, GeneratorConfig, NetworkAmpConfig, OptimizerConfig
+from segadv.engine.accumulation import Accumulation
 from segadv.engine.amp_optimizer import AmpOptimizer, uses_float16
 from segadv.engine.network import Network
 from segadv.engine.optim import build_optimizer, build_poly_scheduler
@@ -25,13 +26,14 @@ from segadv.methods import (
     check_method_config,
     has_aux_discriminator,
     passes_generator_loss_through_discriminator,
+    stream_batch_sizes,
 )
 from segadv.models import build_discriminator, build_generator
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel import DeviceMap, place_networks
 from segadv.parallel.distributed import DistEnv
 from segadv.parallel.report import gather_rows, network_row, placement_table
-from segadv.parallel.wrap import check_batch_for_replicas, resolve_mode, wrap_network
+from segadv.parallel.wrap import check_batch_for_replicas, parallelize_network, resolve_mode
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,7 @@ class Training:
     device_map: DeviceMap
     env: DistEnv
     phases: PhaseTimer  # per-phase time of the iteration (segadv/monitor/profile.py)
+    step: Accumulation  # one optimizer step: the method over train.accumulation_steps micro-batches
 
     def networks(self) -> list[Network]:
         """Every network trained: G, D, then the aux D if any."""
@@ -80,11 +83,11 @@ def role_devices(device_map: DeviceMap, role: str) -> tuple[torch.device, ...]:
 def build_amp_optimizer(
     model: nn.Module, optim: OptimizerConfig, amp: NetworkAmpConfig, device: torch.device, max_steps: int,
     lr_multiplier: float = 1.0, loss_scaling: bool | None = None, name: str = "network",
-    skip_nonfinite: bool = False,
+    skip_nonfinite: bool = False, accumulation_steps: int = 1,
 ) -> AmpOptimizer:
     optimizer = build_optimizer(model, optim.model_copy(update={"lr": optim.lr * lr_multiplier}))
     scheduler = build_poly_scheduler(optimizer, max_steps, optim.poly_power)
-    return AmpOptimizer(optimizer, scheduler, device, amp, loss_scaling, name, skip_nonfinite)
+    return AmpOptimizer(optimizer, scheduler, device, amp, loss_scaling, name, skip_nonfinite, accumulation_steps)
 
 
 def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) -> Training:
@@ -105,8 +108,10 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
                    aux_discriminator=models.get("discriminator_aux"))
 
     modes = {role: resolve_mode(settings[role].parallel, role, devices[role], env) for role in roles}
+    micro_batch = check_accumulation(cfg)
+    checkpointing = {role: role == "generator" and cfg.model.generator.activation_checkpointing for role in roles}
     for role in roles:
-        check_batch_for_replicas(cfg.data.batch_size, len(devices[role]), role)
+        check_batch_for_replicas(micro_batch, len(devices[role]), role)
     if cfg.parallel.sync_bn:
         if modes["generator"] != "ddp":
             raise UserError("parallel.sync_bn needs the generator under DDP (a multi-process launch)")
@@ -126,14 +131,31 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
         model, own = models[role], settings[role]
         # broadcast_buffers: G's BatchNorm statistics follow rank 0, so every rank evaluates (and
         # could save) the same model; a D has no buffers, so there is nothing to broadcast.
-        wrapped = wrap_network(model, modes[role], devices[role], own.amp, broadcast_buffers=role == "generator")
+        wrapped = parallelize_network(model, modes[role], devices[role], own.amp, broadcast_buffers=role == "generator",
+                                      activation_checkpointing=checkpointing[role])
         opt = build_amp_optimizer(model, own.optim, own.amp, devices[role][0], max_steps, lr_multiplier,
                                   loss_scaling=g_loss_scaling if role == "generator" else None, name=role,
-                                  skip_nonfinite=skip)
+                                  skip_nonfinite=skip, accumulation_steps=cfg.train.accumulation_steps)
         networks[role] = Network(role, wrapped, opt, devices[role])
     g, d, d_aux = networks["generator"], networks["discriminator"], networks.get("discriminator_aux")
     phases = PhaseTimer(precise=cfg.train.profile)
-    return Training(g, d, d_aux, build_method(cfg, g, d, d_aux, phases), device_map, env, phases)
+    method = build_method(cfg, g, d, d_aux, phases)
+    step = Accumulation(method, list(networks.values()), cfg.train.accumulation_steps)
+    return Training(g, d, d_aux, method, device_map, env, phases, step)
+
+
+def check_accumulation(cfg: Config) -> int:
+    """``train.accumulation_steps`` against every stream's batch size; returns the labeled
+    micro-batch's size."""
+    steps = cfg.train.accumulation_steps
+    sizes = {"data.batch_size": cfg.data.batch_size}
+    for name, size in stream_batch_sizes(cfg).items():
+        sizes[f"method.{cfg.method.name}.{name}_batch_size"] = size
+    for key, size in sizes.items():
+        if size % steps:
+            raise UserError(f"train.accumulation_steps={steps} does not divide {key}={size}: each optimizer step "
+                            f"takes {steps} equal micro-batches of every stream's batch")
+    return cfg.data.batch_size // steps
 
 
 def log_placement(parts: Training) -> None:

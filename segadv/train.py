@@ -119,7 +119,7 @@ def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, *, resu
     with StopRequests(watch_parent=distributed.launched_by_torchrun()) as stop:
         try:
             while step < max_steps:
-                losses.update(parts.method(data.streams, step))
+                losses.update(parts.step(data.streams, step))
                 count_data_waits(data.streams, timer, profile)
                 step += 1
                 final = step == max_steps

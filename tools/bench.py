@@ -8,7 +8,8 @@ loss averaging, the data-wait timer and the log-interval read-out. The two sides
 rounds and the median round is kept, which cancels most of the drift of a noisy machine.
 
 Then segadv's step under variants, again alternating rounds: float32 / bfloat16 / float16 autocast
-per network, channels_last on, and on CUDA ``g:cuda:0,d:cuda:0`` vs ``g:cuda:0,d:cpu`` (the cost
+per network, channels_last on, G's activation checkpointing, two micro-batches per step
+(``train.accumulation_steps=2``), and on CUDA ``g:cuda:0,d:cuda:0`` vs ``g:cuda:0,d:cpu`` (the cost
 of a cross-device hop). Last, the cost of the stop agreement that DDP runs make every step
 (``StepAgreement``: a gloo all-reduce of one flag, collected a step later), in two processes on
 this machine: call after call (the whole round trip, an upper bound, and its share of segadv's
@@ -117,7 +118,7 @@ def segadv_runner(parts, batches, log_every: int):
             t = time.perf_counter()
             images, labels = batches[i % len(batches)]
             timer.add_data_wait(time.perf_counter() - t)
-            losses.update(parts.method.iteration(images, labels, step=i).as_dict())
+            losses.update(parts.step({"labeled": OneBatch(images, labels)}, step=i))
             if (i + 1) % log_every == 0:
                 losses.pop_means(), timer.pop(), parts.g.opt.loss_scale(), parts.d.opt.loss_scale()
                 parts.phases.resolve()
@@ -126,6 +127,16 @@ def segadv_runner(parts, batches, log_every: int):
         return (time.perf_counter() - t0) / n
 
     return run
+
+
+class OneBatch:
+    """A stream that hands out one batch (the loop's ``Stream.next()``)."""
+
+    def __init__(self, images, labels) -> None:
+        self.batch = (images, labels)
+
+    def next(self):
+        return self.batch
 
 
 def alternate(runners: dict[str, object], rounds: int, steps: int, warmup: int) -> dict[str, float]:
@@ -179,6 +190,10 @@ def compare_variants(args, batches, log_every: int) -> None:
     variants = {name: ["train.channels_last=false", *overrides] for name, overrides in precision.items()}
     variants["channels_last/on,fp32"] = ["train.channels_last=true"]
     variants["channels_last/on,g=bf16"] = ["train.channels_last=true", *precision["amp/g=bf16,d=fp32"]]
+    # Memory for time: G's stages and decoder recomputed in the backward; the batch in two micro-batches.
+    variants["activation_checkpointing/on"] = ["train.channels_last=false",
+                                               "model.generator.activation_checkpointing=true"]
+    variants["accumulation_steps/2"] = ["train.channels_last=false", "train.accumulation_steps=2"]
     runners = {}
     for name, overrides in variants.items():
         cfg = bench_config(args, *overrides)

@@ -33,6 +33,10 @@ class GeneratorConfig(Section):
     # there, upsampled to the input): AdaptSegNet's and ADVENT's multi-level adaptation. Training
     # only: evaluation, export, predict and segadv-ckpt convert use the main output.
     aux_head: bool = False
+    # Training only: the encoder's stages and the decoder keep only their inputs for the backward
+    # and run their forward again there (torch.utils.checkpoint, non-reentrant): less memory for
+    # G's activations, about one more forward of them in time. Weights and files are unchanged.
+    activation_checkpointing: bool = False
 
 
 class DiscriminatorConfig(Section):
@@ -285,6 +289,9 @@ class TrainConfig(Section):
     # saved. skip_step: skip each network's update whose gradients are non-finite (a GradScaler
     # held at scale 1 where no fp16 one runs: a host read of its flag per step), counted and logged.
     on_nonfinite: Literal["stop", "skip_step"] = "stop"
+    # Gradient accumulation: each optimizer step over K micro-batches, each stream's batch cut into
+    # K equal parts (K must divide every stream's batch size); the schedule counts optimizer steps.
+    accumulation_steps: int = Field(1, gt=0)
 
 
 class CheckpointConfig(Section):

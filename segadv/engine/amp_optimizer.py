@@ -11,6 +11,11 @@ G itself runs in float32 or bfloat16 (``loss_scaling``, decided in ``build.py``)
 GradScaler held at scale 1 (exact: the loss and gradients are multiplied by 1), so a step with
 non-finite gradients is skipped as an fp16 overflow is; ``skipped`` counts them on the device. Like
 every GradScaler step it reads a device flag on the host each step: an opt-in cost.
+
+``accumulation_steps`` K (``train.accumulation_steps``, segadv/engine/accumulation.py): every loss
+is divided by K before its backward, and only every K-th ``step()`` call steps (unscale, inf
+check, optimizer, scale update, gradients cleared, LR schedule): the schedule counts optimizer
+steps.
 """
 
 from __future__ import annotations
@@ -46,8 +51,11 @@ class AmpOptimizer:
         loss_scaling: bool | None = None,
         name: str = "network",
         skip_nonfinite: bool = False,
+        accumulation_steps: int = 1,
     ) -> None:
         self.name = name  # for log lines
+        self.accumulation_steps = accumulation_steps
+        self.micro_batches = 0  # step() calls since the last optimizer step
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.device = device
@@ -66,10 +74,17 @@ class AmpOptimizer:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_enabled)
 
     def backward(self, loss: torch.Tensor) -> None:
+        if self.accumulation_steps > 1:
+            loss = loss / self.accumulation_steps  # a micro-batch's share of the step's mean loss
         self.scaler.scale(loss).backward()
 
     def step(self) -> None:
-        """Optimizer step (skipped on inf/nan gradients), scale update, gradients cleared, LR step."""
+        """Optimizer step (skipped on inf/nan gradients), scale update, gradients cleared, LR step;
+        with accumulation, on every ``accumulation_steps``-th call only (the last micro-batch)."""
+        self.micro_batches += 1
+        if self.micro_batches < self.accumulation_steps:
+            return
+        self.micro_batches = 0
         self.scaler.step(self.optimizer)
         if self.skipped is not None:
             found = self.scaler._found_inf_per_device(self.optimizer).values()

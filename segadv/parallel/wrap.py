@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from segadv.config.schema import NetworkAmpConfig
 from segadv.errors import UserError
+from segadv.parallel.activation_checkpoint import apply_activation_checkpointing
 from segadv.parallel.distributed import DistEnv
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,24 @@ def resolve_mode(requested: str, role: str, devices: tuple[torch.device, ...], e
     if mode == "dp" and devices[0].type != "cuda" and torch.cuda.is_available():
         raise UserError(f"{key}=dp replicates over CUDA devices, but the {role} is on {devices[0]}")
     return mode
+
+
+def parallelize_network(
+    module: nn.Module,
+    mode: str,
+    devices: tuple[torch.device, ...],
+    amp: NetworkAmpConfig,
+    *,
+    broadcast_buffers: bool,
+    activation_checkpointing: bool = False,
+) -> nn.Module:
+    """One placed network made ready to train, in the order the wrappers need (as torchtitan's
+    ``parallelize_*``): activation checkpointing of its blocks, then its wrapper (none,
+    DataParallel or DDP). Returns the module as trained."""
+    if activation_checkpointing:
+        units = apply_activation_checkpointing(module)
+        log.info("activation checkpointing: %s", ", ".join(units))
+    return wrap_network(module, mode, devices, amp, broadcast_buffers=broadcast_buffers)
 
 
 def wrap_network(

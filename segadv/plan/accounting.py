@@ -21,6 +21,7 @@ from typing import Any, Iterable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
 
 from segadv.errors import UserError
 from segadv.parallel.device_map import shown
@@ -90,6 +91,9 @@ class DryRunMode(TorchDispatchMode):
         self.memory: dict[torch.device, DeviceMemory] = defaultdict(DeviceMemory)
         self._storages: dict[int, tuple[torch.device, int, str]] = {}
         self.transfers: dict[tuple[torch.device, torch.device], int] = defaultdict(int)
+        # Floating-point operations per device (torch's FlopCounterMode formulas: convolutions and
+        # matrix products, forward and backward, a checkpoint's recompute included) while an iteration runs.
+        self.flops: dict[torch.device, int] = defaultdict(int)
 
     # ---------------------------------------------------------------- accounting
     def _track(self, tensor: torch.Tensor) -> None:
@@ -159,6 +163,8 @@ class DryRunMode(TorchDispatchMode):
             source, target = (inputs[1], inputs[0]) if func is torch.ops.aten.copy_.default else (inputs[0], outputs[0])
             if source.device != target.device:
                 self.transfers[(source.device, target.device)] += target.numel() * target.element_size()
+        if isinstance(self.step, int) and func._overloadpacket in flop_registry and outputs:
+            self.flops[outputs[0].device] += int(flop_registry[func._overloadpacket](*args, **kwargs, out_val=result))
         for out in outputs:
             self._track(out)
         return result

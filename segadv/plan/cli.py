@@ -2,10 +2,12 @@
 
     segadv-plan [--config FILE|NAME] --device-map MAP [--steps N] [--gpu-memory GIB] [--max-batch]
                 [--measure] [--json] [key=value ...]
+    segadv-plan [--config FILE|NAME] --advise --gpus N --gpu-memory GIB [--steps N] [--json]
+                [key=value ...]
 
 Exit codes: 0 every device fits (or no --gpu-memory given), 3 a device does not (named, with by
-how much) or --max-batch finds no batch that fits, 2 a user error (including a tensor the map does
-not place).
+how much) or --max-batch finds no batch that fits or --advise no setting, 2 a user error
+(including a tensor the map does not place).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Callable
 from segadv.cli_args import add_config_arguments, parse_args
 from segadv.config import Config, load_config
 from segadv.errors import UserError, cli_entry
+from segadv.plan.advise import Option, advise
 from segadv.plan.dry_run import DevicePlan, IterationFails, Plan, dry_run, measure
 from segadv.runtime import setup_logging
 
@@ -74,42 +77,50 @@ def largest_batch(cfg: Config, steps: int, budget: int) -> tuple[int | None, Pla
 
     A device's need grows affinely with the batch, so each next probe is where the line through
     the two probes nearest the budget meets it (kept strictly between the largest fit and the
-    smallest miss known; bisection while fewer than two probes trained), and the search ends when
-    those are neighbours or the fit reaches ``MAX_BATCH_LIMIT``."""
+    smallest miss known; bisection while fewer than two probes trained or where the line leaves that
+    bracket), and the search ends when
+    those are neighbours or the fit reaches ``MAX_BATCH_LIMIT``. With ``train.accumulation_steps``
+    K, the batches searched are multiples of K (the search counts in K-sample units)."""
+    unit = cfg.train.accumulation_steps
     plans: dict[int, Plan] = {}
     excess: dict[int, int] = {}
     untrainable: set[int] = set()
 
     def probe(batch: int) -> None:
         try:
-            plans[batch] = dry_run(with_batch(cfg, batch), steps)
+            plans[batch] = dry_run(with_batch(cfg, batch * unit), steps)
         except IterationFails as err:
-            if batch >= cfg.data.batch_size:
+            if batch * unit >= cfg.data.batch_size:
                 raise
-            log.info("batch %d: does not train (%s)", batch, str(err).splitlines()[0])
+            log.info("batch %d: does not train (%s)", batch * unit, str(err).splitlines()[0])
             untrainable.add(batch)
             excess[batch] = 1  # a miss for the bounds; the line fit below leaves it out
             return
         excess[batch] = max((need(name, row) - budget
                              for name, row in plans[batch].devices.items() if name.startswith("cuda")), default=-1)
-        log.info("batch %d: %s", batch, "fits" if excess[batch] <= 0 else f"{excess[batch] / GiB:.2f} GiB over")
+        log.info("batch %d: %s", batch * unit, "fits" if excess[batch] <= 0 else f"{excess[batch] / GiB:.2f} GiB over")
 
-    first = cfg.data.batch_size
+    first = cfg.data.batch_size // unit
+    limit = MAX_BATCH_LIMIT // unit
     probe(first)
     probe(first * 2 if excess[first] <= 0 else max(first // 2, 1))
     while True:
         fit = max((b for b, e in excess.items() if e <= 0), default=0)
         miss = min((b for b, e in excess.items() if e > 0), default=None)
-        if miss is not None and miss == fit + 1 or fit >= MAX_BATCH_LIMIT:
-            return (fit, plans[fit]) if fit else (None, None)
+        if miss is not None and miss == fit + 1 or fit >= limit:
+            return (fit * unit, plans[fit]) if fit else (None, None)
         trained = sorted((b for b in excess if b not in untrainable), key=lambda n: abs(excess[n]))
-        upper = MAX_BATCH_LIMIT + 1 if miss is None else miss
+        upper = limit + 1 if miss is None else miss
         guess = fit * 2 if miss is None else (fit + miss) // 2
         if len(trained) >= 2:
             a, b = trained[:2]  # the two probes nearest the budget
             slope = (excess[b] - excess[a]) / (b - a)
             if slope > 0:
                 guess = int(a - excess[a] / slope)
+        if miss is not None and not fit < guess < miss:
+            # The line leaves the bracket: the need is not affine there (an evaluation's peak, which
+            # the batch does not move, sets it at small batches; with accumulation up to large ones).
+            guess = (fit + miss) // 2
         probe(min(max(guess, fit + 1), upper - 1))
 
 
@@ -202,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="find the largest data.batch_size that fits every device (needs --gpu-memory)")
     parser.add_argument("--measure", action="store_true",
                         help="also run the iterations for real on the map's devices and show the real peaks")
+    parser.add_argument("--advise", action="store_true",
+                        help="the settings that fit --gpus GPUs of --gpu-memory each (device map, per-network dtype, "
+                             "activation checkpointing, gradient accumulation; the batch kept), best first")
+    parser.add_argument("--gpus", type=int, metavar="N", help="with --advise: how many GPUs there are")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     return parser
@@ -217,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--gpu-memory: a finite size in GiB above 0, got {args.gpu_memory}")
     if args.max_batch and args.gpu_memory is None:
         raise UserError("--max-batch needs --gpu-memory (the budget to fit)")
+    if args.advise:
+        return advise_main(args)
+    if args.gpus is not None:
+        raise UserError("--gpus goes with --advise")
     cfg = load_config(args.config, args.overrides)
     if args.device_map is not None:
         cfg.device_map = args.device_map
@@ -252,6 +271,66 @@ def main(argv: list[str] | None = None) -> int:
             log.error("%s does not fit in %.2f GiB: %.2f GiB short", name, budget / GiB, missing / GiB)
         return EXIT_DOES_NOT_FIT
     return 0
+
+
+def advise_main(args: argparse.Namespace) -> int:
+    """--advise: plan the candidate settings, print those that fit, best first; 3 when none does."""
+    if args.gpus is None or args.gpus < 1:
+        raise UserError(f"--advise needs --gpus N (at least 1), got {args.gpus}")
+    if args.gpu_memory is None:
+        raise UserError("--advise needs --gpu-memory (each GPU's memory, GiB)")
+    if args.device_map is not None or args.max_batch or args.measure:
+        raise UserError("--advise chooses the device map itself; leave out --device-map, --max-batch and --measure")
+    budget = int(args.gpu_memory * GiB)
+    if budget <= CONTEXT_BYTES:
+        options = []  # no setting can fit: the allowance alone is more than a GPU holds
+        log.error("the allowance alone (%d MiB per GPU) is more than --gpu-memory %.2f GiB", CONTEXT_BYTES // MiB,
+                  args.gpu_memory)
+    else:
+        # The dry runs' own build logs, once per setting tried, would drown the advice.
+        quiet, saved = logging.getLogger("segadv"), logging.getLogger("segadv").level
+        quiet.setLevel(logging.WARNING)
+        try:
+            options = advise(args.config, args.overrides, args.gpus, lambda plan: not shortfalls(plan, budget),
+                             args.steps)
+        finally:
+            quiet.setLevel(saved)
+    if args.json:
+        print(json.dumps({"gpus": args.gpus, "gpu_memory_bytes": budget,
+                          "options": [option_json(option) for option in options]}, indent=1))
+    else:
+        print(advice_table(options, args.gpus, budget))
+    if not options:
+        log.error("no setting fits %d GPU(s) of %.2f GiB", args.gpus, budget / GiB)
+        return EXIT_DOES_NOT_FIT
+    return 0
+
+
+def option_json(option: Option) -> dict[str, Any]:
+    return {
+        "device_map": option.device_map,
+        "overrides": option.overrides,
+        "flops_per_iteration": option.flops,
+        "transfer_bytes_per_iteration": option.plan.transfer_bytes_per_iteration,
+        "devices": {name: {"peak_bytes": peak_of_run(row), "need_bytes": need(name, row),
+                           "flops_per_iteration": row.flops_per_iteration}
+                    for name, row in option.plan.devices.items()},
+    }
+
+
+def advice_table(options: list[Option], gpus: int, budget: int) -> str:
+    lines = [f"settings that fit {gpus} GPU(s) of {budget / GiB:.2f} GiB, best first (compute per iteration, "
+             "then bytes between devices):"]
+    for rank, option in enumerate(options, 1):
+        needs = ", ".join(f"{name} {need(name, row) / GiB:.2f} GiB" for name, row in option.plan.devices.items()
+                          if name.startswith("cuda"))
+        lines.append(f"{rank}. --device-map {option.device_map} {' '.join(option.overrides)}\n"
+                     f"   {option.flops / 1e9:.1f} GFLOP per iteration, "
+                     f"{option.plan.transfer_bytes_per_iteration / MiB:.1f} MiB between devices; need: {needs}")
+    if not options:
+        lines.append("none")
+    lines.append(ALLOWANCE_TEXT)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

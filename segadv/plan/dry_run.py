@@ -54,6 +54,7 @@ class DevicePlan:
     checkpoint_peak_bytes: int = 0  # a save's and a resume's load's most live at once
     measured_peak_bytes: int | None = None  # --measure: the real tensors' peak
     allocator_peak_bytes: int | None = None  # --measure: the allocator's own peak
+    flops_per_iteration: int = 0  # the last planned iteration's (convolutions, matmuls; recompute included)
 
 
 @dataclass
@@ -226,7 +227,8 @@ def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, strea
             for step in run:
                 tracker.step = step
                 tracker.transfers.clear()
-                parts.method(streams, step)
+                tracker.flops.clear()
+                parts.step(streams, step)
         except ValueError as err:  # a shape or batch the networks refuse: training would stop there too
             where = segadv_line(traceback.extract_tb(err.__traceback__))
             raise IterationFails(f"the {cfg.method.name} iteration fails as segadv-train's would: {err}\n  at {where}") \
@@ -364,7 +366,7 @@ def device_rows(tracker: DryRunMode, planned: DeviceMap, real: DeviceMap) -> dic
         most = memory.largest
         rows[str(shown)] = DevicePlan(str(shown), most["params"], most["grads"], most["optimizer"], most["other"],
                                       memory.peak_bytes, memory.peak_step, memory.evaluation_peak_bytes,
-                                      memory.checkpoint_peak_bytes)
+                                      memory.checkpoint_peak_bytes, flops_per_iteration=tracker.flops[device])
     return rows
 
 

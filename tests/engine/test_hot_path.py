@@ -142,14 +142,14 @@ def semi_iterations(overrides, bfloat16):
     cfg = load_config(None, [*TINY_OVERRIDES, *overrides])
     cfg.amp.generator.enabled = cfg.amp.discriminator.enabled = bfloat16
     parts = build_training(cfg, parse_device_map("cpu"))
-    images, labels = batch(cfg)
+    images, labels = batch(cfg, n=cfg.data.batch_size)
     streams = {"labeled": FixedStream((images, labels)), "unlabeled": FixedStream(images),
                "gt": FixedStream((images, labels))}
     mode = NoHostReads()
     exempt_optimizer_steps(parts, mode)
     with mode:
         for step in range(2):
-            out = parts.method(streams, step=step)
+            out = parts.step(streams, step=step)
     return out
 
 
@@ -157,6 +157,14 @@ def semi_iterations(overrides, bfloat16):
 def test_advsemiseg_iteration_reads_nothing_on_the_host(bfloat16):
     """Every AdvSemiSeg term on (pseudo labels, confidence mask, pixel ratio stay on the device)."""
     out = semi_iterations(["method.name=advsemiseg", "method.advsemiseg.semi_start=0"], bfloat16)
+    assert set(out) >= {"loss_semi", "loss_semi_adv", "semi_pixel_ratio"}
+
+
+@pytest.mark.parametrize("bfloat16", [False, True], ids=["float32", "bfloat16"])
+def test_accumulation_and_checkpointing_read_nothing_on_the_host(bfloat16):
+    """Two micro-batches per step (the losses averaged on the device) and G's recompute in the backward."""
+    out = semi_iterations(["method.name=advsemiseg", "method.advsemiseg.semi_start=0", "data.batch_size=4",
+                           "train.accumulation_steps=2", "model.generator.activation_checkpointing=true"], bfloat16)
     assert set(out) >= {"loss_semi", "loss_semi_adv", "semi_pixel_ratio"}
 
 

@@ -57,17 +57,17 @@ def main(out: Path, device_map_spec: str, overrides: list[str]) -> None:
     half = data["images"].shape[0] // env.world_size
     rows = slice(env.rank * half, (env.rank + 1) * half)
     if "target" in data:
-        parts.method({"source": FixedStream((data["images"][rows], data["labels"][rows])),
+        parts.step({"source": FixedStream((data["images"][rows], data["labels"][rows])),
                       "target": FixedStream(data["target"][rows])}, step=0)
     else:
-        parts.method.iteration(data["images"][rows], data["labels"][rows], step=0)
+        parts.step({"labeled": FixedStream((data["images"][rows], data["labels"][rows]))}, step=0)
     saved = {"g": unwrap(parts.g.module), "d": unwrap(parts.d.module)}
     if "d_aux" in data:
         saved["d_aux"] = unwrap(parts.d_aux.module)
     result = {name: {k: v.cpu() for k, v in net.state_dict().items()} for name, net in saved.items()}
-    result["adv_grad"] = grads[0] / scale
+    result["adv_grad"] = torch.cat(grads) / scale  # one per micro-batch (train.accumulation_steps)
     if grads_aux:
-        result["adv_grad_aux"] = grads_aux[0] / scale
+        result["adv_grad_aux"] = torch.cat(grads_aux) / scale
     torch.save(result, out / f"rank{env.rank}.pt")
     distributed.destroy_process_group()
 

@@ -101,12 +101,20 @@ class Case:
     @property
     def summed_elsewhere(self) -> bool:
         """float32 sums in another order than the CPU reference's: DDP's all-reduce, CUDA kernels,
-        oneDNN's channels_last convolutions."""
-        return self.split_batch or self.device_map != "cpu" or "train.channels_last=true" in self.overrides
+        oneDNN's channels_last convolutions, the micro-batches' gradients added up."""
+        return self.split_batch or self.accumulates or self.device_map != "cpu" or \
+            "train.channels_last=true" in self.overrides
+
+    @property
+    def accumulates(self) -> bool:
+        """Gradient accumulation: the batch in micro-batches, whose BatchNorm batch statistics
+        differ from the whole batch's by design (the running statistics are compared)."""
+        return any(o.startswith("train.accumulation_steps=") and o != "train.accumulation_steps=1"
+                   for o in self.overrides)
 
     @property
     def freeze_stats(self) -> bool:
-        return self.split_batch or not self.float32 or self.summed_elsewhere
+        return self.split_batch or self.accumulates or not self.float32 or self.summed_elsewhere
 
     @property
     def model_overrides(self) -> tuple[str, ...]:
@@ -123,11 +131,22 @@ DEMO_G = ("model.generator.encoder=resnet18", "model.generator.encoder_depth=3",
           "model.generator.decoder_channels=128", "model.generator.decoder_atrous_rates=[1,2,3]",
           "train.channels_last=true")
 CUDA, CUDA2 = (pytest.mark.cuda,), (pytest.mark.cuda2,)
+CHECKPOINTING = "model.generator.activation_checkpointing=true"  # the reference builds the plain G
 CASES = [
     Case("cpu"),
     Case("cpu-dataparallel", overrides=DP),
     Case("cpu-channels_last", overrides=("train.channels_last=true",)),
     Case("cpu-demo-generator", overrides=DEMO_G),
+    # Two micro-batches of 2 for one batch of 4 (train.accumulation_steps), and in bf16 with an fp16 D
+    # (G's GradScaler scales, unscales and steps once over both micro-batches).
+    Case("cpu-accumulation-2", overrides=("train.accumulation_steps=2", "data.batch_size=4")),
+    Case("accumulation-4-g-bf16-d-fp16",
+         overrides=("train.accumulation_steps=4", "data.batch_size=4", *amp("generator", "bfloat16"),
+                    *amp("discriminator", "float16"))),
+    # G's encoder stages and decoder recomputed in the backward (alone, under G's bf16 autocast, with accumulation).
+    Case("cpu-activation-checkpointing", overrides=(CHECKPOINTING,)),
+    Case("checkpointing-g-bf16", overrides=(CHECKPOINTING, *amp("generator", "bfloat16"))),
+    Case("checkpointing-accumulation-2", overrides=(CHECKPOINTING, "train.accumulation_steps=2", "data.batch_size=4")),
     Case("g-bf16", overrides=amp("generator", "bfloat16")),
     Case("d-bf16", overrides=amp("discriminator", "bfloat16")),
     Case("both-bf16", overrides=(*amp("generator", "bfloat16"), *amp("discriminator", "bfloat16"))),
@@ -160,6 +179,8 @@ CASES = [
          marks=CUDA2),
     Case("g:0+1,d:1", "g:0+1,d:1", split_batch=True, marks=CUDA2),
     Case("g:0+1,d:1-bf16", "g:0+1,d:1", amp("generator", "bfloat16"), split_batch=True, marks=CUDA2),
+    Case("cuda-checkpointing-g-bf16", "g:cuda:0,d:cuda:0", (CHECKPOINTING, *amp("generator", "bfloat16")), marks=CUDA),
+    Case("g:0+1,d:1-checkpointing", "g:0+1,d:1", (CHECKPOINTING,), split_batch=True, marks=CUDA2),
 ]
 
 
@@ -296,9 +317,11 @@ def capture_adversarial_gradient(discriminator: nn.Module, store: list) -> None:
     unwrap(discriminator).register_forward_pre_hook(hook)
 
 
-def segadv_outcome(case: Case, *overrides: str, run=None) -> Outcome:
+def segadv_outcome(case: Case, *overrides: str, run=None, batches_in_d_input: int = 1) -> Outcome:
     """One segadv iteration under ``case`` from the reference's initial weights. ``run(parts,
-    cfg)`` takes the iteration (default: the supervised step on the reference's batch)."""
+    cfg)`` takes the iteration (default: the supervised step on the reference's batch).
+    ``batches_in_d_input``: how many streams' batches D's input joins (AdvSemiSeg: labeled and
+    unlabeled)."""
     cfg = harness_config(*overrides, *case.overrides)
     init_g, init_d = initial_networks(cfg)
     parts = build_training(cfg, parse_device_map(case.device_map))
@@ -312,11 +335,21 @@ def segadv_outcome(case: Case, *overrides: str, run=None) -> Outcome:
     g0, d0 = params(parts.g.module), params(parts.d.module)
     scale = parts.g.opt.loss_scale()  # the scale G's loss is multiplied by in this step
     if run is None:
-        parts.method.iteration(*make_batch(cfg), step=0)
+        parts.step({"labeled": FixedStream(make_batch(cfg))}, step=0)
     else:
         run(parts, cfg)
-    assert len(grads) == 1, "G's update must send one adversarial gradient through D"
-    return Outcome(update(g0, parts.g.module), update(d0, parts.d.module), grads[0] / scale)
+    return Outcome(update(g0, parts.g.module), update(d0, parts.d.module),
+                   adversarial_gradient(grads, cfg, batches_in_d_input) / scale)
+
+
+def adversarial_gradient(grads: list[torch.Tensor], cfg, batches_in_d_input: int = 1) -> torch.Tensor:
+    """The adversarial gradient at D's input over the whole batch: one per micro-batch, each at
+    its own rows (the micro-batch's loss, divided by K, averages over 1/K of the pixels). Where D's
+    input joins several streams' batches, each micro-batch's rows are put back with their batch's."""
+    assert len(grads) == cfg.train.accumulation_steps, "G's update must send one adversarial gradient through D " \
+                                                       "per micro-batch"
+    per_batch = zip(*(grad.chunk(batches_in_d_input) for grad in grads))
+    return torch.cat([torch.cat(rows) for rows in per_batch])
 
 
 # ----------------------------------------------------------------------------------- comparison
@@ -384,6 +417,9 @@ def test_the_harness_sees_a_zeroed_adversarial_path(references, monkeypatch):
 DDP_CASES = [
     pytest.param("cpu", (), id="ddp-gloo-cpu"),
     pytest.param("cpu", (*amp("generator", "bfloat16"), *amp("discriminator", "float16")), id="ddp-gloo-cpu-amp"),
+    # Two micro-batches of one sample per rank: no_sync on the first, one all-reduce in the second.
+    pytest.param("cpu", ("train.accumulation_steps=2",), id="ddp-gloo-cpu-accumulation"),
+    pytest.param("cpu", (CHECKPOINTING,), id="ddp-gloo-cpu-checkpointing"),
     pytest.param("g:0,d:0", (), id="ddp-cuda", marks=pytest.mark.cuda),
 ]
 
@@ -427,7 +463,7 @@ SEMI_OVERRIDES = ("method.name=advsemiseg", "method.advsemiseg.semi_start=0", "m
                   "method.advsemiseg.mask_threshold=0.0", "data.labeled_fraction=0.5")
 SEMI_CASES = [c for c in CASES if c.name in {
     "cpu", "cpu-dataparallel", "both-bf16", "g-bf16-d-fp16", "g:cuda:0,d:cpu", "g:cpu,d:cuda:0",
-    "cuda-both-fp16", "g:1,d:0", "g:0+1,d:1"}]
+    "cuda-both-fp16", "g:1,d:0", "g:0+1,d:1", "cpu-accumulation-2", "cpu-activation-checkpointing"}]
 
 
 def make_semi_batches(cfg):
@@ -495,13 +531,13 @@ def semi_iteration(parts, cfg) -> None:
     images_l, labels_l, images_u, labels_gt = make_semi_batches(cfg)
     streams = {"labeled": FixedStream((images_l, labels_l)), "unlabeled": FixedStream(images_u),
                "gt": FixedStream((images_u, labels_gt))}
-    out = parts.method(streams, step=0)
+    out = parts.step(streams, step=0)
     assert out["semi_pixel_ratio"].item() == 1.0
 
 
 @pytest.mark.parametrize("case", [c.param() for c in SEMI_CASES])
 def test_advsemiseg_iteration_matches_the_plain_float32_loop(case, semi_references, no_tf32):
-    got = segadv_outcome(case, *SEMI_OVERRIDES, run=semi_iteration)
+    got = segadv_outcome(case, *SEMI_OVERRIDES, run=semi_iteration, batches_in_d_input=2)
     print(f"advsemiseg {case.name}: {assert_equivalent(case, got, semi_references(case.freeze_stats))}")
 
 
@@ -611,7 +647,8 @@ UDA_OVERRIDES = (
 D_AUX_APART = (*amp("discriminator", "bfloat16"), *amp("discriminator_aux", "float16"))
 UDA_CASES = [c for c in CASES if c.name in {
     "cpu", "cpu-dataparallel", "cpu-channels_last", "both-bf16", "g-bf16-d-fp16", "g:cuda:0,d:cpu",
-    "g:cpu,d:cuda:0", "cuda-both-fp16", "g:1,d:0", "g:0+1,d:1"}] + [
+    "g:cpu,d:cuda:0", "cuda-both-fp16", "g:1,d:0", "g:0+1,d:1", "cpu-accumulation-2",
+    "cpu-activation-checkpointing"}] + [
     Case("d-bf16-d_aux-fp16", overrides=D_AUX_APART),
     Case("g:cpu,d:cpu,d_aux:cuda:0", "g:cpu,d:cpu,d_aux:cuda:0", marks=CUDA),
     Case("g:cuda:0,d:cpu-bf16,d_aux:cuda:0-fp16", "g:cuda:0,d:cpu,d_aux:cuda:0", D_AUX_APART, marks=CUDA),
@@ -716,11 +753,11 @@ def uda_outcome(case: Case, method: str) -> Outcome:
     before = [params(net) for net in (parts.g.module, parts.d.module, parts.d_aux.module)]
     scale = parts.g.opt.loss_scale()
     images_s, labels_s, images_t = make_uda_batches(cfg)
-    parts.method({"source": FixedStream((images_s, labels_s)), "target": FixedStream(images_t)}, step=0)
-    assert len(grads) == len(grads_aux) == 1, "G's update must send one adversarial gradient through each D"
+    parts.step({"source": FixedStream((images_s, labels_s)), "target": FixedStream(images_t)}, step=0)
     g_up, d_up, aux_up = (update(b, net) for b, net in
                           zip(before, (parts.g.module, parts.d.module, parts.d_aux.module)))
-    return Outcome(g_up, d_up, grads[0] / scale, aux_up, grads_aux[0] / scale)
+    return Outcome(g_up, d_up, adversarial_gradient(grads, cfg) / scale, aux_up,
+                   adversarial_gradient(grads_aux, cfg) / scale)
 
 
 @pytest.mark.parametrize("method", ["adaptsegnet", "advent"])

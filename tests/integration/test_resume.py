@@ -21,10 +21,13 @@ from conftest import TINY_OVERRIDES
 from helpers import LOSSES, per_step_losses, records, resume_cfg, stream_positions
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, workers):
-    """2N steps in one go vs N steps, stop, resume for N more: identical per-step losses (bitwise)."""
+@pytest.mark.parametrize("workers, accumulation", [(0, 1), (2, 1), (0, 2)])
+def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, workers, accumulation):
+    """2N steps in one go vs N steps, stop, resume for N more: identical per-step losses (bitwise).
+    With train.accumulation_steps, a stop and a checkpoint fall between optimizer steps."""
     extra = [f"data.num_workers={workers}"]
+    if accumulation > 1:  # two micro-batches of 2 (one sample could not train the ASPP pooling's BatchNorm)
+        extra += ["data.batch_size=4", f"train.accumulation_steps={accumulation}"]
     full = train(resume_cfg(tmp_path, "full", *extra))
     assert full.step == 6 and full.stopped_by is None
 

@@ -87,6 +87,83 @@ def test_doubling_the_batch_doubles_the_activations():
         assert two.devices[device].params_bytes == one.devices[device].params_bytes
 
 
+def test_accumulation_plans_the_micro_batch():
+    """train.accumulation_steps=4 at batch 8: each device's activations are batch 2's (the micro-batch),
+    the step's stream batch still drawn whole on the host."""
+    whole = dry_run(demo("data.batch_size=8"), steps=2)
+    micro = dry_run(demo("data.batch_size=8", "train.accumulation_steps=4"), steps=2)
+    two = dry_run(demo("data.batch_size=2"), steps=2)
+    for device in ("cuda:1", "cuda:0"):
+        got, batch_2 = micro.devices[device].activations_bytes, two.devices[device].activations_bytes
+        assert abs(got - batch_2) <= 0.01 * batch_2, (device, got, batch_2)
+        assert got < 0.35 * whole.devices[device].activations_bytes
+        assert micro.devices[device].grads_bytes == whole.devices[device].grads_bytes
+        assert micro.devices[device].flops_per_iteration == whole.devices[device].flops_per_iteration  # per step
+
+
+def test_activation_checkpointing_lowers_only_the_generators_activations():
+    """The recompute runs in the plan's backward; G keeps its stages' and decoder's inputs only."""
+    plain = dry_run(demo(), steps=2)
+    checkpointed = dry_run(demo("model.generator.activation_checkpointing=true"), steps=2)
+    g, g_plain = checkpointed.devices["cuda:1"], plain.devices["cuda:1"]
+    assert g.activations_bytes < 0.9 * g_plain.activations_bytes  # measured 0.82: the demo's G has two stages
+    assert g.peak_bytes < g_plain.peak_bytes
+    assert g.params_bytes == g_plain.params_bytes and g.grads_bytes == g_plain.grads_bytes
+    assert checkpointed.devices["cuda:0"].activations_bytes == plain.devices["cuda:0"].activations_bytes
+    # The recompute is counted in the compute --advise ranks by (G's stages and decoder forward again).
+    assert 1.1 * g_plain.flops_per_iteration < g.flops_per_iteration < 1.5 * g_plain.flops_per_iteration
+    assert checkpointed.devices["cuda:0"].flops_per_iteration == plain.devices["cuda:0"].flops_per_iteration
+
+
+def test_voc_plans_checkpointing_and_accumulation_within_the_issues_ratios():
+    """configs/voc.yaml at its own 320 px crops, g:1,d:0: G's activations with checkpointing at most
+    0.6 of without (measured 0.45), with batch 10 in 5 micro-batches at most 0.35 (measured 0.20)."""
+    def g_activations(*overrides):
+        cfg = load_config(CONFIGS_DIR / "voc.yaml", ["device_map=g:1,d:0", "data.batch_size=10", *overrides])
+        return dry_run(cfg, steps=1).devices["cuda:1"].activations_bytes
+
+    plain = g_activations()
+    assert g_activations("model.generator.activation_checkpointing=true") <= 0.6 * plain
+    assert g_activations("train.accumulation_steps=5") <= 0.35 * plain
+
+
+def test_advise_ranks_settings_that_each_fit_when_planned_on_their_own(capsys):
+    """A budget just under what the plain demo needs on one GPU: the first option, planned with its
+    own device map and overrides, fits; the options come cheapest first; each one is a setting the
+    advisor names in full."""
+    from segadv.plan.cli import need
+
+    plain = dry_run(demo("device_map=g:0,d:0"), steps=1).devices["cuda:0"]
+    gib = (need("cuda:0", plain) - 2**20) / 2**30  # 1 MiB short for fp32 on one GPU with the whole batch
+    assert main(["--advise", "--gpus", "2", "--gpu-memory", f"{gib:.6f}", "--steps", "1", "--json"]) == 0
+    options = json.loads(capsys.readouterr().out)["options"]
+    assert options
+    flops = [o["flops_per_iteration"] for o in options]
+    assert flops == sorted(flops)
+    keys = {o.split("=")[0] for o in options[0]["overrides"]}
+    assert {"amp.generator.enabled", "amp.discriminator.enabled", "model.generator.activation_checkpointing",
+            "train.accumulation_steps"} <= keys
+    assert not any(o["device_map"] == "g:0,d:0" and o["overrides"] == [
+        "amp.generator.enabled=false", "amp.discriminator.enabled=false",
+        "model.generator.activation_checkpointing=false", "train.accumulation_steps=1"] for o in options)
+    first = options[0]
+    assert main(["--device-map", first["device_map"], "--gpu-memory", f"{gib:.6f}", "--steps", "1", "--json",
+                 *first["overrides"]]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert alone["fits"]
+    assert {name: d["need_bytes"] for name, d in alone["devices"].items()} == {
+        name: d["need_bytes"] for name, d in first["devices"].items()}
+
+
+def test_advise_exits_3_when_nothing_fits_and_refuses_what_it_chooses_itself(capsys):
+    assert main(["--advise", "--gpus", "2", "--gpu-memory", "0.3", "--json"]) == 3
+    assert json.loads(capsys.readouterr().out)["options"] == []
+    for args in (["--advise", "--gpu-memory", "4"], ["--advise", "--gpus", "2"],
+                 ["--advise", "--gpus", "2", "--gpu-memory", "4", "--device-map", "g:1,d:0"],
+                 ["--gpus", "2", "--device-map", "g:1,d:0"]):
+        assert main(args) == 2, args
+
+
 def test_measure_on_cpu_agrees_with_the_plan():
     cfg = load_config(None, ["device_map=cpu"])
     plan = dry_run(cfg, steps=2)
@@ -305,6 +382,15 @@ def test_max_batch_is_the_largest_that_fits(capsys):
     assert best and data["fits"]
     assert main(["--device-map", "g:1,d:0", "--gpu-memory", "0.9", "--json", "--steps", "1",
                  f"data.batch_size={best + 1}"]) == 3
+
+
+def test_max_batch_with_accumulation_searches_multiples_of_the_micro_batch_count(capsys):
+    args = ["--device-map", "g:1,d:0", "--gpu-memory", "0.9", "--max-batch", "--json", "--steps", "1"]
+    assert main([*args, "train.accumulation_steps=4"]) == 0
+    best = json.loads(capsys.readouterr().out)["max_batch"]
+    assert best and best % 4 == 0
+    assert main(["--device-map", "g:1,d:0", "--gpu-memory", "0.9", "--json", "--steps", "1",
+                 f"data.batch_size={best + 4}", "train.accumulation_steps=4"]) == 3
 
 
 @pytest.mark.parametrize("args", [["--device-map", "g:1,d:256"], ["--device-map", "g:²,d:0"],
