@@ -147,6 +147,35 @@ def by_hand(rank, port, run_dir, *extra):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
+def test_under_slurm_a_sigterm_to_every_task_stops_each_with_exit_0_and_one_checkpoint(tmp_path):
+    """srun without torchrun: two tasks from SLURM_* variables (MASTER_PORT given), two loader
+    workers each; scancel's SIGTERM to every process: each task exits 0, one checkpoint at the
+    step they agreed on, [rank N] on every line."""
+    from test_distributed import free_port
+
+    port = free_port()
+    run_dir = tmp_path / "slurm"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2",
+           "SLURM_JOB_NODELIST": "127.0.0.1", "SLURM_JOB_ID": "4242", "MASTER_PORT": str(port)}
+    cmd = [sys.executable, "-m", "segadv.train", "--run-dir", str(run_dir), "--device-map", "cpu", *TINY_OVERRIDES,
+           "data.num_workers=2", f"train.max_steps={STEPS}", "train.eval_every=1000", "checkpoint.every=2",
+           "train.log_every=1", "log.tensorboard=false"]
+    logs = [open(tmp_path / f"task{task}.log", "w") for task in (0, 1)]
+    tasks = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                              env={**env, "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task)})
+             for task, log in enumerate(logs)]
+    wait_for_checkpoint(run_dir, tasks[0])
+    signal_all([pid for task in tasks for pid in process_tree(task.pid)], signal.SIGTERM)
+    codes = [task.wait(timeout=120) for task in tasks]
+    for log in logs:
+        log.close()
+    texts = [(tmp_path / f"task{task}.log").read_text() for task in (0, 1)]
+    assert codes == [0, 0], texts[0][-2000:] + texts[1][-2000:]
+    stopped = read_checkpoint(run_dir / "checkpoints" / "last.pt")["step"]
+    assert f"stopped (SIGTERM) at step {stopped}/{STEPS}" in texts[0] and "Traceback" not in texts[0] + texts[1]
+    assert "[rank 1]" in texts[1] and f"127.0.0.1:{port}" in texts[0]
+
+
 def test_ranks_launched_with_different_overrides_exit_2_naming_the_key(tmp_path):
     from test_distributed import free_port
 
