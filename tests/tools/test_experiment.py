@@ -133,6 +133,9 @@ def test_the_shipped_grid_is_valid(monkeypatch):
         "AdvSemiSeg (adversarial + semi), scratch"]
     assert grid.seeds == [0, 1, 2] and [len(grid.seeds_of(r)) for r in grid.rows] == [5, 3, 5, 5, 3, 2, 3, 3]
     assert [grid.baseline_of(r) for r in grid.rows] == [None, *["CE only, warm"] * 6, "CE only, scratch"]
+    rules = experiment.load_grid(ROOT / "configs" / "experiments" / "semi-rules.yaml")  # issue 31's re-run
+    assert [len(rules.seeds_of(r)) for r in rules.rows] == [5, 5]
+    assert [rules.baseline_of(r) for r in rules.rows] == [None, "pseudo-labels only (no D), warm"]
     uda = experiment.load_grid(ROOT / "configs" / "experiments" / "uda.yaml")
     assert all(len(uda.seeds_of(r)) >= 3 for r in uda.rows if "oracle" not in r.name)
     assert all(uda.baseline_of(r) == "source only, warm" for r in uda.rows[1:])
@@ -150,7 +153,7 @@ def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys
     with pytest.raises(SystemExit) as info:
         experiment.main(["--list-grids"])
     assert info.value.code == 0
-    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["semi", "uda"]
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["semi", "semi-rules", "uda"]
 
 
 # ---------------------------------------------------------------- no training: a fake trainer
