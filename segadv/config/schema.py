@@ -178,6 +178,10 @@ class AdvSemiSegConfig(Section):
     # reaches mask_threshold, from step semi_start on.
     lambda_semi: float = Field(0.1, ge=0)
     mask_threshold: float = Field(0.2, ge=0, le=1)
+    # Not the reference's: when set, the threshold of each batch is this quantile of D's confidence
+    # over its unlabeled pixels (0.2: the fifth D is least sure of is ignored), so the mask uses D's
+    # ranking of pixels whatever its calibration; mask_threshold is then unused.
+    mask_quantile: Optional[float] = Field(None, gt=0, lt=1)
     semi_start: int = Field(5000, ge=0)
     # Adversarial term on unlabeled predictions (G tries to make them look real), from semi_start_adv.
     lambda_semi_adv: float = Field(0.001, ge=0)

@@ -34,7 +34,7 @@ def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_inde
 
 
 def pseudo_labels(
-    logits: torch.Tensor, confidence: torch.Tensor, threshold: float, ignore_index: int
+    logits: torch.Tensor, confidence: torch.Tensor, threshold: float | torch.Tensor, ignore_index: int
 ) -> torch.Tensor:
     """G's argmax as labels, ``ignore_index`` where D's confidence (N,H,W) is below ``threshold``."""
     labels = logits.detach().argmax(dim=1)

@@ -72,6 +72,13 @@ class AdvSemiSeg(LabeledAdversarial):
     # drawn, forwarded and shown to D as fake by the reference's rule (train.py 330): while either
     # unlabeled weight is set, from semi_start_adv, whichever term is on; the self-training term
     # lives inside that branch, so it also waits for semi_start_adv.
+    def threshold(self, confidence: torch.Tensor) -> float | torch.Tensor:
+        """The confidence a pixel needs to be a pseudo label: ``mask_threshold``, or with
+        ``mask_quantile`` that quantile of this batch's confidence (a device scalar: no sync)."""
+        if self.settings.mask_quantile is None:
+            return self.settings.mask_threshold
+        return torch.quantile(confidence.float().flatten(), self.settings.mask_quantile)
+
     def unlabeled_active(self, step: int) -> bool:
         return self.schedule.active("unlabeled", step)
 
@@ -116,7 +123,7 @@ class AdvSemiSeg(LabeledAdversarial):
                     loss_semi_adv = gan_loss(d_out_u, LABELS.real, every_pixel)
                     loss = loss + self.settings.lambda_semi_adv * to_device(loss_semi_adv, g.device)
                 confidence = to_device(torch.sigmoid(d_out_u.detach().float()).squeeze(1), g.device)
-                pseudo = pseudo_labels(logits_u, confidence, self.settings.mask_threshold, ignore)
+                pseudo = pseudo_labels(logits_u, confidence, self.threshold(confidence), ignore)
                 semi_ratio = (pseudo != ignore).float().mean()
                 if self.semi_active(step):
                     loss_semi = masked_cross_entropy(logits_u, pseudo, ignore)
@@ -157,6 +164,6 @@ class AdvSemiSeg(LabeledAdversarial):
             generator.train(was_training)
         d_out = discriminator_view(self.d, to_device(logits.softmax(dim=1), self.d.device))
         confidence = to_device(torch.sigmoid(d_out.float()).squeeze(1), self.g.device)
-        pseudo = pseudo_labels(logits, confidence, self.settings.mask_threshold, self.ignore_index)
+        pseudo = pseudo_labels(logits, confidence, self.threshold(confidence), self.ignore_index)
         return PanelMaps("train/unlabeled_confidence_pseudo", images, logits.argmax(dim=1).cpu(),
                          confidence.cpu(), pseudo.cpu())

@@ -241,3 +241,9 @@ def test_needs_an_unlabeled_pool(tmp_path):
     cfg.run_dir, cfg.device_map = str(tmp_path / "run"), "cpu"
     with pytest.raises(UserError, match="data.labeled_fraction"):
         train(cfg)
+
+
+def test_a_mask_quantile_ignores_that_share_of_the_least_confident_unlabeled_pixels():
+    method, streams = make_method(mask_quantile=0.25), make_streams()
+    out = method(streams, step=0)
+    assert out["semi_pixel_ratio"].item() == pytest.approx(0.75, abs=1e-3)  # the quantile, not mask_threshold's 0.5
