@@ -558,8 +558,9 @@ def diagnostics_table(rows: list[dict[str, Any]]) -> list[str]:
     keys = _logged(rows)
     if not keys:
         return []
-    lines = ["", "Diagnostics: the mean of each logged `train/` value over the last quarter of a run, then over "
-             "its seeds (- : not logged by that method). A CE-only row's D trains but reaches nothing.", "",
+    lines = ["", "Diagnostics: the mean of each logged `train/` value (`diag/` for d_confidence_auroc and "
+             "d_mask_precision, measured at evaluations) over the last quarter of a run, then over its seeds "
+             "(- : not logged by that method). A CE-only row's D trains but reaches nothing.", "",
              "| row | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
     for row in rows:
         cells = [f"{row['diagnostics'][k]:.3f}" if k in row.get("diagnostics", {}) else "-" for k in keys]
