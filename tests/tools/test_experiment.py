@@ -134,8 +134,9 @@ def test_the_shipped_grid_is_valid(monkeypatch):
     assert grid.seeds == [0, 1, 2] and [len(grid.seeds_of(r)) for r in grid.rows] == [5, 3, 5, 5, 3, 2, 3, 3]
     assert [grid.baseline_of(r) for r in grid.rows] == [None, *["CE only, warm"] * 6, "CE only, scratch"]
     rules = experiment.load_grid(ROOT / "configs" / "experiments" / "semi-rules.yaml")  # issue 31's re-run
-    assert [len(rules.seeds_of(r)) for r in rules.rows] == [5, 5, 5]
-    assert [rules.baseline_of(r) for r in rules.rows] == [None, *["pseudo-labels only (no D), warm"] * 2]
+    assert [len(rules.seeds_of(r)) for r in rules.rows] == [5, 5, 5, 5]
+    assert [rules.baseline_of(r) for r in rules.rows] == ["pseudo-labels only (no D), warm", None,
+                                                          *["pseudo-labels only (no D), warm"] * 2]
     uda = experiment.load_grid(ROOT / "configs" / "experiments" / "uda.yaml")
     assert all(len(uda.seeds_of(r)) >= 3 for r in uda.rows if "oracle" not in r.name)
     assert all(uda.baseline_of(r) == "source only, warm" for r in uda.rows[1:])
