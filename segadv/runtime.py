@@ -93,12 +93,8 @@ class RankRNGs:
         return distributed.gather_objects(capture_rng_state(self.devices))
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
-        if isinstance(state, list):  # one state per rank
-            if len(state) == self.env.world_size:
-                restore_rng_state(state[self.env.rank])
-            else:
-                log.warning("checkpoint has RNG states of %d ranks, this run has %d: RNGs not restored",
-                            len(state), self.env.world_size)
+        if isinstance(state, list):  # one state per rank; CheckpointManager refuses another world size first
+            restore_rng_state(state[self.env.rank])
         elif state:
             restore_rng_state(state)
 
