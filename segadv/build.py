@@ -31,6 +31,7 @@ from segadv.methods import (
 from segadv.models import build_discriminator, build_generator
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel import DeviceMap, place_networks
+from segadv.parallel.compile import check_compile, compile_enabled
 from segadv.parallel.distributed import DistEnv
 from segadv.parallel.report import gather_rows, network_row, placement_table
 from segadv.parallel.wrap import check_batch_for_replicas, parallelize_network, resolve_mode
@@ -110,8 +111,11 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
     modes = {role: resolve_mode(settings[role].parallel, role, devices[role], env) for role in roles}
     micro_batch = check_accumulation(cfg)
     checkpointing = {role: role == "generator" and cfg.model.generator.activation_checkpointing for role in roles}
+    compiled = {role: compile_enabled(cfg.compile, role) for role in roles}
     for role in roles:
         check_batch_for_replicas(micro_batch, len(devices[role]), role)
+        if compiled[role]:
+            check_compile(cfg.compile, role, devices[role], modes[role])
     if cfg.parallel.sync_bn:
         if modes["generator"] != "ddp":
             raise UserError("parallel.sync_bn needs the generator under DDP (a multi-process launch)")
@@ -132,7 +136,8 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
         # broadcast_buffers: G's BatchNorm statistics follow rank 0, so every rank evaluates (and
         # could save) the same model; a D has no buffers, so there is nothing to broadcast.
         wrapped = parallelize_network(model, modes[role], devices[role], own.amp, broadcast_buffers=role == "generator",
-                                      activation_checkpointing=checkpointing[role])
+                                      activation_checkpointing=checkpointing[role],
+                                      compile_config=cfg.compile if compiled[role] else None, role=role)
         opt = build_amp_optimizer(model, own.optim, own.amp, devices[role][0], max_steps, lr_multiplier,
                                   loss_scaling=g_loss_scaling if role == "generator" else None, name=role,
                                   skip_nonfinite=skip, accumulation_steps=cfg.train.accumulation_steps)

@@ -10,22 +10,27 @@ rounds and the median round is kept, which cancels most of the drift of a noisy 
 Then segadv's step under variants, again alternating rounds: float32 / bfloat16 / float16 autocast
 per network, channels_last on, G's activation checkpointing, two micro-batches per step
 (``train.accumulation_steps=2``), and on CUDA ``g:cuda:0,d:cuda:0`` vs ``g:cuda:0,d:cpu`` (the cost
-of a cross-device hop). Last, the cost of the stop agreement that DDP runs make every step
+of a cross-device hop). With ``--compile``, segadv's step with ``compile.generator``,
+``compile.discriminator`` and both, against the eager step and the bare loop in the same rounds,
+and the compilation's own seconds (minutes on a CPU: not part of the default run). Last, the cost of the stop agreement that DDP runs make every step
 (``StepAgreement``: a gloo all-reduce of one flag, collected a step later), in two processes on
 this machine: call after call (the whole round trip, an upper bound, and its share of segadv's
 step) and a step apart with the host idle in between (as during a GPU step).
 
-    python tools/bench.py [--config FILE] [--steps N] [--rounds R] [--no-variants] [key=value ...]
+    python tools/bench.py [--config FILE] [--steps N] [--rounds R] [--no-variants] [--compile] [key=value ...]
 
 Prints one figure per line, ``name value [unit] [# note]``: ``ratio`` (segadv / bare throughput,
 1.0 = no overhead), ``breakdown/<phase>/ms_per_step`` (segadv's step by phase) and per variant
 ``<variant>/ms_per_step`` and ``<variant>/speedup`` (vs float32), ``stop_agreement/us_per_call``,
-``stop_agreement/us_per_step`` and ``stop_agreement/share_of_step``.
+``stop_agreement/us_per_step`` and ``stop_agreement/share_of_step``; with ``--compile``,
+``compile/bare/ms_per_step``, ``compile/<networks>/ms_per_step``, ``/speedup`` (vs segadv eager), ``/vs_bare`` (vs the bare eager
+loop) and ``/compile_s`` (the first steps' time beyond as many timed steps).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import socket
@@ -211,6 +216,70 @@ def compare_variants(args, batches, log_every: int) -> None:
         figure(f"{name}/speedup", base / seconds, "x", "vs amp/g=fp32,d=fp32")
 
 
+COMPILE_VARIANTS = {
+    "eager": [],
+    "g": ["compile.generator=true"],
+    "d": ["compile.discriminator=true"],
+    "g+d": ["compile.generator=true", "compile.discriminator=true"],
+}
+
+
+def compare_compile(args, batches, log_every: int, run_bare) -> None:
+    """segadv's step with G, D and both compiled, against the eager step and the bare eager loop,
+    alternating rounds; the compile time is the first steps' time beyond the same steps timed.
+
+    Each variant compiles cold: dynamo's graphs and inductor's in-memory caches cleared, an empty
+    inductor cache directory of its own (the variants' networks would otherwise share graphs and
+    kernels). A second warm-up, each variant in its own directory again, re-loads from it what the
+    later resets dropped, so the timed rounds compile nothing (checked: a note says otherwise)."""
+    import tempfile
+
+    import torch._dynamo
+    from torch._inductor.utils import clear_caches
+
+    from segadv.parallel.compile import graphs_compiled
+
+    warmup = max(args.warmup, 2)
+    runners, first = {}, {}
+    with tempfile.TemporaryDirectory(prefix="segadv-bench-inductor-") as root:
+        for name, overrides in COMPILE_VARIANTS.items():
+            torch._dynamo.reset()
+            clear_caches()
+            with inductor_cache(os.path.join(root, name)):
+                runners[name] = segadv_runner(build_parts(bench_config(args, *overrides)), batches, log_every)
+                first[name] = runners[name](warmup) * warmup
+        for name, run in runners.items():
+            with inductor_cache(os.path.join(root, name)):
+                run(warmup)
+    runners["bare"] = run_bare
+    graphs = graphs_compiled()
+    times = alternate(runners, args.rounds, args.steps, 0)
+    if graphs_compiled() != graphs:
+        print(f"# compile: {graphs_compiled() - graphs} graphs compiled during the timed rounds")
+    figure("compile/bare/ms_per_step", times["bare"] * 1000, "ms", "the bare eager loop, in the same rounds")
+    for name in COMPILE_VARIANTS:
+        figure(f"compile/{name}/ms_per_step", times[name] * 1000, "ms")
+        figure(f"compile/{name}/speedup", times["eager"] / times[name], "x", "vs segadv eager")
+        figure(f"compile/{name}/vs_bare", times["bare"] / times[name], "x", "vs the bare eager loop")
+        if name != "eager":
+            figure(f"compile/{name}/compile_s", first[name] - warmup * times[name], "s",
+                   f"cold: the first {warmup} steps beyond {warmup} timed ones")
+
+
+@contextlib.contextmanager
+def inductor_cache(directory: str):
+    """Inductor's on-disk cache in ``directory`` (read from the environment at every lookup)."""
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+
+
 AGREEMENT_WORKER = "--stop-agreement-worker"
 
 
@@ -271,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=count(0), default=2, help="untimed steps per side first")
     parser.add_argument("--no-variants", action="store_true",
                         help="only the segadv / bare ratio and the breakdown (skip AMP, channels_last, hop)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time compile.generator / compile.discriminator / both (minutes of compilation)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
     setup_logging(logging.WARNING)
@@ -311,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         seconds = parts.phases.seconds.get(name, 0.0)
         figure(f"breakdown/{name}/ms_per_step", seconds / timed_steps * 1000, "ms",
                f"{seconds / step_total if step_total else 0.0:.1%} of the step")
+    if args.compile:
+        compare_compile(args, batches, log_every, run_bare)
     if not args.no_variants:
         compare_variants(args, batches, log_every)
         back_to_back = stop_agreement_seconds()

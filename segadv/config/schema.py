@@ -273,6 +273,25 @@ class ParallelConfig(Section):
     sync_bn: bool = False  # convert G's BatchNorm to SyncBatchNorm under DDP
 
 
+class CompileConfig(Section):
+    """``torch.compile`` per network (docs/training.md "Compiling"): each network's forward (and so its
+    backward) compiled on its own device, in place, so parameter names, state dicts, checkpoints and
+    the wrappers see the same module; the hand-over between devices, the losses, the GradScaler and
+    the optimizer steps stay eager. Evaluation (eval mode, no_grad) and each new batch size may
+    compile once more; after the first evaluation no step recompiles."""
+
+    generator: bool = False
+    discriminator: bool = False  # also the aux D, unless discriminator_aux says otherwise
+    discriminator_aux: Optional[bool] = None  # None: D's setting
+    # torch.compile's mode; None: its default. reduce-overhead adds CUDA graphs on CUDA devices.
+    mode: Optional[Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = None
+    # inductor generates kernels (C++ on the CPU: needs a C++ compiler; Triton on CUDA). aot_eager
+    # traces forward and backward as inductor does but runs them with torch's own kernels (no code
+    # generation: fast to compile, no speed-up); eager is the graph capture alone. Both check a
+    # model's compilability in seconds.
+    backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+
+
 class TrainConfig(Section):
     max_steps: int = Field(20000, gt=0)
     eval_every: int = Field(1000, gt=0)
@@ -348,6 +367,7 @@ class Config(Section):
     method: MethodConfig = MethodConfig()
     amp: AmpConfig = AmpConfig()
     parallel: ParallelConfig = ParallelConfig()
+    compile: CompileConfig = CompileConfig()
     train: TrainConfig = TrainConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     init: InitConfig = InitConfig()

@@ -10,7 +10,9 @@ The trap: the recomputed forward runs in training mode, where BatchNorm would up
 statistics (and ``num_batches_tracked``) a second time. During the recompute every BatchNorm of
 the module normalises with the batch's statistics, as the first forward did, and updates copies
 of its running statistics that are thrown away after. Dropout draws the
-same masks again (the RNG state is preserved, torch's default).
+same masks again (the RNG state is preserved, torch's default). Under ``compile.generator`` the
+checkpoint is traced into the graph and the recompute is the partitioner's, which recomputes the
+region's outputs and never its buffer updates.
 """
 
 from __future__ import annotations
@@ -59,6 +61,12 @@ class CheckpointedForward:
         forward = super().forward  # type: ignore[misc]
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
+        if torch.compiler.is_compiling():
+            # Traced by torch.compile (compile.generator): the region becomes a graph whose backward
+            # recomputes the region's outputs alone; the running statistics' updates are the
+            # forward's mutations and are never recomputed, so no context is needed (nor allowed:
+            # dynamo traces no context_fn but selective checkpointing's).
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False,
                           context_fn=lambda: (nullcontext(), running_statistics_untouched(self)), **kwargs)
 

@@ -14,9 +14,10 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from segadv.config.schema import NetworkAmpConfig
+from segadv.config.schema import CompileConfig, NetworkAmpConfig
 from segadv.errors import UserError
 from segadv.parallel.activation_checkpoint import apply_activation_checkpointing
+from segadv.parallel.compile import compile_network
 from segadv.parallel.distributed import DistEnv
 
 log = logging.getLogger(__name__)
@@ -73,13 +74,18 @@ def parallelize_network(
     *,
     broadcast_buffers: bool,
     activation_checkpointing: bool = False,
+    compile_config: CompileConfig | None = None,
+    role: str = "network",
 ) -> nn.Module:
     """One placed network made ready to train, in the order the wrappers need (as torchtitan's
-    ``parallelize_*``): activation checkpointing of its blocks, then its wrapper (none,
-    DataParallel or DDP). Returns the module as trained."""
+    ``parallelize_*``): activation checkpointing of its blocks, then ``torch.compile`` of its
+    forward (in place: ``compile_config``, None for eager), then its wrapper (none, DataParallel or DDP).
+    Returns the module as trained."""
     if activation_checkpointing:
         units = apply_activation_checkpointing(module)
         log.info("activation checkpointing: %s", ", ".join(units))
+    if compile_config is not None:
+        compile_network(module, compile_config, role)
     return wrap_network(module, mode, devices, amp, broadcast_buffers=broadcast_buffers)
 
 

@@ -70,10 +70,22 @@ class Plan:
 
 def plan_config(cfg: Config) -> Config:
     """The run as planned: no encoder weights (their values do not matter, and nothing may be
-    downloaded or read)."""
+    downloaded or read), and eager networks (``compile.*`` off: see ``compile_note``)."""
     generator = cfg.model.generator.model_copy(update={"encoder_weights": None})
     model = cfg.model.model_copy(update={"generator": generator})
-    return cfg.model_copy(update={"model": model, "init": type(cfg.init)()})
+    return cfg.model_copy(update={"model": model, "init": type(cfg.init)(), "compile": type(cfg.compile)()})
+
+
+def compile_note(cfg: Config) -> list[str]:
+    """What the plan says of ``compile.*``: the networks are planned (and measured) eager. The
+    compiled graphs run the same convolutions on the same tensors, and inductor's partitioner
+    usually saves fewer intermediate tensors for the backward than eager autograd does (it
+    recomputes cheap pointwise ops); docs/planning.md "Compiled networks"."""
+    roles = [role for role in ("generator", "discriminator") if getattr(cfg.compile, role)]
+    if not roles:
+        return []
+    return [f"compile.{' and compile.'.join(roles)}: planned eager (compiled graphs usually save fewer "
+            "activations for the backward; the compilation's own memory is not planned)"]
 
 
 def map_devices(spec: str | None) -> DeviceMap:
@@ -375,11 +387,13 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     start = time.perf_counter()
+    compiled = compile_note(cfg)
     cfg = plan_config(cfg)
     real = map_devices(cfg.device_map)
     device_type = standin.register()
     planned = standin_map(real, device_type)
     cfg, notes = without_one_device_dp(cfg, real)
+    notes.extend(compiled)
     if device_type == "meta" and any(a.enabled for a in (cfg.amp.generator, cfg.amp.discriminator)):
         notes.append("this torch has no Python backend registration: planned on meta devices, where autocast "
                      "does nothing (an fp32 plan)")

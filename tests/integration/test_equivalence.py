@@ -101,9 +101,14 @@ class Case:
     @property
     def summed_elsewhere(self) -> bool:
         """float32 sums in another order than the CPU reference's: DDP's all-reduce, CUDA kernels,
-        oneDNN's channels_last convolutions, the micro-batches' gradients added up."""
+        oneDNN's channels_last convolutions, the micro-batches' gradients added up, compiled kernels."""
         return self.split_batch or self.accumulates or self.device_map != "cpu" or \
-            "train.channels_last=true" in self.overrides
+            "train.channels_last=true" in self.overrides or self.compiles
+
+    @property
+    def compiles(self) -> bool:
+        """torch.compile of G: inductor's fused kernels sum BatchNorm's reductions in their own order."""
+        return "compile.generator=true" in self.overrides
 
     @property
     def accumulates(self) -> bool:
@@ -132,6 +137,8 @@ DEMO_G = ("model.generator.encoder=resnet18", "model.generator.encoder_depth=3",
           "train.channels_last=true")
 CUDA, CUDA2 = (pytest.mark.cuda,), (pytest.mark.cuda2,)
 CHECKPOINTING = "model.generator.activation_checkpointing=true"  # the reference builds the plain G
+COMPILE = ("compile.generator=true", "compile.discriminator=true")
+AOT = "compile.backend=aot_eager"
 CASES = [
     Case("cpu"),
     Case("cpu-dataparallel", overrides=DP),
@@ -147,6 +154,14 @@ CASES = [
     Case("cpu-activation-checkpointing", overrides=(CHECKPOINTING,)),
     Case("checkpointing-g-bf16", overrides=(CHECKPOINTING, *amp("generator", "bfloat16"))),
     Case("checkpointing-accumulation-2", overrides=(CHECKPOINTING, "train.accumulation_steps=2", "data.batch_size=4")),
+    # torch.compile of both networks (inductor: generated C++ kernels; a resnet18 G to layer2, a
+    # minute of C++ compilation where the tiny mobilenet's 17 blocks take two), and with aot_eager
+    # (the same graph capture and AOTAutograd, torch's kernels) under AMP, checkpointing and accumulation.
+    Case("cpu-compile", overrides=(*COMPILE, *DEMO_G[:3], "model.generator.decoder_channels=32")),
+    Case("compile-aot-g-bf16-d-fp16", overrides=(*COMPILE, AOT, *amp("generator", "bfloat16"),
+                                                 *amp("discriminator", "float16"))),
+    Case("compile-aot-checkpointing-accumulation-2",
+         overrides=(*COMPILE, AOT, CHECKPOINTING, "train.accumulation_steps=2", "data.batch_size=4")),
     Case("g-bf16", overrides=amp("generator", "bfloat16")),
     Case("d-bf16", overrides=amp("discriminator", "bfloat16")),
     Case("both-bf16", overrides=(*amp("generator", "bfloat16"), *amp("discriminator", "bfloat16"))),
@@ -181,6 +196,9 @@ CASES = [
     Case("g:0+1,d:1-bf16", "g:0+1,d:1", amp("generator", "bfloat16"), split_batch=True, marks=CUDA2),
     Case("cuda-checkpointing-g-bf16", "g:cuda:0,d:cuda:0", (CHECKPOINTING, *amp("generator", "bfloat16")), marks=CUDA),
     Case("g:0+1,d:1-checkpointing", "g:0+1,d:1", (CHECKPOINTING,), split_batch=True, marks=CUDA2),
+    # Inductor's Triton kernels on each network's own GPU; the hand-over between them stays eager.
+    Case("cuda-compile", "g:cuda:0,d:cuda:0", COMPILE, marks=CUDA),
+    Case("g:1,d:0-compile-g-bf16", "g:1,d:0", (*COMPILE, *amp("generator", "bfloat16")), marks=CUDA2),
 ]
 
 
@@ -420,7 +438,10 @@ DDP_CASES = [
     # Two micro-batches of one sample per rank: no_sync on the first, one all-reduce in the second.
     pytest.param("cpu", ("train.accumulation_steps=2",), id="ddp-gloo-cpu-accumulation"),
     pytest.param("cpu", (CHECKPOINTING,), id="ddp-gloo-cpu-checkpointing"),
+    # Each rank compiles its networks before DDP wraps them (DDP's bucket splits: dynamo's DDPOptimizer).
+    pytest.param("cpu", (*COMPILE, AOT), id="ddp-gloo-cpu-compile"),
     pytest.param("g:0,d:0", (), id="ddp-cuda", marks=pytest.mark.cuda),
+    pytest.param("g:0,d:0", COMPILE, id="ddp-cuda-compile", marks=pytest.mark.cuda),
 ]
 
 

@@ -50,3 +50,22 @@ def test_the_stop_agreement_is_timed_and_costs_milliseconds_at_most():
     with nothing to hide it, a few percent of the 80-ms steps of the tiny runs at most."""
     seconds = bench.stop_agreement_seconds(calls=50)
     assert 0 < seconds < 5e-3  # idle: ~0.3 ms; the bound leaves room for a loaded machine
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_compile_figures_for_g_d_and_both_against_eager_and_the_bare_loop(capsys):
+    """--compile: the compiled steps timed beside the eager one and the bare loop (aot_eager here:
+    the same wiring in seconds), each with its compile time."""
+    args = ["--no-variants", "--compile", "--steps", "1", "--rounds", "1", "--warmup", "0",
+            "--device-map", "cpu", *TINY_OVERRIDES, "compile.backend=aot_eager"]
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    found = figures(out)
+    for name in ("eager", "g", "d", "g+d"):
+        assert found[f"compile/{name}/ms_per_step"] > 0
+        assert found[f"compile/{name}/vs_bare"] == pytest.approx(
+            found["compile/bare/ms_per_step"] / found[f"compile/{name}/ms_per_step"], rel=2e-3)  # 4 significant digits each
+        assert (f"compile/{name}/compile_s" in found) == (name != "eager")
+    assert found["compile/eager/speedup"] == 1
+    assert all(found[f"compile/{name}/compile_s"] > 0 for name in ("g", "d", "g+d"))
+    assert "graphs compiled during the timed rounds" not in out
