@@ -7,6 +7,7 @@ import io
 import logging
 import pickle
 import re
+import struct
 import sys
 import zipfile
 from pathlib import Path
@@ -84,6 +85,11 @@ def _torch_load(path: Path, trusted: bool, legacy: bool) -> dict[str, Any]:
         raise _unpickling_error(path, err, legacy) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
         raise CorruptCheckpoint(f"checkpoint {path} is truncated or corrupt: {_first_line(err)}") from None
+    except (IndexError, KeyError, TypeError, AttributeError, struct.error, RecursionError, MemoryError) as err:
+        # Garbage fed to the unpickler's opcodes (a pop from an empty stack, a memo key never
+        # set, a huge length): torch.load passes these through as they are.
+        what = "not a readable pickle stream" if legacy else "its pickle data does not read"
+        raise CorruptCheckpoint(f"checkpoint {path} is corrupt: {what} ({_first_line(err)})") from None
     if isinstance(obj, torch.nn.Module):  # a pickled model (trusted): its weights are what is wanted
         log.info("%s holds a pickled %s: using its state_dict()", path, type(obj).__name__)
         return obj.state_dict()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
 
 import pytest
 import torch
@@ -106,6 +107,18 @@ def test_a_file_without_a_seal_still_loads_and_its_zip_crcs_catch_damage(tmp_pat
         read_checkpoint(flip(plain, tmp_path / "bad.pth"))
 
 
+def test_any_noise_after_a_pickle_header_is_a_corrupt_checkpoint_not_a_traceback(tmp_path):
+    """Random bytes after a pickle PROTO opcode make the unpickler fail in many ways (an empty
+    stack, a missing memo key, a bad length, a bad string); every one is the corrupt-file message
+    naming the file."""
+    rng = random.Random(0)
+    path = tmp_path / "noise.pt"
+    for _ in range(300):
+        path.write_bytes(b"\x80" + rng.randbytes(rng.randint(1, 4000)))
+        with pytest.raises(UserError, match=r"noise\.pt is (truncated or )?corrupt: "):
+            read_checkpoint(path)
+
+
 def test_foreign_formats_and_payloads_get_their_own_message(tmp_path):
     model = nn.Sequential(nn.Conv2d(3, 4, 3))
     cases = {}
@@ -113,7 +126,7 @@ def test_foreign_formats_and_payloads_get_their_own_message(tmp_path):
     cases["scripted.pt"] = "is a TorchScript module (torch.jit.save"
     torch.save(model, tmp_path / "module.pt")
     cases["module.pt"] = "holds a pickled Sequential model object (torch.save(model)), not weights"
-    (tmp_path / "noise.pt").write_bytes(b"\x80" + os.urandom(4000))
+    (tmp_path / "noise.pt").write_bytes(b"\x80" + random.Random(0).randbytes(4000))
     cases["noise.pt"] = "noise.pt is corrupt: not a readable pickle stream"
     (tmp_path / "model.onnx").write_bytes(b"\x08\x07\x12\x07pytorch")
     cases["model.onnx"] = "is an ONNX model (segadv-export's output), not a checkpoint"

@@ -31,18 +31,18 @@ from segadv.train import train
 COMPILE_AOT = ("compile.generator=true", "compile.discriminator=true", "compile.backend=aot_eager")
 
 
-@pytest.mark.parametrize("method", [
-    (),
-    # AdvSemiSeg: three streams, the panel and the diagnostic images at every evaluation, and the
-    # self-training term switched on at step 4, after the first evaluation.
-    ("method.name=advsemiseg", "data.labeled_fraction=0.5", "method.advsemiseg.semi_start=4",
-     "log.diagnostic_images=4"),
-], ids=["supervised", "advsemiseg"])
-def test_no_step_recompiles_after_the_first_evaluation(tiny_cfg, monkeypatch, method):
+# AdvSemiSeg: three streams, the panel and the diagnostic images at every evaluation, and the
+# self-training term switched on at step 4, after the first evaluation (the supervised method's
+# step is its labeled part).
+ADVSEMISEG = ("method.name=advsemiseg", "data.labeled_fraction=0.5", "method.advsemiseg.semi_start=4",
+              "log.diagnostic_images=4")
+
+
+def test_no_step_recompiles_after_the_first_evaluation(tiny_cfg, monkeypatch):
     """Each network compiles on its first steps, G again for evaluation (eval mode, no_grad, the
     val batch size, the panel's): from the end of the first evaluation to the end of the run, not
     one graph more, through three more evaluations."""
-    cfg = load_config(None, [*TINY_OVERRIDES, *COMPILE_AOT, *method, "train.max_steps=8", "train.eval_every=2",
+    cfg = load_config(None, [*TINY_OVERRIDES, *COMPILE_AOT, *ADVSEMISEG, "train.max_steps=8", "train.eval_every=2",
                              "checkpoint.every=100", "log.tensorboard=false"])
     cfg.run_dir, cfg.device_map = tiny_cfg.run_dir, "cpu"
     after_evaluation = []
