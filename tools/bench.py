@@ -12,7 +12,8 @@ per network, channels_last on, G's activation checkpointing, two micro-batches p
 (``train.accumulation_steps=2``), and on CUDA ``g:cuda:0,d:cuda:0`` vs ``g:cuda:0,d:cpu`` (the cost
 of a cross-device hop). With ``--compile``, segadv's step with ``compile.generator``,
 ``compile.discriminator`` and both, against the eager step and the bare loop in the same rounds,
-and the compilation's own seconds (minutes on a CPU: not part of the default run). Last, the cost of the stop agreement that DDP runs make every step
+and the compilation's own seconds (minutes on a CPU: not part of the default run). Last, the
+cost of the stop agreement that DDP runs make every step
 (``StepAgreement``: a gloo all-reduce of one flag, collected a step later), in two processes on
 this machine: call after call (the whole round trip, an upper bound, and its share of segadv's
 step) and a step apart with the host idle in between (as during a GPU step).
@@ -23,8 +24,9 @@ Prints one figure per line, ``name value [unit] [# note]``: ``ratio`` (segadv / 
 1.0 = no overhead), ``breakdown/<phase>/ms_per_step`` (segadv's step by phase) and per variant
 ``<variant>/ms_per_step`` and ``<variant>/speedup`` (vs float32), ``stop_agreement/us_per_call``,
 ``stop_agreement/us_per_step`` and ``stop_agreement/share_of_step``; with ``--compile``,
-``compile/bare/ms_per_step``, ``compile/<networks>/ms_per_step``, ``/speedup`` (vs segadv eager), ``/vs_bare`` (vs the bare eager
-loop) and ``/compile_s`` (the first steps' time beyond as many timed steps).
+``compile/bare/ms_per_step``, ``compile/<networks>/ms_per_step``, ``/speedup`` (vs segadv eager),
+``/vs_bare`` (vs the bare eager loop) and ``/compile_s`` (the first steps' time beyond as many
+timed steps).
 """
 
 from __future__ import annotations

@@ -50,8 +50,7 @@ def check_compile(cfg: CompileConfig, role: str, devices: tuple[torch.device, ..
         return
     device = devices[0]
     if device.type == "cpu":
-        compiler = cpp_compiler()
-        if compiler is None:
+        if cpp_compiler() is None:
             raise UserError(f"{key}=true: inductor compiles the {role} on the CPU into C++, and no C++ compiler was "
                             "found (g++, or the one named by $CXX); install one, set compile.backend=aot_eager (no "
                             f"code generation, no speed-up) or {key}=false")
@@ -81,11 +80,6 @@ def compile_network(module: nn.Module, cfg: CompileConfig, role: str) -> None:
     module.compile(**options)
     log.info("compile: the %s's forward with torch.compile (%s)", role,
              ", ".join(f"{k}={v}" for k, v in options.items()))
-
-
-def is_compiled(module: nn.Module) -> bool:
-    """Whether ``module`` runs a compiled forward (``nn.Module.compile``)."""
-    return getattr(module, "_compiled_call_impl", None) is not None
 
 
 def graphs_compiled() -> int:

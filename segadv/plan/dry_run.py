@@ -27,6 +27,7 @@ from segadv.config import Config
 from segadv.data import pool_has_masks
 from segadv.engine.evaluate import evaluate
 from segadv.errors import UserError
+from segadv.parallel.compile import compile_enabled
 from segadv.parallel.device_map import DeviceMap, parse_device_map
 from segadv.plan import standin
 from segadv.plan.accounting import DryRunMode, PlacementError, segadv_line
@@ -81,7 +82,7 @@ def compile_note(cfg: Config) -> list[str]:
     compiled graphs run the same convolutions on the same tensors, and inductor's partitioner
     usually saves fewer intermediate tensors for the backward than eager autograd does (it
     recomputes cheap pointwise ops); docs/planning.md "Compiled networks"."""
-    roles = [role for role in ("generator", "discriminator") if getattr(cfg.compile, role)]
+    roles = [role for role in ("generator", "discriminator") if compile_enabled(cfg.compile, role)]
     if not roles:
         return []
     return [f"compile.{' and compile.'.join(roles)}: planned eager (compiled graphs usually save fewer "

@@ -4,7 +4,6 @@ pickled code is ever sent to --trust-checkpoint."""
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
 

@@ -63,8 +63,9 @@ def test_compile_figures_for_g_d_and_both_against_eager_and_the_bare_loop(capsys
     found = figures(out)
     for name in ("eager", "g", "d", "g+d"):
         assert found[f"compile/{name}/ms_per_step"] > 0
+        # rel: each figure prints 4 significant digits
         assert found[f"compile/{name}/vs_bare"] == pytest.approx(
-            found["compile/bare/ms_per_step"] / found[f"compile/{name}/ms_per_step"], rel=2e-3)  # 4 significant digits each
+            found["compile/bare/ms_per_step"] / found[f"compile/{name}/ms_per_step"], rel=2e-3)
         assert (f"compile/{name}/compile_s" in found) == (name != "eager")
     assert found["compile/eager/speedup"] == 1
     assert all(found[f"compile/{name}/compile_s"] > 0 for name in ("g", "d", "g+d"))
