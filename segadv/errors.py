@@ -23,6 +23,7 @@ EXIT_FAILURE = 1
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
 EXIT_WRITE_FAILED = 4
+EXIT_INTERRUPTED = 130
 
 
 class UserError(Exception):
@@ -79,10 +80,24 @@ def cli_entry(main: Callable[[list[str] | None], int | None]) -> Callable[[list[
             return EXIT_USER_ERROR
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
-            return 130
+            return EXIT_INTERRUPTED
         return EXIT_OK if code is None else int(code)
 
     return wrapper
+
+
+def exit_code_of(err: BaseException) -> int:
+    """The exit code a command ends with when ``err`` leaves its ``main`` (:func:`cli_entry`'s
+    mapping; 1 for what it lets through with a traceback)."""
+    if isinstance(err, UserError):
+        return EXIT_USER_ERROR
+    if isinstance(err, RunStopped):
+        return err.exit_code
+    if isinstance(err, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(err, RuntimeError) and input_shape_message(err) is not None:
+        return EXIT_USER_ERROR
+    return EXIT_FAILURE
 
 
 # segmentation-models-pytorch checks G's input in its forward and raises a bare RuntimeError;

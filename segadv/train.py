@@ -34,6 +34,7 @@ from segadv.monitor.images import confidence_panel, segmentation_panel
 from segadv.monitor.meters import LossAverager, StepTimer
 from segadv.monitor.profile import RunProfile, format_profile, peak_memory_gib, profile_scalars
 from segadv.monitor.progress import Progress
+from segadv.monitor.status import RunRecord
 from segadv.monitor.writer import MetricWriter, NullWriter
 from segadv.parallel import DeviceMap, activate, parse_device_map
 from segadv.parallel.placement import for_inference
@@ -84,16 +85,20 @@ def train(
     (and checkpoint) after that step as a preempted run would, for tests and schedulers.
     ``force``: start even if the run dir looks too small for the checkpoints the run keeps.
     Raises Diverged (a non-finite loss or weight) and WriteFailed (a file could not be written),
-    each with one message naming the last complete checkpoint (docs/failures.md)."""
+    each with one message naming the last complete checkpoint (docs/failures.md). Rank 0 records
+    how the run ended in RUN/status.json (segadv/monitor/status.py)."""
     env, device_map = start_processes(cfg)
     distributed.check_ranks_agree({**flat_config(cfg), "--resume": resume, "world size": env.world_size})
     run_dir = prepare_run_dir(cfg, config_name)
-    with RunDirLock(run_dir, env):
-        return run(cfg, env, device_map, run_dir, resume=resume, trusted=trusted, stop_at=stop_at, force=force)
+    with RunDirLock(run_dir, env), RunRecord(run_dir, cfg.train.max_steps, enabled=env.is_main) as record:
+        result = run(cfg, env, device_map, run_dir, record, resume=resume, trusted=trusted, stop_at=stop_at,
+                     force=force)
+        record.end(result.stopped_by)
+        return result
 
 
-def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, *, resume: str | None, trusted: bool,
-        stop_at: int | None, force: bool) -> TrainResult:
+def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, record: RunRecord, *,
+        resume: str | None, trusted: bool, stop_at: int | None, force: bool) -> TrainResult:
     """The run itself, in a run dir this process holds (``train``'s arguments)."""
     log.info("run dir: %s; device map: %s", run_dir, device_map)
     parts = build_training(cfg, device_map, env)
@@ -116,6 +121,7 @@ def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, *, resu
     agreement = distributed.StepAgreement()
     val_metrics: dict[str, object] = {}
     stopped_by: str | None = None
+    record.begin(step, checkpoints.best)
     with StopRequests(watch_parent=distributed.launched_by_torchrun()) as stop:
         try:
             while step < max_steps:
@@ -143,6 +149,7 @@ def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, *, resu
                         val_metrics = evaluate_all(cfg, parts, data, writer, progress, step, profile.elapsed())
                     with profile.host_phase("checkpoint"):
                         checkpoints.keep_if_best(step, val_metrics["mIoU"])
+                        record.evaluated(step, val_metrics, checkpoints.best)
                     writer.scalars(step, {"val/best_mIoU": checkpoints.best["mIoU"]})
                 if saving:
                     with profile.host_phase("checkpoint"):
@@ -163,6 +170,7 @@ def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, *, resu
                 raise
             raise noted from None
         finally:
+            record.reached(step)
             progress.close()
             writer.close()
             data.close()
@@ -338,7 +346,7 @@ def run_evaluation(
 ) -> dict[str, object]:
     """G on one val split, logged as ``<prefix>/mIoU``, ``<prefix>/pixel_acc``, ``<prefix>/IoU/<class>``
     (and ``num_samples`` input/truth/prediction panels). ``extra``: scalars logged with them
-    (``perf/train_seconds``: accuracy against time, tools/demo_curves.py)."""
+    (``perf/train_seconds``: accuracy against time, segadv-curves)."""
     result = evaluate(
         generator_for_evaluation(parts), loader, parts.device_map.generator, cfg.data.num_classes,
         autocast=parts.g.opt.autocast, num_samples=num_samples,

@@ -201,6 +201,9 @@ def test_cli_a_diverging_run_is_one_message_and_exit_3(tmp_path, capsys):
                      r"no checkpoint was written before it\.", err, re.M)
     assert "Traceback" not in err
     assert not (run_dir / "checkpoints" / "last.pt").exists()
+    status = json.loads((run_dir / "status.json").read_text())  # how the run ended, for scripts
+    assert (status["outcome"], status["exit_code"], status["step"]) == ("diverged", 3, 10)
+    assert err.strip().endswith(status["error"])
 
 
 def test_an_unwritable_run_dir_is_refused_before_the_first_step(tmp_path, monkeypatch):
@@ -257,6 +260,8 @@ def test_cli_ddp_every_rank_stops_on_divergence_with_exit_3(tmp_path):
     assert result.returncode == EXIT_DIVERGED, result.stderr[-3000:]
     assert result.stderr.count("error: training diverged: train/loss_") == 2  # each rank, the same decision
     assert not (run_dir / "checkpoints" / "last.pt").exists()
+    status = json.loads((run_dir / "status.json").read_text())  # rank 0's
+    assert (status["outcome"], status["exit_code"], status["step"]) == ("diverged", 3, 10)
 
 
 # ------------------------------------------------------------------ bad data found mid-run (issue 33)

@@ -1,5 +1,6 @@
 """Resume: exact continuation, crash safety (SIGKILL, SIGTERM), retention, corrupt fallback."""
 
+import json
 import os
 import random
 import re
@@ -141,12 +142,17 @@ def test_sigterm_saves_and_exits_0_then_resume_finishes(tmp_path):
     assert "resume with: segadv-train --run-dir" in err
     stopped = read_checkpoint(run_dir / "checkpoints" / "last.pt")["step"]
     assert 2 <= stopped < 400
+    status = json.loads((run_dir / "status.json").read_text())  # exit 0, but not finished
+    assert (status["outcome"], status["stopped_by"], status["step"], status["exit_code"]) == (
+        "stopped", "SIGTERM", stopped, 0)
 
     done = subprocess.run(cli(run_dir, f"train.max_steps={stopped + 2}", "--resume", "auto"),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"resumed from {run_dir / 'checkpoints'}" in done.stderr
     assert read_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == stopped + 2
+    status = json.loads((run_dir / "status.json").read_text())
+    assert (status["outcome"], status["start_step"], status["step"]) == ("finished", stopped, stopped + 2)
 
 
 def test_sigkill_at_random_moments_never_loses_the_run(tmp_path):

@@ -1,0 +1,196 @@
+"""How a run ended: ``RUN/status.json`` (docs/training.md, "How a run ended: status.json").
+
+Rank 0 writes it atomically (segadv/fsutil.py): ``running`` when the training loop starts, again
+at every evaluation (with the scores so far), then the outcome when the process leaves the run:
+
+- ``finished``: ``train.max_steps`` reached;
+- ``stopped``: a SIGTERM / SIGINT, the launcher's death or ``stop_at`` ended it early at a
+  checkpoint (the trainer exits 0), or a second Ctrl-C ended it at once (exit 130);
+- ``diverged``: a non-finite loss or weight (:class:`segadv.errors.Diverged`, exit 3);
+- ``failed``: any other error (a user error met mid-run, a failed write, a crash), its message
+  and its exit code recorded.
+
+Exit code 0 therefore says "finished or stopped"; this file says which. A run killed outright
+(SIGKILL, OOM, power loss) cannot write: it stays ``running`` while no process holds the run dir
+(:func:`segadv.run_lock.is_held`). A start that fails before its first step writes nothing into a
+run dir without a status.json (there is no run to describe); into one with a status.json from an
+earlier attempt it writes ``failed``, so the file never claims what the latest attempt contradicts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Mapping, Optional
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from segadv import __version__
+from segadv.errors import Diverged, EXIT_OK, exit_code_of
+from segadv.fsutil import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+STATUS_FILE = "status.json"
+Outcome = Literal["running", "finished", "stopped", "diverged", "failed"]
+
+
+class Score(BaseModel):
+    """One evaluation on val: its step, val mIoU and pixel accuracy (None where not known: the
+    best of a run resumed from a checkpoint whose evaluation this file never saw)."""
+
+    step: int
+    mIoU: float
+    pixel_acc: Optional[float] = None
+
+
+class RunStatus(BaseModel):
+    """The contents of ``status.json``. Fields a newer segadv adds are ignored when read."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    outcome: Outcome
+    step: int  # the step reached (while running: the last evaluation's, or the start step)
+    max_steps: int
+    start_step: int  # where this attempt started: 0, or the step it resumed from
+    final: Optional[Score] = None  # the last evaluation, at or before ``step``
+    best: Optional[Score] = None  # the best evaluation by val mIoU: checkpoints/best.pt
+    stopped_by: Optional[str] = None  # stopped: SIGTERM, SIGINT, "launcher gone", stop_at, ...
+    error: Optional[str] = None  # diverged / failed: the error's message
+    exit_code: Optional[int] = None  # the process's exit code (None while running)
+    wall_s: float  # this attempt's wall time, from taking the run dir to the end
+    total_wall_s: float  # summed over the attempts since step 0 (a resumed attempt adds its own)
+    started_at: str  # this attempt's start, ISO 8601 in UTC
+    ended_at: Optional[str] = None
+    segadv_version: str
+
+
+def read_status(run_dir: Path) -> Optional[RunStatus]:
+    """The run's status.json; None when it has none or it cannot be read (logged: an unreadable
+    file is reported, never taken for a missing one silently)."""
+    path = Path(run_dir) / STATUS_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        log.warning("cannot read %s: %s", path, err.strerror or err)
+        return None
+    try:
+        return RunStatus.model_validate_json(text)
+    except ValidationError as err:
+        log.warning("%s is not a segadv status file: %s", path, err.errors()[0]["msg"])
+        return None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def outcome_of(err: BaseException) -> Outcome:
+    if isinstance(err, Diverged):
+        return "diverged"
+    if isinstance(err, KeyboardInterrupt):  # a second Ctrl-C: stopped at once, no checkpoint of its step
+        return "stopped"
+    return "failed"
+
+
+class RunRecord:
+    """One attempt at a run, as status.json tells it; ``enabled`` on rank 0 only.
+
+    ``with RunRecord(run_dir, max_steps) as record:`` around the run; the loop calls :meth:`begin`
+    once it starts, :meth:`evaluated` after each evaluation, :meth:`reached` when it leaves, and a
+    run that returns calls :meth:`end`. An exception leaving the ``with`` is recorded as
+    ``diverged`` or ``failed`` (``stopped`` for KeyboardInterrupt) and goes on unchanged: a failure
+    to write the record is logged, never raised over the error it records."""
+
+    def __init__(self, run_dir: Path, max_steps: int, enabled: bool = True) -> None:
+        self.path = Path(run_dir) / STATUS_FILE
+        self.max_steps = max_steps
+        self.enabled = enabled
+        self.started_at = _now()
+        self._clock = time.monotonic()
+        self.previous = read_status(run_dir) if enabled else None
+        self.start_step = self.step = 0
+        self.final: Optional[Score] = None
+        self.best: Optional[Score] = None
+        self._known: dict[int, Score] = {}  # evaluations by step: this attempt's, and the earlier ones kept
+        self.begun = self.closed = False
+
+    def __enter__(self) -> "RunRecord":
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if err is None or self.closed or not self.enabled or not (self.begun or self.previous is not None):
+            return
+        if not self.begun:  # a start that failed: the run stands where the earlier attempt left it
+            self.start_step = self.step = self.previous.step
+            self.final, self.best = self.previous.final, self.previous.best
+        stopped_by = "SIGINT" if isinstance(err, KeyboardInterrupt) else None
+        message = None if isinstance(err, KeyboardInterrupt) else (str(err) or type(err).__name__)
+        try:
+            self._close(outcome_of(err), exit_code_of(err), stopped_by=stopped_by, error=message)
+        except Exception as write_err:  # the error being recorded is the one to report
+            log.warning("could not record the run's outcome in %s: %s", self.path, write_err)
+
+    def begin(self, step: int, best: Mapping[str, Any] | None) -> None:
+        """The loop starts at ``step`` (0, or the step resumed from) with the checkpoint's best
+        evaluation (``{"mIoU", "step"}``); writes ``running``."""
+        self.begun = True
+        self.start_step = self.step = step
+        previous = self.previous
+        if previous is not None:  # what the earlier attempts measured up to where this one starts
+            for score in (previous.final, previous.best):
+                if score is not None and score.step <= step:
+                    self._known[score.step] = score
+            if previous.final is not None and previous.final.step <= step:
+                self.final = previous.final
+        self.best = self._best(best)
+        self._write("running")
+
+    def evaluated(self, step: int, metrics: Mapping[str, Any], best: Mapping[str, Any] | None) -> None:
+        """An evaluation at ``step`` (val ``metrics``) and the best so far after it; rewrites ``running``."""
+        self.step = step
+        self.final = self._known[step] = Score(step=step, mIoU=float(metrics["mIoU"]),
+                                                pixel_acc=float(metrics["pixel_acc"]))
+        self.best = self._best(best)
+        self._write("running")
+
+    def reached(self, step: int) -> None:
+        """The step the loop got to, however it left."""
+        self.step = step
+
+    def end(self, stopped_by: str | None) -> None:
+        """The run returned: ``finished``, or ``stopped`` (``stopped_by``: why)."""
+        self._close("stopped" if stopped_by else "finished", EXIT_OK, stopped_by=stopped_by)
+
+    def _best(self, best: Mapping[str, Any] | None) -> Optional[Score]:
+        """The checkpoint manager's best (``best.pt``), with its pixel accuracy where an evaluation
+        of that step is known."""
+        if best is None:
+            return None
+        step, miou = int(best["step"]), float(best["mIoU"])
+        known = self._known.get(step)
+        pixel_acc = known.pixel_acc if known is not None and known.mIoU == miou else None
+        return Score(step=step, mIoU=miou, pixel_acc=pixel_acc)
+
+    def _close(self, outcome: Outcome, exit_code: int, **fields: Any) -> None:
+        self.closed = True
+        if self.enabled:
+            self._write(outcome, exit_code=exit_code, ended_at=_now(), **fields)
+
+    def _write(self, outcome: Outcome, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        wall = time.monotonic() - self._clock
+        earlier = self.previous.total_wall_s if self.previous is not None and self.start_step > 0 else 0.0
+        status = RunStatus(
+            outcome=outcome, step=self.step, max_steps=self.max_steps, start_step=self.start_step,
+            final=self.final, best=self.best, wall_s=round(wall, 1), total_wall_s=round(earlier + wall, 1),
+            started_at=self.started_at, segadv_version=__version__, **fields,
+        )
+        atomic_write_text(self.path, status.model_dump_json(indent=1) + "\n")
