@@ -1,8 +1,9 @@
 """segadv-ckpt: look inside a checkpoint, or turn it into a clean generator-only weights file.
 
-    segadv-ckpt inspect FILE|DIR [--trust-checkpoint]
+    segadv-ckpt inspect FILE|DIR|RUN_DIR [--trust-checkpoint]
     segadv-ckpt convert FILE|DIR (--output OUT [--safetensors] | --smp DIR) [--config FILE] [key=value ...]
 
+``inspect RUN_DIR`` inspects the run's best checkpoint (segadv/checkpoint/run_checkpoint.py).
 ``convert`` loads G through the one inference loader (segadv/checkpoint/inference.py), so it takes
 what segadv-eval and segadv-export take. ``--smp DIR`` writes smp's ``save_pretrained`` format,
 which ``smp.from_pretrained(DIR)`` opens (segadv/checkpoint/smp_dir.py).
@@ -11,6 +12,7 @@ which ``smp.from_pretrained(DIR)`` opens (segadv/checkpoint/smp_dir.py).
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections import Counter
 from pathlib import Path
@@ -24,11 +26,14 @@ from segadv.checkpoint.inference import load_generator, read_files
 from segadv.checkpoint.integrity import seal_safetensors
 from segadv.checkpoint.io import checkpoint_bytes, read_verified
 from segadv.checkpoint.loader import WRAPPER_SEGMENTS, describe_weights, find_state_dict
+from segadv.checkpoint.run_checkpoint import checkpoint_of_run
 from segadv.checkpoint.smp_dir import CONFIG_FILE, WEIGHTS_FILE, read_smp_config, save_smp_dir
 from segadv.checkpoint.state import is_segadv_checkpoint
 from segadv.errors import UserError, cli_entry
 from segadv.fsutil import atomic_write_bytes, refuse_overwriting
 from segadv.runtime import setup_logging
+
+log = logging.getLogger("segadv.ckpt")
 
 
 def detect_format(obj: Mapping[str, Any]) -> str:
@@ -59,6 +64,10 @@ def wrapper_prefixes(keys: list[str]) -> Counter[str]:
 
 
 def inspect(path: str, trusted: bool) -> str:
+    in_run = checkpoint_of_run(path)
+    if in_run is not None:
+        log.info("%s", in_run.note)
+        path = str(in_run.path)
     if Path(path).is_dir():  # an smp save_pretrained directory: its weights, then its config
         config = read_smp_config(Path(path))
         return "\n".join([inspect(str(Path(path) / WEIGHTS_FILE), trusted), f"{CONFIG_FILE}:",
@@ -123,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="segadv-ckpt", description="Inspect or convert checkpoints.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_inspect = sub.add_parser("inspect", help="format, wrapper prefixes, parameter counts, step, config")
-    p_inspect.add_argument("file")
+    p_inspect.add_argument("file", help="a checkpoint or weights file, an smp directory, or a run dir (its best "
+                                        "checkpoint)")
     p_convert = sub.add_parser("convert", help="write a clean generator-only weights file, or an smp directory")
     p_convert.add_argument("file", help="segadv checkpoint, raw state dict (needs --config) or smp directory")
     target = p_convert.add_mutually_exclusive_group(required=True)

@@ -1,10 +1,12 @@
 """segadv-eval: evaluate a generator checkpoint on the configured val split.
 
-    segadv-eval --checkpoint FILE|DIR [--config FILE] [--device DEV] [key=value ...]
+    segadv-eval --checkpoint FILE|DIR|RUN_DIR [--config FILE] [--device DEV] [--json] [key=value ...]
 
 Without ``--config`` the config saved in the checkpoint is used (overrides apply on top); a raw
 state dict needs one; an smp ``save_pretrained`` directory describes G itself
-(segadv/checkpoint/inference.py).
+(segadv/checkpoint/inference.py); a run dir means its best checkpoint
+(segadv/checkpoint/run_checkpoint.py). ``--json``: one object, per-class IoU by class name (null
+for a class neither predicted nor in the ground truth).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 
 from segadv.cli_args import add_config_arguments, parse_args
 from segadv.checkpoint.inference import load_generator
+from segadv.checkpoint.run_checkpoint import checkpoint_of_run
 from segadv.data import build_val_loader, class_names
 from segadv.data.files import absent_classes_note
 from segadv.data.loaders import left_out
@@ -30,7 +33,8 @@ log = logging.getLogger("segadv.eval")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="segadv-eval", description="Evaluate a generator checkpoint.")
     parser.add_argument("--checkpoint", required=True, help="segadv checkpoint (e.g. RUN/checkpoints/last.pt), "
-                        "raw state dict (needs --config) or smp save_pretrained directory")
+                        "a run dir (its best checkpoint), raw state dict (needs --config) or smp save_pretrained "
+                        "directory")
     add_config_arguments(parser, "default: the one saved in the checkpoint")
     parser.add_argument("--device", help="cpu, cuda:N or N (default: cuda:0 if available, else cpu)")
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
@@ -45,7 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     device_map = parse_device_map(None if args.device is None else f"g:{args.device}")
     activate(device_map)
-    loaded = load_generator(args.checkpoint, args.config, args.overrides, trusted=args.trust_checkpoint)
+    checkpoint = args.checkpoint
+    in_run = checkpoint_of_run(checkpoint)
+    if in_run is not None:
+        log.info("%s", in_run.note)
+        checkpoint = str(in_run.path)
+    loaded = load_generator(checkpoint, args.config, args.overrides, trusted=args.trust_checkpoint)
     cfg, generator = loaded.cfg, loaded.model.to(device_map.generator)
     # The split training measured val/* on: the target's with domain adaptation, else data's.
     val_data = cfg.target_data if cfg.target_data is not None else cfg.data
@@ -55,10 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     names = class_names(val_data)
     absent = absent_classes_note(names, result.absent_classes, val_data.ignore_index, "val")
     if args.json:
-        print(json.dumps({**metrics, "skipped": len(skipped), "absent_classes": result.absent_classes}))
+        print(json.dumps({"checkpoint": checkpoint, "step": loaded.step, "mIoU": metrics["mIoU"],
+                          "pixel_acc": metrics["pixel_acc"],
+                          "iou": {name: (iou if iou == iou else None) for name, iou in zip(names, metrics["iou"])},
+                          "skipped": len(skipped), "absent_classes": [names[i] for i in result.absent_classes]}))
         return 0
     step = "" if loaded.step is None else f", step {loaded.step}"
-    print(f"checkpoint: {args.checkpoint} ({loaded.kind}{step}); val split of "
+    print(f"checkpoint: {checkpoint} ({loaded.kind}{step}); val split of "
           f"{'target_data' if cfg.target_data is not None else 'data'}")
     print(f"mIoU       {metrics['mIoU']:.4f}")
     print(f"pixel acc  {metrics['pixel_acc']:.4f}")

@@ -122,6 +122,7 @@ def test_a_save_pretrained_directory_loads_evaluates_and_converts(smp_dir, tmp_p
                  ["--checkpoint", str(tmp_path / "g.pt"), "--config", str(tmp_path / "config.yaml")]):
         assert eval_main([*argv, "--json", "--device", "cpu"]) == 0
         metrics.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    assert [m.pop("checkpoint") for m in metrics] == [str(directory), str(tmp_path / "g.pt")]
     assert metrics[0] == metrics[1]
 
 

@@ -8,6 +8,7 @@ import torch
 from conftest import TINY_OVERRIDES
 from data_builders import make_folder
 from segadv.config import dump_config, load_config
+from segadv.data import class_names
 from segadv.eval import main as eval_main
 from segadv.models import build_generator
 
@@ -25,3 +26,4 @@ def test_eval_needs_only_the_val_split(tmp_path, capsys):
     assert code == 0
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0.0 <= metrics["mIoU"] <= 1.0 and len(metrics["iou"]) == 3
+    assert list(metrics["iou"]) == list(class_names(cfg.data))  # per-class IoU by class name

@@ -1,0 +1,80 @@
+"""A run dir where a checkpoint is taken: its best checkpoint (segadv-eval, segadv-ckpt inspect),
+said in one line; without best.pt its last.pt; without either, exit 2 naming what is missing."""
+
+import json
+import logging
+import shutil
+
+import pytest
+
+from segadv import ckpt as ckpt_cli
+from segadv import eval as eval_cli
+from segadv.checkpoint.run_checkpoint import checkpoint_of_run
+from segadv.data import class_names
+from segadv.errors import UserError
+from segadv.train import train
+
+
+def test_what_a_directory_stands_for(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for name in ("best.pt", "last.pt"):
+        (run / "checkpoints" / name).write_bytes(b"")
+    (run / "checkpoints" / "best.json").write_text('{"step": 20, "mIoU": 0.5}\n')
+    found = checkpoint_of_run(run)
+    assert found.path == run / "checkpoints" / "best.pt"
+    assert found.note == f"run dir {run}: its best checkpoint, {found.path} (step 20, val mIoU 0.5000, per best.json)"
+    (run / "checkpoints" / "best.pt").unlink()
+    found = checkpoint_of_run(run)
+    assert found.path == run / "checkpoints" / "last.pt" and "no best.pt (the run made no evaluation)" in found.note
+    (run / "checkpoints" / "last.pt").unlink()
+    with pytest.raises(UserError, match=r"has neither checkpoints/best.pt nor checkpoints/last.pt"):
+        checkpoint_of_run(run)
+    shutil.rmtree(run / "checkpoints")
+    (run / "config.yaml").write_text("")
+    with pytest.raises(UserError, match=r"has no checkpoints/ directory: the run wrote no checkpoint"):
+        checkpoint_of_run(run)
+    smp = tmp_path / "smp"  # not a run dir: left to the smp directory reader
+    smp.mkdir()
+    (smp / "config.json").write_text("{}")
+    assert checkpoint_of_run(smp) is None and checkpoint_of_run(run / "config.yaml") is None
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from segadv.config import load_config
+
+    from conftest import TINY_OVERRIDES
+
+    cfg = load_config(None, [*TINY_OVERRIDES, "train.max_steps=2", "log.tensorboard=false"])
+    cfg.run_dir, cfg.device_map = str(tmp_path_factory.mktemp("best") / "run"), "cpu"
+    return train(cfg), cfg
+
+
+def test_eval_of_a_run_dir_is_its_best_checkpoint_with_classes_by_name(trained, capsys, caplog):
+    result, cfg = trained
+    best = result.run_dir / "checkpoints" / "best.pt"
+    with caplog.at_level(logging.INFO, logger="segadv.eval"):
+        assert eval_cli.main(["--checkpoint", str(result.run_dir), "--device", "cpu", "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert f"run dir {result.run_dir}: its best checkpoint, {best} (step 2" in caplog.text
+    assert metrics["checkpoint"] == str(best) and metrics["step"] == 2
+    assert list(metrics["iou"]) == list(class_names(cfg.data))
+    assert metrics["mIoU"] == pytest.approx(result.val_metrics["mIoU"], abs=1e-9)
+    assert [metrics["iou"][name] for name in class_names(cfg.data)] == [
+        v if v == v else None for v in result.val_metrics["iou"]]
+    assert all(name in class_names(cfg.data) for name in metrics["absent_classes"])
+
+
+def test_ckpt_inspect_of_a_run_dir(trained, capsys, caplog, tmp_path):
+    result, _ = trained
+    with caplog.at_level(logging.INFO, logger="segadv.ckpt"):
+        assert ckpt_cli.main(["inspect", str(result.run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"file:      {result.run_dir / 'checkpoints' / 'best.pt'}" in out and "step:      2" in out
+    assert "its best checkpoint" in caplog.text
+    empty = tmp_path / "empty-run"
+    empty.mkdir()
+    (empty / "status.json").write_text("{}")
+    assert ckpt_cli.main(["inspect", str(empty)]) == 2
+    assert f"run dir {empty} has no checkpoints/ directory" in capsys.readouterr().err
