@@ -71,3 +71,24 @@ class RunDirLock:
                  .encode())
         self._fd = fd
         return None
+
+
+def is_held(run_dir: Path) -> bool:
+    """Whether a live process holds ``run_dir`` (a run going on there). Without flock (Windows, a
+    file system without locks) it cannot tell and answers True."""
+    path = Path(run_dir) / LOCK_FILE
+    if fcntl is None:
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:  # held (BlockingIOError), or no locks on this file system
+        return True
+    finally:
+        os.close(fd)  # closing drops the shared lock this probe took
+    return False

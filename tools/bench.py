@@ -20,6 +20,9 @@ step) and a step apart with the host idle in between (as during a GPU step).
 
     python tools/bench.py [--config FILE] [--steps N] [--rounds R] [--no-variants] [--compile] [key=value ...]
 
+A repository tool, not part of the installed package: it measures this checkout (``make bench``),
+so a wheel does not ship it (docs/performance.md).
+
 Prints one figure per line, ``name value [unit] [# note]``: ``ratio`` (segadv / bare throughput,
 1.0 = no overhead), ``breakdown/<phase>/ms_per_step`` (segadv's step by phase) and per variant
 ``<variant>/ms_per_step`` and ``<variant>/speedup`` (vs float32), ``stop_agreement/us_per_call``,

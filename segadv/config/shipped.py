@@ -5,7 +5,7 @@ carries the YAML files as ``segadv/configs/`` and an editable install points the
 checkout's ``configs/``, both found here through :mod:`importlib.resources`. A source checkout used
 through PYTHONPATH installs nothing, so there ``segadv.configs`` does not import and the
 checkout's ``configs/`` beside ``segadv/`` is used. ``configs/experiments/`` holds the grids of
-``tools/experiment.py`` and ships too.
+``segadv-experiment`` (segadv/experiment/) and ships too.
 
 Wherever a config file is expected (``--config``, ``_base_``, a grid row's ``config``) a shipped
 config may be named instead: ``semi`` is ``configs/semi.yaml``. A reference that is an existing file

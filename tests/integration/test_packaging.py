@@ -8,6 +8,7 @@ was installed.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import site
@@ -73,6 +74,11 @@ def test_wheel_holds_every_module_and_every_shipped_config(wheel: Path) -> None:
                if p.is_file() and "__pycache__" not in p.parts}
     assert "segadv/configs/default.yaml" in configs and "segadv/configs/experiments/semi.yaml" in configs
     assert modules - names == set() and configs - names == set()
+    assert "segadv/experiment/cli.py" in names and "segadv/monitor/status.py" in names
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "segadv-experiment = segadv.experiment.cli:main" in scripts
+    assert "segadv-curves = segadv.experiment.curves:main" in scripts
 
 
 def test_installed_wheel_trains_from_an_empty_directory(wheel: Path, tmp_path: Path) -> None:
@@ -98,6 +104,19 @@ def test_installed_wheel_trains_from_an_empty_directory(wheel: Path, tmp_path: P
     for run_dir in (default_runs[0], empty / "runs" / "semi"):
         assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.jsonl").is_file()
     assert "method:\n  name: advsemiseg" in (empty / "runs" / "semi" / "config.yaml").read_text()
+
+    # The experiment tools are console scripts of the wheel: the shipped grids by name, the runs'
+    # status.json read back, the curves of a run.
+    experiment = tmp_path / "venv" / "bin" / "segadv-experiment"
+    grids = run([experiment, "--list-grids"], cwd=empty).stdout.splitlines()
+    assert [line.split()[0] for line in grids] == ["semi", "semi-rules", "uda"]
+    commands = run([experiment, "run", "semi", "--dry-run"], cwd=empty).stdout.splitlines()
+    assert len(commands) == 29 and all(" -m segadv.train --config semi --run-dir " in line for line in commands)
+    table = json.loads(run([experiment, "table", default_runs[0], "runs/semi", "--json"], cwd=empty).stdout)
+    assert [(r["outcome"], r["step"]) for r in table["runs"]] == [("finished", 2), ("finished", 2)]
+    assert "method.name" in table["differing_keys"]
+    curves = run([tmp_path / "venv" / "bin" / "segadv-curves", "runs/semi"], cwd=empty).stdout
+    assert curves.startswith("runs/semi: mIoU >= 0.80 at ")
 
 
 def test_editable_install_finds_the_checkouts_configs_as_the_package(tmp_path: Path) -> None:

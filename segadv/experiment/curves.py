@@ -1,27 +1,29 @@
-#!/usr/bin/env python
-"""Accuracy against training time of one or more runs: the numbers as text, the curves as a PNG.
+"""segadv-curves: accuracy against training time of one or more runs, as text and as a PNG.
 
 Reads each run dir's ``metrics.jsonl``: ``val/mIoU`` and ``perf/train_seconds`` (the training
 loop's wall time when that evaluation began) at every evaluation.
 
-    python tools/demo_curves.py RUN_DIR [RUN_DIR ...] [--threshold 0.80] [--png FILE]
+    segadv-curves RUN_DIR [RUN_DIR ...] [--threshold 0.80] [--png FILE] [--title TEXT]
 
 Prints per run the first evaluation at or above the threshold (seconds, step) and the final one,
-then the median and worst time to the threshold. ``--png`` needs matplotlib
-(``pip install -e ".[plot]"``).
+then the median and worst time to the threshold. ``--png`` needs matplotlib, the ``plot`` extra
+(``pip install "segadv[plot]"``); without it the command exits 2 before reading anything.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import io
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Optional
 
 from segadv.errors import UserError, cli_entry
+from segadv.experiment.runs import METRICS_FILE, metrics_records
+from segadv.fsutil import atomic_write_bytes, make_dir
 
 
 @dataclass
@@ -34,17 +36,11 @@ class Curve:
 
 
 def read_curve(run_dir: Path) -> Curve:
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS_FILE
     if not path.is_file():
         raise UserError(f"{path}: no such file (is {run_dir} a run dir?)")
-    points = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if "val/mIoU" in record and "perf/train_seconds" in record:
-            points.append((float(record["perf/train_seconds"]), int(record["step"]), float(record["val/mIoU"])))
+    points = [(float(record["perf/train_seconds"]), int(record["step"]), float(record["val/mIoU"]))
+              for record in metrics_records(path) if "val/mIoU" in record and "perf/train_seconds" in record]
     if not points:
         raise UserError(f"{path}: no evaluation with perf/train_seconds (a run from before it was logged?)")
     return Curve(str(run_dir), sorted(points))
@@ -64,14 +60,19 @@ def report(curves: list[Curve], threshold: float) -> str:
     return "\n".join(lines)
 
 
-def plot(curves: list[Curve], threshold: float, png: Path, title: str) -> None:
+def pyplot() -> ModuleType:
+    """matplotlib's pyplot on the file-only Agg backend, or a UserError naming the extra."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UserError('--png needs matplotlib: pip install -e ".[plot]"') from None
+        raise UserError('--png needs matplotlib, the plot extra: pip install "segadv[plot]"') from None
+    return plt
+
+
+def plot(plt: ModuleType, curves: list[Curve], threshold: float, png: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
     for curve in curves:
         seconds, _, miou = zip(*curve.points)
@@ -83,22 +84,25 @@ def plot(curves: list[Curve], threshold: float, png: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png)
+    image = io.BytesIO()
+    fig.savefig(image, format="png")
+    make_dir(png.parent)
+    atomic_write_bytes(png, image.getvalue())
 
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="demo_curves.py", description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories")
-    parser.add_argument("--threshold", type=float, default=0.80)
-    parser.add_argument("--png", type=Path, help="write the curves here")
-    parser.add_argument("--title", default="make demo: val mIoU against training time")
+    parser = argparse.ArgumentParser(prog="segadv-curves", description=__doc__.splitlines()[0].partition(": ")[2])
+    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories")
+    parser.add_argument("--threshold", type=float, default=0.80, help="the val mIoU to time (default 0.80)")
+    parser.add_argument("--png", type=Path, help="write the curves here (needs the plot extra: matplotlib)")
+    parser.add_argument("--title", default="val mIoU against training time", help="the PNG's title")
     args = parser.parse_args(argv)
+    plt = pyplot() if args.png else None  # a missing extra is said before any run is read
     curves = [read_curve(run) for run in args.runs]
     sys.stdout.write(report(curves, args.threshold) + "\n")
-    if args.png:
-        plot(curves, args.threshold, args.png, args.title)
+    if plt is not None:
+        plot(plt, curves, args.threshold, args.png, args.title)
     return 0
 
 

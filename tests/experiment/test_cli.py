@@ -1,15 +1,30 @@
-"""tools/experiment.py: a grid of configs x seeds, resumable, tabulated from metrics.jsonl."""
+"""segadv-experiment run: a grid of configs x seeds, resumable, its completion read from each run's
+status.json, tabulated with statistics against a baseline row."""
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import TINY_OVERRIDES, load_tool
+from conftest import TINY_OVERRIDES
+from segadv import train as train_cli
+from segadv.config import dump_config, load_config
+from segadv.experiment import cli as experiment
+from segadv.experiment import launcher
+from segadv.experiment.grid import load_grid
+from segadv.experiment.results import diagnostics_table, stat_cell
+from segadv.experiment.runs import ValScores, read_train_diagnostics, read_val_metrics
+from segadv.experiment.stats import WelchTest
+from segadv.monitor.status import RunStatus, Score
 
 ROOT = Path(__file__).resolve().parents[2]
-experiment = load_tool("experiment")
+
+
+def run_cli(*argv):
+    """``segadv-experiment run ...``"""
+    return experiment.main(["run", *map(str, argv)])
 
 
 def write_grid(path, rows, seeds=(0, 1), **extra):
@@ -23,10 +38,10 @@ def write_grid(path, rows, seeds=(0, 1), **extra):
 def run_grid_text(tmp_path, monkeypatch, grid_text):
     """experiment.main on a grid written from text, from the repository root, where nothing may run."""
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(experiment.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
+    monkeypatch.setattr(launcher.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
     path = tmp_path / "grid.yaml"
     path.write_text(grid_text)
-    return experiment.main([str(path), "--out", str(tmp_path / "out")])
+    return run_cli(path, "--out", tmp_path / "out")
 
 
 ROWS = [{"name": "CE only", "config": str(ROOT / "configs" / "default.yaml"), "overrides": ["loss.lambda_adv=0"]},
@@ -36,7 +51,7 @@ ROWS = [{"name": "CE only", "config": str(ROOT / "configs" / "default.yaml"), "o
 def test_grid_runs_tabulates_and_never_repeats_a_finished_run(tmp_path, monkeypatch):
     grid = write_grid(tmp_path / "grid.yaml", ROWS)
     out = tmp_path / "out"
-    assert experiment.main([str(grid), "--out", str(out)]) == 0
+    assert run_cli(grid, "--out", out) == 0
     results = json.loads((out / "results.json").read_text())
     assert [r["name"] for r in results["rows"]] == ["CE only", "+ adversarial"]
     for row in results["rows"]:
@@ -54,18 +69,18 @@ def test_grid_runs_tabulates_and_never_repeats_a_finished_run(tmp_path, monkeypa
     def no_run(*args, **kwargs):
         raise AssertionError("a finished run was started again")
 
-    monkeypatch.setattr(experiment.subprocess, "run", no_run)
-    assert experiment.main([str(grid), "--out", str(out)]) == 0
+    monkeypatch.setattr(launcher.subprocess, "run", no_run)
+    assert run_cli(grid, "--out", out) == 0
 
     # --baseline: every row against another row, in a table of its own; results.md stays.
     before = (out / "results.md").read_text()
-    assert experiment.main([str(grid), "--out", str(out), "--table-only", "--baseline", "+ adversarial"]) == 0
+    assert run_cli(grid, "--out", out, "--table-only", "--baseline", "+ adversarial") == 0
     versus = json.loads((out / "results_vs_adversarial.json").read_text())
     adv = results["rows"][1]
     assert versus["rows"][0]["baseline"] == "+ adversarial" and "baseline" not in versus["rows"][1]
     assert versus["rows"][0]["diff"] == pytest.approx(ce["final_mean"] - adv["final_mean"])
     assert (out / "results.md").read_text() == before
-    assert experiment.main([str(grid), "--out", str(out), "--table-only", "--baseline", "nope"]) == 2
+    assert run_cli(grid, "--out", out, "--table-only", "--baseline", "nope") == 2
 
 
 def test_a_failed_run_is_named_and_the_others_still_finish(tmp_path, caplog):
@@ -73,14 +88,15 @@ def test_a_failed_run_is_named_and_the_others_still_finish(tmp_path, caplog):
             ROWS[1]]
     grid = write_grid(tmp_path / "grid.yaml", rows, seeds=[0])
     with caplog.at_level("ERROR"):
-        assert experiment.main([str(grid), "--out", str(tmp_path / "out")]) == 1
+        assert run_cli(grid, "--out", tmp_path / "out") == 1
     assert "broken (seed 0)" in caplog.text and "train.max_stpes" in caplog.text
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [r["n"] for r in results["rows"]] == [0, 1]
 
 
 @pytest.mark.parametrize("grid_text, message", [
-    ("name: t\nrows: [{name: a, config: configs/default.yaml}]\nrepeats: 3\n", "unknown key(s) repeats"),
+    ("name: t\nrows: [{name: a, config: configs/default.yaml}]\nrepeats: 3\n",
+     "unknown key(s) repeats; keys: baseline, common_overrides, name, rows, seeds"),
     ("name: t\nrows: [{name: a, config: nowhere.yaml}]\n", "config nowhere.yaml does not exist"),
     ("name: t\nrows: [{name: a, config: semii}]\n", "rows[0]: unknown config 'semii': no such file, nor a shipped config of that name; shipped: adaptsegnet"),
     ("name: t\nrows: [{name: a, config: configs/default.yaml}, {name: a, config: configs/default.yaml}]\n",
@@ -98,9 +114,9 @@ def test_metrics_reader_final_best_and_resumed_duplicates(tmp_path):
              {"step": 6, "val/mIoU": 0.65, "val/pixel_acc": 0.9}]
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 7, "val/mIo')  # cut short
-    assert experiment.read_val_metrics(path) == {
-        "final_step": 6, "final_mIoU": 0.65, "final_pixel_acc": 0.9, "best_step": 6, "best_mIoU": 0.65}
-    assert experiment.read_val_metrics(tmp_path / "none.jsonl") == {}
+    assert read_val_metrics(path) == ValScores(final=Score(step=6, mIoU=0.65, pixel_acc=0.9),
+                                               best=Score(step=6, mIoU=0.65, pixel_acc=0.9))
+    assert read_val_metrics(tmp_path / "none.jsonl") == ValScores(None, None)
 
 
 def test_diagnostics_are_the_last_quarters_means_and_reach_the_table(tmp_path):
@@ -111,33 +127,32 @@ def test_diagnostics_are_the_last_quarters_means_and_reach_the_table(tmp_path):
     records[3]["train/loss_d"] = float("nan")
     records.append({"step": 400, "val/mIoU": 0.5})
     path.write_text("\n".join(json.dumps(r) for r in records) + "\nnot json\n")
-    assert experiment.read_train_diagnostics(path) == {"loss_d": 4.0, "d_acc_real": 0.5}
-    assert experiment.read_train_diagnostics(tmp_path / "none.jsonl") == {}
-    rows = [{"name": "a", "diagnostics": {"loss_d": 4.0, "d_acc_real": 0.5}}, {"name": "b", "diagnostics": {}}]
-    lines = experiment.diagnostics_table(rows)
+    assert read_train_diagnostics(path) == {"loss_d": 4.0, "d_acc_real": 0.5}
+    assert read_train_diagnostics(tmp_path / "none.jsonl") == {}
+    lines = diagnostics_table({"a": {"loss_d": 4.0, "d_acc_real": 0.5}, "b": {}})
     assert "| row | loss_d | d_acc_real |" in lines and "| a | 4.000 | 0.500 |" in lines and "| b | - | - |" in lines
-    assert experiment.diagnostics_table([{"name": "b", "diagnostics": {}}]) == []
+    assert diagnostics_table({"b": {}}) == []
 
 
 def test_a_p_value_below_a_thousandth_is_shown_as_such():
-    assert experiment._test_cell({"diff": 0.05, "t": 12.0, "p": 1e-5}) == "+5.0 (t 12.00, p < 0.001)"
-    assert experiment._test_cell({"diff": 0.05, "t": 2.0, "p": 0.0006}) == "+5.0 (t 2.00, p 0.001)"
+    assert stat_cell(WelchTest(diff=0.05, t=12.0, df=None, p=1e-5)) == "+5.0 (t 12.00, p < 0.001)"
+    assert stat_cell(WelchTest(diff=0.05, t=2.0, df=None, p=0.0006)) == "+5.0 (t 2.00, p 0.001)"
 
 
 def test_the_shipped_grid_is_valid(monkeypatch):
     monkeypatch.chdir(ROOT)
-    grid = experiment.load_grid(ROOT / "configs" / "experiments" / "semi.yaml")
+    grid = load_grid(ROOT / "configs" / "experiments" / "semi.yaml")
     assert [r.name for r in grid.rows] == [
         "CE only, warm", "AdvSemiSeg (adversarial + semi), warm", "s4GAN, warm", "s4GAN, threshold 0.5, warm",
         "pseudo-labels only (no D), warm", "CE only, all labeled, warm (reference)", "CE only, scratch",
         "AdvSemiSeg (adversarial + semi), scratch"]
     assert grid.seeds == [0, 1, 2] and [len(grid.seeds_of(r)) for r in grid.rows] == [5, 3, 5, 5, 3, 2, 3, 3]
     assert [grid.baseline_of(r) for r in grid.rows] == [None, *["CE only, warm"] * 6, "CE only, scratch"]
-    rules = experiment.load_grid(ROOT / "configs" / "experiments" / "semi-rules.yaml")  # issue 31's re-run
+    rules = load_grid(ROOT / "configs" / "experiments" / "semi-rules.yaml")  # issue 31's re-run
     assert [len(rules.seeds_of(r)) for r in rules.rows] == [5, 5, 5, 5]
     assert [rules.baseline_of(r) for r in rules.rows] == ["pseudo-labels only (no D), warm", None,
                                                           *["pseudo-labels only (no D), warm"] * 2]
-    uda = experiment.load_grid(ROOT / "configs" / "experiments" / "uda.yaml")
+    uda = load_grid(ROOT / "configs" / "experiments" / "uda.yaml")
     assert all(len(uda.seeds_of(r)) >= 3 for r in uda.rows if "oracle" not in r.name)
     assert all(uda.baseline_of(r) == "source only, warm" for r in uda.rows[1:])
 
@@ -146,10 +161,10 @@ def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys
     """``semi`` is configs/experiments/semi.yaml, whose rows name the shipped config ``semi``: a
     dry run from a directory without configs/ lists the commands; --list-grids names the grids."""
     monkeypatch.chdir(tmp_path)
-    assert experiment.main(["semi", "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    assert run_cli("semi", "--dry-run", "--out", tmp_path / "out") == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 29 and all(" -m segadv.train --config semi --run-dir " in line for line in lines)
-    assert experiment.main(["semii"]) == 2
+    assert run_cli("semii") == 2
     assert "unknown grid 'semii'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
         experiment.main(["--list-grids"])
@@ -160,22 +175,39 @@ def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys
 # ---------------------------------------------------------------- no training: a fake trainer
 
 
+def write_status(run_dir, outcome, step, max_steps, final=None, best=None, wall_s=10.0, total_wall_s=None,
+                 stopped_by=None):
+    status = RunStatus(outcome=outcome, step=step, max_steps=max_steps, start_step=0, final=final, best=best,
+                       stopped_by=stopped_by, exit_code=0, wall_s=wall_s, total_wall_s=total_wall_s or wall_s,
+                       started_at="2026-11-25T00:00:00+00:00", segadv_version="test")
+    (run_dir / "status.json").write_text(status.model_dump_json())
+
+
 def fake_trainer(val_steps, max_steps=4, code=0, during=None):
-    """A stand-in for subprocess.run: writes the run dir's config.yaml and val records at
-    ``val_steps`` (appended, as a resumed run would), records the command, exits ``code``."""
+    """A stand-in for subprocess.run: parses the command as segadv-train does, writes the run dir's
+    config.yaml, val records at ``val_steps`` (appended, as a resumed run would) and a status.json
+    (finished at ``max_steps``, else stopped by SIGTERM; its wall time added to the earlier
+    attempt's), records the command, exits ``code``."""
     calls = []
 
     def run(command, stdout=None, stderr=None):
         calls.append(command)
-        run_dir = Path(command[command.index("--run-dir") + 1])
-        (run_dir / "config.yaml").write_text(yaml.safe_dump({"train": {"max_steps": max_steps}}))
+        args = train_cli.build_parser().parse_intermixed_args(command[3:])
+        run_dir = Path(args.run_dir)
+        cfg = load_config(args.config, args.overrides)
+        cfg.run_dir = args.run_dir
+        dump_config(cfg, run_dir / "config.yaml")
         with open(run_dir / "metrics.jsonl", "a") as fh:
             for step in val_steps:
                 fh.write(json.dumps({"step": step, "val/mIoU": step / 10, "val/pixel_acc": 0.9}) + "\n")
+        final = Score(step=val_steps[-1], mIoU=val_steps[-1] / 10, pixel_acc=0.9)
+        earlier = json.loads((run_dir / "status.json").read_text())["total_wall_s"] if args.resume else 0.0
+        write_status(run_dir, "finished" if final.step == max_steps else "stopped", final.step, max_steps, final,
+                     final, 10.0, earlier + 10.0, None if final.step == max_steps else "SIGTERM")
         stdout.write("fake trainer\n")
         if during is not None:
             during()
-        return experiment.subprocess.CompletedProcess(command, code)
+        return launcher.subprocess.CompletedProcess(command, code)
 
     run.calls = calls
     return run
@@ -192,62 +224,67 @@ def test_a_run_stopped_early_with_exit_0_is_not_done_and_resumes(tmp_path, monke
     """The trainer exits 0 when a SIGTERM stops it at a checkpoint: that run is not finished."""
     grid, out = one_row_grid(tmp_path), tmp_path / "out"
     run_dir = out / "a" / "seed0"
-    monkeypatch.setattr(experiment.subprocess, "run", fake_trainer([2]))
+    monkeypatch.setattr(launcher.subprocess, "run", fake_trainer([2]))
     with caplog.at_level("ERROR"):
-        assert experiment.main([str(grid), "--out", str(out)]) == 1
-    assert "stopped early (a signal?) at step 2 of 4: a, seed 0" in caplog.text
-    assert not (run_dir / "experiment_done.json").exists()
+        assert run_cli(grid, "--out", out) == 1
+    assert "stopped (SIGTERM) at step 2/4: a, seed 0; run again to continue it" in caplog.text
+    assert json.loads((out / "results.json").read_text())["rows"][0]["n"] == 0  # not counted as done
 
     second = fake_trainer([4])
-    monkeypatch.setattr(experiment.subprocess, "run", second)
-    assert experiment.main([str(grid), "--out", str(out)]) == 0
+    monkeypatch.setattr(launcher.subprocess, "run", second)
+    assert run_cli(grid, "--out", out) == 0
     assert second.calls[0][-2:] == ["--resume", "auto"]
-    done = json.loads((run_dir / "experiment_done.json").read_text())
+    (done,) = json.loads((out / "results.json").read_text())["rows"][0]["runs"]
+    assert done["run_dir"] == str(run_dir)
     assert (done["final_step"], done["final_mIoU"], done["best_step"]) == (4, 0.4, 4)
-    assert len(done["attempts_wall_s"]) == 2 and done["wall_s"] == pytest.approx(sum(done["attempts_wall_s"]))
+    assert done["wall_s"] == pytest.approx(20.0)  # both attempts' (status.json's total_wall_s)
     assert "| a | 1/1 | 40.0 ± - | 40.0 ± - | 40.0 |" in (out / "results.md").read_text()
 
 
 def test_ctrl_c_lets_the_run_save_a_checkpoint_then_exits_130(tmp_path, monkeypatch, capsys):
     grid, out = one_row_grid(tmp_path, seeds=[0, 1]), tmp_path / "out"
-    before = experiment.signal.getsignal(experiment.signal.SIGINT)
-    fake = fake_trainer([2], during=lambda: experiment.signal.raise_signal(experiment.signal.SIGINT))
-    monkeypatch.setattr(experiment.subprocess, "run", fake)
-    assert experiment.main([str(grid), "--out", str(out)]) == 130  # the fake "trainer" stopped at step 2
+    before = signal.getsignal(signal.SIGINT)
+    fake = fake_trainer([2], during=lambda: signal.raise_signal(signal.SIGINT))
+    monkeypatch.setattr(launcher.subprocess, "run", fake)
+    assert run_cli(grid, "--out", out) == 130  # the fake "trainer" stopped at step 2
     assert len(fake.calls) == 1  # seed 1 never started
     assert "interrupted" in capsys.readouterr().err
-    assert not (out / "a" / "seed0" / "experiment_done.json").exists()
-    assert experiment.signal.getsignal(experiment.signal.SIGINT) is before
+    assert signal.getsignal(signal.SIGINT) is before
+    monkeypatch.setattr(launcher.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
+    capsys.readouterr()
+    assert run_cli(grid, "--out", out, "--dry-run") == 0  # not done: the next run resumes it
+    assert "a, seed 0: " + " ".join(launcher.RunSpec.of(load_grid(grid), load_grid(grid).rows[0], 0, out).command()) \
+        in capsys.readouterr().out
 
 
 def test_a_done_run_whose_row_changed_is_kept_with_a_warning(tmp_path, monkeypatch, caplog, capsys):
     grid, out = one_row_grid(tmp_path, ["loss.lambda_adv=0"]), tmp_path / "out"
-    monkeypatch.setattr(experiment.subprocess, "run", fake_trainer([2, 4]))
-    assert experiment.main([str(grid), "--out", str(out)]) == 0
-    monkeypatch.setattr(experiment.subprocess, "run", lambda *a, **k: pytest.fail("a finished run was started again"))
+    monkeypatch.setattr(launcher.subprocess, "run", fake_trainer([2, 4]))
+    assert run_cli(grid, "--out", out) == 0
+    monkeypatch.setattr(launcher.subprocess, "run", lambda *a, **k: pytest.fail("a finished run was started again"))
     with caplog.at_level("INFO"):  # the same row: a plain skip, also from another --out spelling
-        assert experiment.main([str(grid), "--out", str(out / ".." / "out")]) == 0
+        assert run_cli(grid, "--out", out / ".." / "out") == 0
     assert "skip (done): a, seed 0" in caplog.text and "skip (done, but" not in caplog.text
     caplog.clear()
     grid = one_row_grid(tmp_path, ["loss.lambda_adv=0.5"])
     with caplog.at_level("WARNING"):
-        assert experiment.main([str(grid), "--out", str(out)]) == 0
-    assert "it ran --config" in caplog.text and "loss.lambda_adv=0 " in caplog.text
+        assert run_cli(grid, "--out", out) == 0
+    assert "skip (done, but its row's config differs: loss.lambda_adv 0.0 -> 0.5; delete" in caplog.text
     capsys.readouterr()
-    assert experiment.main([str(grid), "--out", str(out), "--dry-run"]) == 0
-    assert "a, seed 0: done (but it ran" in capsys.readouterr().out
+    assert run_cli(grid, "--out", out, "--dry-run") == 0
+    assert "a, seed 0: done (but its row's config differs: loss.lambda_adv 0.0 -> 0.5)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("grid_text, message", [
     ("name: t\nseeds: [0, 0]\nrows: [{name: a, config: configs/default.yaml}]\n", "seed(s) 0 listed twice"),
     ("name: t\nseeds: [true]\nrows: [{name: a, config: configs/default.yaml}]\n", "seeds"),
     ("name: t\nrows: [{name: a, config: configs/default.yaml, overrides: [lambda_adv]}]\n",
-     "rows[0].overrides: 'lambda_adv' is not a dotted key=value override"),
+     "rows[0].overrides[0]: 'lambda_adv' is not a dotted key=value override"),
     ("name: t\nrows: [{name: a, config: configs/default.yaml}]\ncommon_overrides: [--resume]\n",
-     "common_overrides: '--resume' is not"),
+     "common_overrides[0]: '--resume' is not"),
     ("name: t\nrows: [{name: CE only, config: configs/default.yaml}, {name: ce-only, config: configs/default.yaml}]\n",
      "share the run directory ce-only"),
-    ("name: t\nrows: [{config: configs/default.yaml}]\n", "rows[0]: needs a name and a config"),
+    ("name: t\nrows: [{config: configs/default.yaml}]\n", "rows[0].name: missing required key"),
     ("name: t\nrows: [{name: a, config: configs/default.yaml, seeds: [1, 1]}]\n", "rows[0].seeds: seed(s) 1 listed twice"),
 ])
 def test_more_bad_grids_exit_2(tmp_path, capsys, monkeypatch, grid_text, message):
@@ -258,11 +295,11 @@ def test_more_bad_grids_exit_2(tmp_path, capsys, monkeypatch, grid_text, message
 
 def test_seeds_option_replaces_the_grids_seeds(tmp_path, monkeypatch, capsys):
     grid, out = one_row_grid(tmp_path, seeds=[0, 1, 2]), tmp_path / "out"
-    monkeypatch.setattr(experiment.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
-    assert experiment.main([str(grid), "--out", str(out), "--seeds", "5", "--dry-run"]) == 0
+    monkeypatch.setattr(launcher.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
+    assert run_cli(grid, "--out", out, "--seeds", "5", "--dry-run") == 0
     printed = capsys.readouterr().out
     assert "a, seed 5:" in printed and "train.seed=5" in printed and "seed 0" not in printed
-    assert experiment.main([str(grid), "--out", str(out), "--seeds", "1", "1"]) == 2
+    assert run_cli(grid, "--out", out, "--seeds", "1", "1") == 2
     assert "--seeds: seed(s) 1 listed twice" in capsys.readouterr().err
 
 
@@ -270,8 +307,8 @@ def test_metrics_reader_ignores_non_numeric_and_nan_for_best(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "val/mIoU": 0.3}\n[1, 2]\n{"step": 2, "val/mIoU": null}\n'
                     '{"step": 3, "val/mIoU": 0.2}\n{"step": 4, "val/mIoU": NaN}\n')
-    got = experiment.read_val_metrics(path)
-    assert (got["best_step"], got["best_mIoU"], got["final_step"]) == (1, 0.3, 4)
+    got = read_val_metrics(path)
+    assert (got.best.step, got.best.mIoU, got.final.step) == (1, 0.3, 4)
 
 
 def test_a_row_may_run_its_own_seeds(tmp_path, monkeypatch, capsys):
@@ -280,9 +317,9 @@ def test_a_row_may_run_its_own_seeds(tmp_path, monkeypatch, capsys):
     path.write_text(yaml.safe_dump({"name": "t", "seeds": [0, 1], "rows": [
         {"name": "a", "config": default}, {"name": "ref", "config": default, "seeds": [0]}]}))
     trainer = fake_trainer([2, 4])
-    monkeypatch.setattr(experiment.subprocess, "run", trainer)
+    monkeypatch.setattr(launcher.subprocess, "run", trainer)
     out = tmp_path / "out"
-    assert experiment.main([str(path), "--out", str(out)]) == 0
+    assert run_cli(path, "--out", out) == 0
     seeds_run = [(c[c.index("--run-dir") + 1].split("/")[-2], c[-1]) for c in trainer.calls]
     assert seeds_run == [("a", "train.seed=0"), ("a", "train.seed=1"), ("ref", "train.seed=0")]
     table = (out / "results.md").read_text()
@@ -295,8 +332,7 @@ def test_a_row_may_run_its_own_seeds(tmp_path, monkeypatch, capsys):
 def write_done(out, row_slug, seed, final, best):
     run_dir = out / row_slug / f"seed{seed}"
     run_dir.mkdir(parents=True)
-    (run_dir / "experiment_done.json").write_text(json.dumps(
-        {"final_mIoU": final, "best_mIoU": best, "best_step": 4, "final_step": 4, "wall_s": 10.0}))
+    write_status(run_dir, "finished", 4, 4, Score(step=4, mIoU=final), Score(step=4, mIoU=best))
 
 
 def test_rows_are_compared_with_their_baseline(tmp_path, monkeypatch, caplog):
@@ -312,9 +348,9 @@ def test_rows_are_compared_with_their_baseline(tmp_path, monkeypatch, caplog):
     for seed, (final, best) in enumerate([(0.61, 0.65), (0.64, 0.66), (0.60, 0.62)]):  # seed 3 unfinished
         write_done(out, "a", seed, final, best)
     write_done(out, "c", 0, 0.70, 0.70)
-    monkeypatch.setattr(experiment.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
+    monkeypatch.setattr(launcher.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
     with caplog.at_level("WARNING"):
-        assert experiment.main([str(path), "--out", str(out), "--table-only"]) == 0
+        assert run_cli(path, "--out", out, "--table-only") == 0
     assert "row 'c' runs 1 seed(s); a comparison wants at least 3" in caplog.text
     results = json.loads((out / "results.json").read_text())
     base, a, c = results["rows"]
@@ -346,11 +382,11 @@ def test_rows_are_compared_with_their_baseline(tmp_path, monkeypatch, caplog):
     ("name: t\nbaseline: b\nrows: [{name: a, config: configs/default.yaml}]\n", "baseline: no row is named 'b'; rows: 'a'"),
     ("name: t\nrows: [{name: a, config: configs/default.yaml, baseline: z}]\n", "rows[0].baseline: no row is named 'z'"),
     ("name: t\nrows: [{name: a, config: configs/default.yaml, baseline: a}]\n", "row 'a' names itself as its baseline"),
-    ("name: t\nbaseline: [a]\nrows: [{name: a, config: configs/default.yaml}]\n", "baseline: expected a row name"),
+    ("name: t\nbaseline: [a]\nrows: [{name: a, config: configs/default.yaml}]\n", "baseline: Input should be a valid string"),
 ])
 def test_bad_baselines_exit_2(tmp_path, capsys, monkeypatch, grid_text, message):
     monkeypatch.chdir(ROOT)
     path = tmp_path / "grid.yaml"
     path.write_text(grid_text)
-    assert experiment.main([str(path), "--out", str(tmp_path / "out")]) == 2
+    assert run_cli(path, "--out", tmp_path / "out") == 2
     assert message in capsys.readouterr().err

@@ -1,11 +1,10 @@
-"""tools/demo_curves.py: accuracy against training time from metrics.jsonl."""
+"""segadv-curves: accuracy against training time from metrics.jsonl."""
 
+import builtins
 import json
 from pathlib import Path
 
-from conftest import load_tool
-
-demo_curves = load_tool("demo_curves")
+from segadv.experiment import curves
 
 
 def write_run(run_dir: Path, points) -> Path:
@@ -20,7 +19,7 @@ def test_time_to_threshold_is_the_first_evaluation_at_or_above_it(tmp_path, caps
     a = write_run(tmp_path / "a", [(50.0, 100, 0.6), (100.0, 200, 0.80), (150.0, 300, 0.79), (200.0, 400, 0.86)])
     b = write_run(tmp_path / "b", [(60.0, 100, 0.5), (130.0, 200, 0.81), (210.0, 300, 0.85)])
     c = write_run(tmp_path / "c", [(70.0, 100, 0.5), (140.0, 200, 0.7)])
-    assert demo_curves.main([str(a), str(b), str(c), "--threshold", "0.8"]) == 0
+    assert curves.main([str(a), str(b), str(c), "--threshold", "0.8"]) == 0
     out = capsys.readouterr().out
     assert "a: mIoU >= 0.80 at 100 s (step 200, mIoU 0.800); final 0.860 at 200 s (step 400)" in out
     assert "c: mIoU >= 0.80 at never" in out
@@ -28,5 +27,21 @@ def test_time_to_threshold_is_the_first_evaluation_at_or_above_it(tmp_path, caps
 
 
 def test_a_dir_without_metrics_exits_2(tmp_path, capsys):
-    assert demo_curves.main([str(tmp_path / "nothing")]) == 2
+    assert curves.main([str(tmp_path / "nothing")]) == 2
     assert "metrics.jsonl: no such file" in capsys.readouterr().err
+
+
+def test_png_without_matplotlib_exits_2_naming_the_extra(tmp_path, monkeypatch, capsys):
+    run = write_run(tmp_path / "a", [(50.0, 100, 0.6)])
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.partition(".")[0] == "matplotlib":
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    assert curves.main([str(run), "--png", str(tmp_path / "c.png")]) == 2
+    captured = capsys.readouterr()
+    assert 'pip install "segadv[plot]"' in captured.err and captured.out == ""  # said before reading any run
+    assert not (tmp_path / "c.png").exists()

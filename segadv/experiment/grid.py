@@ -1,0 +1,173 @@
+"""An experiment grid: configs x seeds, read from YAML and validated by a pydantic model.
+
+    name: semi                       # default output: runs/experiments/<name>
+    seeds: [0, 1, 2]
+    baseline: CE only                # optional: the row the others are compared with
+    common_overrides: []             # appended to every run
+    rows:
+      - name: CE only
+        config: semi                 # a config file, or a shipped config's name
+        overrides: [method.name=supervised, loss.lambda_adv=0]
+      - name: CE only, all labeled (reference)
+        config: semi
+        overrides: [data.labeled_fraction=1.0]
+        seeds: [0]                   # a row may run its own seeds (``--seeds`` overrides all)
+                                     # and name its own baseline (``baseline: <row name>``)
+
+A mistake is a :class:`segadv.errors.UserError` (exit 2) naming the grid file and the key.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import yaml
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, ValidationError,
+                      model_validator)
+
+from segadv.config import resolve_config
+from segadv.errors import UserError
+
+
+def distinct_seeds(seeds: list[int]) -> list[int]:
+    """Each seed once: each has a run dir of its own."""
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ValueError(f"seed(s) {', '.join(map(str, repeated))} listed twice")
+    return seeds
+
+
+def dotted_override(text: str) -> str:
+    if "=" not in text or text.startswith("-"):
+        raise ValueError(f"{text!r} is not a dotted key=value override")
+    return text
+
+
+Seeds = Annotated[list[StrictInt], Field(min_length=1), AfterValidator(distinct_seeds)]
+Override = Annotated[str, AfterValidator(dotted_override)]
+
+
+class Row(BaseModel):
+    """One line of the table: a config and its overrides, run once per seed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    config: str = Field(min_length=1)
+    overrides: list[Override] = []
+    seeds: Optional[Seeds] = None  # None: the grid's (a reference row may run fewer)
+    baseline: Optional[str] = None  # the row it is compared with; None: the grid's
+
+    @property
+    def slug(self) -> str:
+        """The row's directory under the grid's output."""
+        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-") or "row"
+
+
+class Grid(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Optional[str] = None  # None: the file's stem
+    seeds: Seeds = [0]
+    rows: list[Row] = Field(min_length=1)
+    common_overrides: list[Override] = []
+    baseline: Optional[str] = None  # the row every other row is compared with
+
+    @model_validator(mode="after")
+    def _rows_agree(self) -> "Grid":
+        names: list[str] = []
+        for i, row in enumerate(self.rows):
+            if row.name in names:
+                raise ValueError(f"rows[{i}]: row name {row.name!r} is used twice")
+            clash = next((r for r in self.rows[:i] if r.slug == row.slug), None)
+            if clash is not None:
+                raise ValueError(f"rows[{i}]: row names {clash.name!r} and {row.name!r} share the run directory "
+                                 f"{row.slug}")
+            names.append(row.name)
+        for where, wanted in [("baseline", self.baseline),
+                              *((f"rows[{i}].baseline", r.baseline) for i, r in enumerate(self.rows))]:
+            if wanted is not None and wanted not in names:
+                raise ValueError(f"{where}: no row is named {wanted!r}; rows: {', '.join(map(repr, names))}")
+        self_compared = next((r.name for r in self.rows if r.baseline == r.name), None)
+        if self_compared is not None:
+            raise ValueError(f"row {self_compared!r} names itself as its baseline")
+        return self
+
+    def seeds_of(self, row: Row) -> list[int]:
+        return self.seeds if row.seeds is None else row.seeds
+
+    def baseline_of(self, row: Row) -> Optional[str]:
+        """The name of the row ``row`` is compared with (None: not compared; never itself)."""
+        name = row.baseline or self.baseline
+        return None if name == row.name else name
+
+    def row_named(self, name: str, option: str) -> Row:
+        found = next((row for row in self.rows if row.name == name), None)
+        if found is None:
+            raise UserError(f"{option} {name!r}: no such row; rows: {', '.join(r.name for r in self.rows)}")
+        return found
+
+    def with_seeds(self, seeds: list[int]) -> "Grid":
+        """Every row on ``seeds`` (``--seeds``: rows with seeds of their own included)."""
+        checked = _validated(Seeds, seeds, "--seeds")
+        return self.model_copy(update={"seeds": checked,
+                                       "rows": [r.model_copy(update={"seeds": None}) for r in self.rows]})
+
+    def with_baseline(self, name: str) -> "Grid":
+        """Every other row compared with the row ``name`` (``--baseline``)."""
+        self.row_named(name, "--baseline")
+        return self.model_copy(update={"baseline": name,
+                                       "rows": [r.model_copy(update={"baseline": None}) for r in self.rows]})
+
+
+def _location(loc: tuple) -> str:
+    """``("rows", 0, "overrides", 1)`` -> ``rows[0].overrides[1]``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _problem(error: dict) -> str:
+    where = _location(error["loc"])
+    if error["type"] == "extra_forbidden":
+        parent = Grid if len(error["loc"]) == 1 else Row
+        message = f"unknown key(s) {error['loc'][-1]}; keys: {', '.join(sorted(parent.model_fields))}"
+        where = _location(error["loc"][:-1])
+    elif error["type"] == "missing":
+        message = "missing required key"
+    elif error["type"] == "value_error":
+        message = str(error["ctx"]["error"])
+    else:
+        message = error["msg"]
+    return f"{where}: {message}" if where else message
+
+
+def _validated(schema: Any, data: object, what: str) -> Any:
+    try:
+        return TypeAdapter(schema).validate_python(data)
+    except ValidationError as err:
+        raise UserError(f"{what}: " + "; ".join(_problem(e) for e in err.errors())) from None
+
+
+def load_grid(path: Path) -> Grid:
+    """The grid in ``path``, validated, with every row's config found (a file, or a shipped name)."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise UserError(f"grid {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"grid {path}: not valid YAML ({err})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"grid {path}: expected a mapping with name, seeds and rows")
+    grid = _validated(Grid, data, f"grid {path}")
+    for i, row in enumerate(grid.rows):
+        try:
+            exists = resolve_config(row.config).is_file()
+        except UserError as err:  # an unknown name: the message lists the shipped ones
+            raise UserError(f"grid {path}: rows[{i}]: {err}") from None
+        if not exists:
+            raise UserError(f"grid {path}: rows[{i}]: config {row.config} does not exist")
+    return grid if grid.name else grid.model_copy(update={"name": path.stem})
