@@ -15,7 +15,9 @@ fix becomes one :class:`~segadv.errors.UserError` naming the file or key at faul
 
 YAML is read with a ``SafeLoader`` that also reads ``1e-3`` as a float (PyYAML follows YAML 1.1,
 which needs a dot: ``1e-3`` would be the *string* "1e-3" and fail strict validation) and rejects
-duplicate keys (the second silently winning is a typo that does nothing).
+duplicate keys (the second silently winning is a typo that does nothing). A file is at most
+1 MiB and a document's aliases may stand for at most ``MAX_YAML_VALUES`` values (an alias bomb is
+refused before it is expanded).
 """
 
 from __future__ import annotations
@@ -87,9 +89,48 @@ _ConfigLoader.add_implicit_resolver(
 )
 
 
+# A config holds a few hundred values. Aliases share nodes, so a few hundred bytes of nested
+# aliases ("billion laughs") stand for billions of values that merging and validation would expand.
+MAX_YAML_VALUES = 100_000
+MAX_YAML_DEPTH = 64
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], depth: int = 0) -> int:
+    """How many values ``node`` stands for once its aliases are expanded (each shared node counted
+    once per use, computed once: ``sizes`` by node id), without expanding anything."""
+    known = sizes.get(id(node))
+    if known is not None:
+        if known < 0:
+            raise yaml.YAMLError("an alias refers to a node that contains it (a recursive structure)")
+        return known
+    if depth > MAX_YAML_DEPTH:
+        raise yaml.YAMLError(f"values nested deeper than {MAX_YAML_DEPTH} levels")
+    sizes[id(node)] = -1  # in progress: reaching it again is a cycle
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        total += sum(_expanded_size(child, sizes, depth + 1) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        total += sum(_expanded_size(k, sizes, depth + 1) + _expanded_size(v, sizes, depth + 1) for k, v in node.value)
+    if total > MAX_YAML_VALUES:
+        raise yaml.YAMLError(
+            f"its aliases expand to more than {MAX_YAML_VALUES} values (a config holds a few hundred)")
+    sizes[id(node)] = total
+    return total
+
+
 def _parse_yaml(text: str) -> Any:
-    """Parse one YAML document with the config loader."""
-    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - _ConfigLoader is a SafeLoader
+    """Parse one YAML document with the config loader, refusing one whose aliases expand beyond
+    ``MAX_YAML_VALUES`` values before anything is built from it."""
+    loader = _ConfigLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, {})
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def _yaml_error_text(err: yaml.YAMLError) -> str:
@@ -120,7 +161,11 @@ def _read_yaml_file(path: Path, included_from: Optional[Path]) -> dict:
     where = _display(path)
     via = f" (a {BASE_KEY} of {_display(included_from)})" if included_from else ""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise UserError(f"config file {where}{via} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a config")
+        text = raw.decode("utf-8")
     except FileNotFoundError as err:
         raise UserError(f"config file not found: {where}{via}") from err
     except UnicodeDecodeError as err:
@@ -372,6 +417,13 @@ def _describe_error(error: Mapping[str, Any]) -> str:
         return f"{where}: expected {_EXPECTED[kind]}, got {_describe_value(value)}{hint}"
     if kind == "literal_error":
         return f"{where}: expected {error['ctx']['expected']}, got {_describe_value(value)}"
+    if kind in ("too_short", "too_long"):
+        ctx = error.get("ctx", {})
+        want = ctx.get("min_length") if kind == "too_short" else ctx.get("max_length")
+        most = "at least" if kind == "too_short" else "at most"
+        return f"{where}: must have {most} {want} item{'' if want == 1 else 's'}, got {_describe_value(value)}"
+    if kind == "value_error":  # a schema validator's own sentence, which names the value
+        return f"{where}: {error['ctx']['error']}"
     message = str(error["msg"]).replace("Input should be", "must be")
     return f"{where}: {message}, got {_describe_value(value)}"
 

@@ -1,76 +1,141 @@
-"""The typed experiment config: every key, its type and its default.
+"""The typed experiment config: every key, its type, its default, its range and one line of meaning.
 
 Defaults follow AdvSemiSeg (Hung et al., 2018) where it has an opinion; ``configs/default.yaml``
 (the embedded demo) overrides what a CPU-sized demo needs. Unknown keys are rejected
 (``extra="forbid"``) and types are checked strictly, so a typo never silently does nothing.
+
+Every value is range-checked here, so torch and smp never see one they would fail on: floats are
+finite (``allow_inf_nan=False`` for the whole schema), counts and sizes have bounds, lists their
+lengths; what needs two keys (an encoder depth against the architecture) is a validator naming
+the key. What needs the data (D's depth against the smallest training image, batches of one) is
+checked before the first step (segadv/data/config_checks.py, segadv/build.py). Every field carries
+a ``description``: the line ``--help-config`` shows (tests/config/test_schema_bounds.py checks it).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
+
+
+# Reusable ranges. Seeds feed numpy (below 2**32) after the rank is added, hence 2**31.
+Seed = Annotated[int, Field(ge=0, lt=2**31)]
+Count = Annotated[int, Field(gt=0, le=10**9)]  # steps, intervals: positive and far from int64's edge
+Weight = Annotated[float, Field(ge=0, le=1e6)]  # a loss term's weight (0: off)
+Probability = Annotated[float, Field(ge=0, le=1)]
+Beta = Annotated[float, Field(ge=0, lt=1)]
+
+
+@dataclass(frozen=True)
+class ArchLimits:
+    """What an architecture's decoder takes from its encoder: the least ``encoder_depth`` (smp's
+    encoders have 5 stages) and the number of ASPP dilations."""
+
+    min_encoder_depth: int
+    atrous_rates: int
+
+
+ARCH_LIMITS: dict[str, ArchLimits] = {
+    "deeplabv3": ArchLimits(min_encoder_depth=1, atrous_rates=3),
+    "deeplabv3plus": ArchLimits(min_encoder_depth=3, atrous_rates=3),  # fuses the stride-4 stage
+}
+ENCODER_STAGES = 5  # smp's encoders: 5 stride-2 stages (depth limits 1..5)
 
 
 class GeneratorConfig(Section):
-    arch: Literal["deeplabv3", "deeplabv3plus"] = "deeplabv3plus"
-    encoder: str = "resnet18"
-    # None: random init. A name ("imagenet") is passed to segmentation-models-pytorch (needs a
-    # download); a path to a local file loads those encoder weights strictly.
-    encoder_weights: Optional[str] = None
-    encoder_depth: int = 5
-    output_stride: Literal[8, 16] = 16
-    # ASPP dilations. (12, 24, 36) suit ~512 px crops; on small images the feature map is only a
-    # few cells wide and large rates sample mostly padding.
-    decoder_atrous_rates: list[int] = [12, 24, 36]
-    # Width of the decoder (ASPP and, for DeepLabV3+, the fusion convs); smp's default is 256.
-    decoder_channels: int = Field(256, gt=0)
-    # A second, auxiliary output from the encoder's second-to-last stage (a small classifier
-    # there, upsampled to the input): AdaptSegNet's and ADVENT's multi-level adaptation. Training
-    # only: evaluation, export, predict and segadv-ckpt convert use the main output.
-    aux_head: bool = False
-    # Training only: the encoder's stages and the decoder keep only their inputs for the backward
-    # and run their forward again there (torch.utils.checkpoint, non-reentrant): less memory for
-    # G's activations, about one more forward of them in time. Weights and files are unchanged.
-    activation_checkpointing: bool = False
+    arch: Literal["deeplabv3", "deeplabv3plus"] = Field(
+        "deeplabv3plus", description="G's architecture (smp): DeepLabV3, or DeepLabV3+ with its low-level skip")
+    encoder: str = Field("resnet18", min_length=1, description="smp encoder name, e.g. resnet18, resnet101, mobilenet_v2")
+    encoder_weights: Optional[str] = Field(
+        None, min_length=1,
+        description="encoder weights: null random init; a name (imagenet) fetched by smp (a download); "
+        "a local file path loaded strictly")
+    encoder_depth: int = Field(
+        5, ge=1, le=ENCODER_STAGES,
+        description="encoder stages used (1..5; deeplabv3plus needs 3 or more); fewer: a smaller, coarser G")
+    output_stride: Literal[8, 16] = Field(16, description="the encoder's output stride (dilated last stages): 8 or 16")
+    # (12, 24, 36) suit ~512 px crops; on small images the feature map is only a few cells wide
+    # and large rates sample mostly padding.
+    decoder_atrous_rates: list[Annotated[int, Field(ge=1, le=256)]] = Field(
+        [12, 24, 36], description="ASPP dilation rates, three positive integers (feature-map cells)")
+    decoder_channels: int = Field(256, gt=0, le=4096, description="width of the decoder (ASPP and DeepLabV3+'s fusion); smp's default 256")
+    aux_head: bool = Field(
+        False,
+        description="training only: a second output from the encoder's second-to-last stage (AdaptSegNet / "
+        "ADVENT multi-level adaptation); eval, export and predict use the main output")
+    activation_checkpointing: bool = Field(
+        False,
+        description="training only: recompute G's encoder stages and decoder in the backward (less memory, "
+        "about one more forward of time); weights and files unchanged")
+
+    @property
+    def trains_batch_statistics(self) -> bool:
+        """Whether G's BatchNorm layers train on the statistics of each batch (then a batch of one
+        cannot train: segadv/build.py and segadv/data/batch_checks.py refuse it before step 1).
+        Every smp encoder and DeepLab decoder normalises with BatchNorm in train mode."""
+        return True
+
+    @field_validator("encoder_depth")
+    @classmethod
+    def _depth_fits_arch(cls, depth: int, info: ValidationInfo) -> int:
+        arch = info.data.get("arch")
+        least = ARCH_LIMITS[arch].min_encoder_depth if arch in ARCH_LIMITS else 1
+        if depth < least:
+            raise ValueError(f"{arch} needs an encoder depth of {least}..{ENCODER_STAGES}, got {depth}")
+        return depth
+
+    @field_validator("decoder_atrous_rates")
+    @classmethod
+    def _rates_fit_arch(cls, rates: list[int], info: ValidationInfo) -> list[int]:
+        arch = info.data.get("arch")
+        count = ARCH_LIMITS[arch].atrous_rates if arch in ARCH_LIMITS else 3
+        if len(rates) != count:
+            raise ValueError(f"{arch}'s ASPP takes {count} dilation rates, e.g. [12, 24, 36]; got {len(rates)}")
+        return rates
 
 
 class DiscriminatorConfig(Section):
-    # fc: AdvSemiSeg's fully convolutional D, a logit per pixel of a class-probability map.
-    # image: s4GAN's image-level D, one logit per image from the image and its class maps.
-    kind: Literal["fc", "image"] = "fc"
-    ndf: int = Field(64, gt=0)
-    # Stride-2 convolutions. fc: the last one is D's classifier and its logit map is the training
-    # size halved this many times; 5 is the reference's (10x10 at 321 px, but 2x2 at 80 px: use 3
-    # there). image: before the global pooling; 4 is the reference's. None: the kind's reference.
-    num_downsamples: Optional[int] = Field(None, ge=1)
-    # fc: how D's logit map is upsampled to the label size (bilinear). True: AdvSemiSeg's reference
-    # (nn.Upsample(align_corners=True), which weighs the map's outer ring of cells less and shifts the
-    # confidence map by up to half a cell against False; docs/methods.md "Deviations").
-    align_corners: bool = True
+    kind: Literal["fc", "image"] = Field(
+        "fc",
+        description="fc: AdvSemiSeg's fully convolutional D (a logit per pixel of a class map); image: "
+        "s4GAN's image-level D (one logit per image)")
+    ndf: int = Field(64, gt=0, le=1024, description="width of D's first convolution (later ones double it, up to 8x)")
+    # fc: the last one is D's classifier and its logit map is the training size halved this many
+    # times; 5 is the reference's (10x10 at 321 px, but 2x2 at 80 px: use 3 there).
+    num_downsamples: Optional[int] = Field(
+        None, ge=1, le=10,
+        description="D's stride-2 convolutions (fc: its logit map is the training size halved this many "
+        "times, checked against the smallest training image); null: the kind's reference (fc 5, image 4)")
+    align_corners: bool = Field(
+        True,
+        description="fc: upsample D's logit map with align_corners (AdvSemiSeg's reference; "
+        "docs/methods.md \"Deviations\")")
 
 
 class ModelConfig(Section):
-    generator: GeneratorConfig = GeneratorConfig()
-    discriminator: DiscriminatorConfig = DiscriminatorConfig()
-    # The auxiliary output's D (multi-level domain adaptation); None: the same settings as D's.
-    discriminator_aux: Optional[DiscriminatorConfig] = None
+    generator: GeneratorConfig = Field(GeneratorConfig(), description="G, the segmentation network")
+    discriminator: DiscriminatorConfig = Field(DiscriminatorConfig(), description="D, the discriminator")
+    discriminator_aux: Optional[DiscriminatorConfig] = Field(
+        None, description="the aux output's D (multi-level domain adaptation); null: D's settings")
 
 
 class SyntheticDataConfig(Section):
-    image_size: int = Field(128, ge=32)
-    train_size: int = Field(2000, gt=0)
-    val_size: int = Field(200, gt=0)
-    seed: int = 0
-    # The look of the images (same shapes and classes): "source", or "target", a second domain
-    # with other textures, colour statistics, blur, noise and lighting (domain adaptation).
-    # "pretext": the source look with other shape classes (cross, star, hexagon, crescent), a task
-    # to pretrain an encoder on (configs/pretext.yaml) that shares no image or label with the others.
-    domain: Literal["source", "target", "pretext"] = "source"
+    image_size: int = Field(128, ge=32, le=2048, description="side of the square generated images, pixels")
+    train_size: int = Field(2000, gt=0, le=10**7, description="number of generated training samples")
+    val_size: int = Field(200, gt=0, le=10**7, description="number of generated val samples")
+    seed: Seed = Field(0, description="seed of the generated dataset (each sample a function of seed, split, index)")
+    # "pretext": the source look with other shape classes, a task to pretrain an encoder on
+    # (configs/pretext.yaml) that shares no image or label with the others.
+    domain: Literal["source", "target", "pretext"] = Field(
+        "source",
+        description="look of the images: source, target (other textures and lighting, for domain "
+        "adaptation) or pretext (other shape classes)")
 
 
 # Dataset kinds and their layouts: docs/datasets.md. Relative paths inside the data section are
@@ -79,131 +144,157 @@ DataKind = Literal["synthetic", "folder", "voc", "cityscapes", "gta5"]
 
 
 class FolderSplitConfig(Section):
-    images: str = "images"  # image directory
-    masks: str = "masks"  # mask directory; a mask is matched to its image by file stem
-    # A file of ids (file stems), one per line; None: every image in ``images``.
-    list_file: Optional[str] = None
+    images: str = Field("images", min_length=1, description="image directory (relative: from data.root)")
+    masks: str = Field("masks", min_length=1, description="mask directory; a mask matches its image by file stem")
+    list_file: Optional[str] = Field(
+        None, min_length=1, description="a file of ids (file stems), one a line; null: every image in images")
 
 
 class FolderDataConfig(Section):
-    train: FolderSplitConfig = FolderSplitConfig(images="train/images", masks="train/masks")
-    val: FolderSplitConfig = FolderSplitConfig(images="val/images", masks="val/masks")
-    image_suffixes: list[str] = [".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"]
-    mask_suffix: str = ".png"
-    class_names: Optional[list[str]] = None  # None: class_0, class_1, ...
+    train: FolderSplitConfig = Field(
+        FolderSplitConfig(images="train/images", masks="train/masks"), description="the training split's files")
+    val: FolderSplitConfig = Field(
+        FolderSplitConfig(images="val/images", masks="val/masks"), description="the val split's files")
+    image_suffixes: list[Annotated[str, Field(min_length=1)]] = Field(
+        [".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"], min_length=1,
+        description="image file suffixes listed (any case)")
+    mask_suffix: str = Field(".png", min_length=1, description="mask file suffix")
+    class_names: Optional[list[Annotated[str, Field(min_length=1)]]] = Field(
+        None, min_length=2, description="one name per class; null: class_0, class_1, ...")
 
 
 class VocDataConfig(Section):
-    # The SBD-augmented training set: SegmentationClassAug/ masks and train_aug.txt.
-    augmented: bool = False
-    # ImageSets/Segmentation/<name>.txt; None: train (train_aug when augmented).
-    train_split: Optional[str] = None
-    val_split: str = "val"
+    augmented: bool = Field(False, description="train on the SBD-augmented set (SegmentationClassAug/, train_aug.txt)")
+    train_split: Optional[str] = Field(
+        None, min_length=1, description="ImageSets/Segmentation/<name>.txt for training; null: train (train_aug when augmented)")
+    val_split: str = Field("val", min_length=1, description="ImageSets/Segmentation/<name>.txt for val")
 
 
 class CityscapesDataConfig(Section):
-    train_split: str = "train"  # leftImg8bit/<split>/ and gtFine/<split>/
-    val_split: str = "val"
+    train_split: str = Field("train", min_length=1, description="leftImg8bit/<split>/ and gtFine/<split>/ for training")
+    val_split: str = Field("val", min_length=1, description="leftImg8bit/<split>/ and gtFine/<split>/ for val")
 
 
 class Gta5DataConfig(Section):
-    train_list: Optional[str] = None  # a file of ids; None: every image not held out for val
-    val_list: Optional[str] = None  # a file of ids; None: every val_every-th image (sorted)
-    val_every: int = Field(20, ge=2)
+    train_list: Optional[str] = Field(
+        None, min_length=1,
+        description="a file of training ids; null: every image not held out for val (must not share ids with val)")
+    val_list: Optional[str] = Field(None, min_length=1, description="a file of val ids; null: every val_every-th image (sorted)")
+    val_every: int = Field(20, ge=2, le=10**6, description="without val_list: every val_every-th image is held out for val")
 
 
 class DataConfig(Section):
-    kind: DataKind = "synthetic"
-    root: Optional[str] = None  # the dataset directory (every kind but synthetic)
-    # Each kind's own settings; only ``kind``'s section is read.
-    synthetic: SyntheticDataConfig = SyntheticDataConfig()
-    folder: FolderDataConfig = FolderDataConfig()
-    voc: VocDataConfig = VocDataConfig()
-    cityscapes: CityscapesDataConfig = CityscapesDataConfig()
-    gta5: Gta5DataConfig = Gta5DataConfig()
-    num_classes: int = Field(5, ge=2)
-    ignore_index: int = 255
-    # raise: a bad sample (unreadable, missing mask, size mismatch, bad label values) stops the
-    # run with a message naming it; skip: it is dropped, counted and listed in RUN/skipped.json.
-    on_error: Literal["raise", "skip"] = "raise"
-    # Labeled / unlabeled split of the training set: a seeded fraction, or a file of ids. The
-    # rest is an unlabeled pool whose masks are never read. Saved as RUN/data_split.json.
-    labeled_fraction: float = Field(1.0, gt=0, le=1)
-    labeled_list: Optional[str] = None
-    labeled_seed: int = 0
-    batch_size: int = Field(8, gt=0)
-    val_batch_size: int = Field(8, gt=0)
-    num_workers: int = Field(1, ge=0)
-    pin_memory: bool = True  # only ever used when a CUDA device is
-    persistent_workers: bool = True  # with num_workers > 0
-    prefetch_factor: Optional[int] = Field(None, ge=1)  # with num_workers > 0; None: torch's 2
-    drop_last: bool = True  # training batches only; val never drops
-    mean: list[float] = [0.485, 0.456, 0.406]
-    std: list[float] = [0.229, 0.224, 0.225]
-    # albumentations steps applied jointly to image and mask, e.g. {name: HorizontalFlip, p: 0.5}.
+    kind: DataKind = Field("synthetic", description="dataset kind: synthetic, folder, voc, cityscapes or gta5 (docs/datasets.md)")
+    root: Optional[str] = Field(None, min_length=1, description="the dataset directory (every kind but synthetic)")
+    synthetic: SyntheticDataConfig = Field(SyntheticDataConfig(), description="kind synthetic: the generated shapes")
+    folder: FolderDataConfig = Field(FolderDataConfig(), description="kind folder: images and masks in directories")
+    voc: VocDataConfig = Field(VocDataConfig(), description="kind voc: Pascal VOC 2012 (and SBD)")
+    cityscapes: CityscapesDataConfig = Field(CityscapesDataConfig(), description="kind cityscapes: its splits")
+    gta5: Gta5DataConfig = Field(Gta5DataConfig(), description="kind gta5: its train / val split")
+    num_classes: int = Field(
+        5, ge=2, description="number of classes (ids 0..num_classes-1); at most 255, masks being 8-bit")
+    ignore_index: int = Field(
+        255, ge=0, le=255, description="mask value that is not a class (not scored, no loss); 0..255, not a class id")
+    # raise: a bad sample stops the run with a message naming it; skip: it is dropped, counted and
+    # listed in RUN/skipped.json.
+    on_error: Literal["raise", "skip"] = Field(
+        "raise", description="a bad sample: raise stops with its name; skip drops it and lists it in RUN/skipped.json")
+    labeled_fraction: float = Field(
+        1.0, gt=0, le=1,
+        description="seeded fraction of the training set that is labeled; the rest is an unlabeled pool whose "
+        "masks are never read")
+    labeled_list: Optional[str] = Field(
+        None, min_length=1, description="a file of the labeled ids (replaces labeled_fraction); saved split: RUN/data_split.json")
+    labeled_seed: Seed = Field(0, description="seed of the labeled / unlabeled split")
+    batch_size: int = Field(
+        8, gt=0, le=10**6,
+        description="training batch per process and stream (G's BatchNorm needs 2 or more per micro-batch)")
+    val_batch_size: int = Field(8, gt=0, le=10**6, description="evaluation batch per process")
+    num_workers: int = Field(1, ge=0, le=256, description="DataLoader worker processes per loader (0: in the main process)")
+    pin_memory: bool = Field(True, description="pin host batches (only used when a CUDA device consumes them)")
+    persistent_workers: bool = Field(True, description="keep the workers between epochs (with num_workers > 0)")
+    prefetch_factor: Optional[int] = Field(
+        None, ge=1, le=64, description="batches each worker loads ahead (with num_workers > 0); null: torch's 2")
+    drop_last: bool = Field(
+        True, description="drop each epoch's last partial training batch (val never drops); false refuses a last batch of one")
+    mean: list[float] = Field(
+        [0.485, 0.456, 0.406], min_length=3, max_length=3, description="per-channel RGB mean of Normalize (0..1 scale)")
+    std: list[Annotated[float, Field(gt=0)]] = Field(
+        [0.229, 0.224, 0.225], min_length=3, max_length=3, description="per-channel RGB std of Normalize (> 0)")
     # Normalize(mean, std) and ToTensorV2 are appended to both pipelines.
-    train_transforms: list[dict[str, Any]] = [{"name": "HorizontalFlip", "p": 0.5}]
-    val_transforms: list[dict[str, Any]] = []
+    train_transforms: list[dict[str, Any]] = Field(
+        [{"name": "HorizontalFlip", "p": 0.5}],
+        description="albumentations steps on image and mask, e.g. {name: HorizontalFlip, p: 0.5}; Normalize and ToTensorV2 appended")
+    val_transforms: list[dict[str, Any]] = Field([], description="albumentations steps for val (same form)")
+
+    @field_validator("num_classes")
+    @classmethod
+    def _fits_masks(cls, n: int) -> int:
+        if n > 255:
+            raise ValueError(f"masks are 8-bit, so at most 255 classes (ids 0..254, 255 left for "
+                             f"data.ignore_index); got {n}")
+        return n
 
 
 class OptimizerConfig(Section):
-    name: Literal["sgd", "adam", "adamw"]
-    lr: float = Field(gt=0)
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    betas: list[float] = [0.9, 0.999]
-    poly_power: float = 0.9  # lr = base_lr * (1 - step / max_steps) ** poly_power
-    # torch's update kernels: auto = torch's choice (foreach on CUDA, a per-tensor loop on the
-    # CPU); foreach = one multi-tensor op per group; fused = one fused kernel (CPU and CUDA).
-    implementation: Literal["auto", "for_loop", "foreach", "fused"] = "auto"
+    name: Literal["sgd", "adam", "adamw"] = Field(description="the optimizer: sgd, adam or adamw (torch.optim)")
+    # Above 100 no optimizer converges, and near float32's limit the update itself overflows.
+    lr: float = Field(gt=0, le=100, description="base learning rate (> 0, at most 100), decayed by the poly schedule")
+    momentum: float = Field(0.9, ge=0, lt=1, description="sgd: momentum in [0, 1)")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="L2 penalty (adamw: decoupled decay), 0..1")
+    betas: list[Beta] = Field(
+        [0.9, 0.999], min_length=2, max_length=2, description="adam / adamw: the two moment decays, each in [0, 1)")
+    poly_power: float = Field(
+        0.9, ge=0, le=100, description="poly schedule: lr = base_lr * (1 - step / max_steps) ** poly_power (0: constant)")
+    implementation: Literal["auto", "for_loop", "foreach", "fused"] = Field(
+        "auto",
+        description="torch's update kernels: auto (foreach on CUDA, a loop on the CPU), for_loop, foreach "
+        "(one multi-tensor op a group) or fused")
 
 
 class OptimConfig(Section):
-    generator: OptimizerConfig = OptimizerConfig(
-        name="sgd", lr=2.5e-4, momentum=0.9, weight_decay=5e-4
-    )
-    discriminator: OptimizerConfig = OptimizerConfig(name="adam", lr=1e-4, betas=[0.9, 0.99])
-    discriminator_aux: Optional[OptimizerConfig] = None  # None: D's settings (its own instance)
+    generator: OptimizerConfig = Field(
+        OptimizerConfig(name="sgd", lr=2.5e-4, momentum=0.9, weight_decay=5e-4), description="G's optimizer")
+    discriminator: OptimizerConfig = Field(
+        OptimizerConfig(name="adam", lr=1e-4, betas=[0.9, 0.99]), description="D's optimizer")
+    discriminator_aux: Optional[OptimizerConfig] = Field(
+        None, description="the aux D's optimizer; null: D's settings (its own instance)")
 
 
 class LossConfig(Section):
-    lambda_adv: float = Field(0.01, ge=0)
-    adv_warmup_steps: int = Field(0, ge=0)  # G's update ignores D until this many steps have run
+    lambda_adv: Weight = Field(0.01, description="weight of G's adversarial term on labeled images (0: the CE-only baseline)")
+    adv_warmup_steps: int = Field(0, ge=0, le=10**9, description="G's update ignores D until this many steps have run")
 
 
 class AdvSemiSegConfig(Section):
     """AdvSemiSeg's semi-supervised part (Hung et al., 2018); defaults are the reference's."""
 
-    # Self-training: CE of G on its own argmax where D's confidence sigmoid(D(softmax G(x_u)))
-    # reaches mask_threshold, from step semi_start on.
-    lambda_semi: float = Field(0.1, ge=0)
-    mask_threshold: float = Field(0.2, ge=0, le=1)
-    # Not the reference's: when set, the threshold of each batch is this quantile of D's confidence
-    # over its unlabeled pixels (0.2: the fifth D is least sure of is ignored), so the mask uses D's
-    # ranking of pixels whatever its calibration; mask_threshold is then unused.
-    mask_quantile: Optional[float] = Field(None, gt=0, lt=1)
-    semi_start: int = Field(5000, ge=0)
-    # Adversarial term on unlabeled predictions (G tries to make them look real), from semi_start_adv.
-    lambda_semi_adv: float = Field(0.001, ge=0)
-    semi_start_adv: int = Field(0, ge=0)
-    # D also takes G's unlabeled predictions as fake (the reference's --D-remain, on by default).
-    d_sees_unlabeled: bool = True
-    unlabeled_batch_size: Optional[int] = Field(None, gt=0)  # None: data.batch_size
+    lambda_semi: Weight = Field(
+        0.1, description="self-training weight: CE of G on its argmax where D's confidence reaches the threshold")
+    mask_threshold: Probability = Field(0.2, description="D's confidence from which an unlabeled pixel is self-trained")
+    # Not the reference's: the mask then uses D's ranking of pixels whatever its calibration.
+    mask_quantile: Optional[float] = Field(
+        None, gt=0, lt=1,
+        description="if set, each batch's threshold is this quantile of D's confidence (mask_threshold unused)")
+    semi_start: int = Field(5000, ge=0, le=10**9, description="step from which self-training is on")
+    lambda_semi_adv: Weight = Field(
+        0.001, description="weight of the adversarial term on unlabeled predictions (G makes them look real)")
+    semi_start_adv: int = Field(0, ge=0, le=10**9, description="step from which the unlabeled adversarial term is on")
+    d_sees_unlabeled: bool = Field(True, description="D also takes G's unlabeled predictions as fake (the reference's --D-remain)")
+    unlabeled_batch_size: Optional[int] = Field(
+        None, gt=0, le=10**6, description="batch of the unlabeled stream; null: data.batch_size")
 
 
 class S4GanConfig(Section):
     """s4GAN's terms (Mittal et al., TPAMI 2019); defaults are the reference's for VOC."""
 
-    # Feature matching: L1 between the batch means of D's pooled features on real (a labeled image
-    # with its one-hot labels) and on fake (an unlabeled image with G's softmax), G's adversarial term.
-    lambda_fm: float = Field(0.1, ge=0)
-    # Self-training: CE of G on its argmax over the unlabeled images whose D score
-    # sigmoid(D(x_u, softmax G(x_u))) exceeds threshold (whole images), from step st_start on
-    # (the reference's: from its second iteration). Threshold: 0.6 VOC, 0.7 Cityscapes.
-    lambda_st: float = Field(1.0, ge=0)
-    threshold: float = Field(0.6, ge=0, le=1)
-    st_start: int = Field(1, ge=0)
-    unlabeled_batch_size: Optional[int] = Field(None, gt=0)  # None: data.batch_size
+    lambda_fm: Weight = Field(
+        0.1, description="feature matching weight: L1 between D's mean features on real and on fake (G's adversarial term)")
+    lambda_st: Weight = Field(1.0, description="self-training weight: CE of G on its argmax over the images D scores above threshold")
+    threshold: Probability = Field(0.6, description="D's score above which a whole unlabeled image is self-trained (0.6 VOC, 0.7 Cityscapes)")
+    st_start: int = Field(1, ge=0, le=10**9, description="step from which self-training is on")
+    unlabeled_batch_size: Optional[int] = Field(
+        None, gt=0, le=10**6, description="batch of the unlabeled stream; null: data.batch_size")
 
 
 class DomainAdaptationConfig(Section):
@@ -211,22 +302,23 @@ class DomainAdaptationConfig(Section):
     (``target_data``). Levels: main, and aux when ``model.generator.aux_head`` (multi-level).
     Defaults: AdaptSegNet's multi-level weights (docs/methods.md "Domain adaptation")."""
 
-    lambda_seg_aux: float = Field(0.1, ge=0)  # source CE of the aux output
-    lambda_adv_main: float = Field(0.001, ge=0)  # target maps made to look like source, main level
-    lambda_adv_aux: float = Field(0.0002, ge=0)
-    lambda_ent_main: float = Field(0.0, ge=0)  # mean normalised target entropy (MinEnt)
-    lambda_ent_aux: float = Field(0.0, ge=0)
-    gan: Literal["bce", "ls"] = "bce"  # least squares: MSE on D's logits
-    target_batch_size: Optional[int] = Field(None, gt=0)  # None: data.batch_size
+    lambda_seg_aux: Weight = Field(0.1, description="weight of the aux output's source CE")
+    lambda_adv_main: Weight = Field(0.001, description="weight of the main level's adversarial term (target made to look like source)")
+    lambda_adv_aux: Weight = Field(0.0002, description="weight of the aux level's adversarial term")
+    lambda_ent_main: Weight = Field(0.0, description="weight of the main level's mean normalised target entropy (MinEnt)")
+    lambda_ent_aux: Weight = Field(0.0, description="weight of the aux level's target entropy")
+    gan: Literal["bce", "ls"] = Field("bce", description="GAN loss: bce, or ls (least squares: MSE on D's logits)")
+    target_batch_size: Optional[int] = Field(
+        None, gt=0, le=10**6, description="batch of the target stream; null: data.batch_size")
 
 
 class MinEntConfig(DomainAdaptationConfig):
     """ADVENT's MinEnt: no discriminator, the target's entropy minimised."""
 
-    lambda_adv_main: float = Field(0.0, ge=0)
-    lambda_adv_aux: float = Field(0.0, ge=0)
-    lambda_ent_main: float = Field(0.001, ge=0)
-    lambda_ent_aux: float = Field(0.0002, ge=0)
+    lambda_adv_main: Weight = Field(0.0, description="weight of the main level's adversarial term (MinEnt: none)")
+    lambda_adv_aux: Weight = Field(0.0, description="weight of the aux level's adversarial term (MinEnt: none)")
+    lambda_ent_main: Weight = Field(0.001, description="weight of the main level's mean normalised target entropy")
+    lambda_ent_aux: Weight = Field(0.0002, description="weight of the aux level's target entropy")
 
 
 class MethodConfig(Section):
@@ -240,24 +332,30 @@ class MethodConfig(Section):
     maps / on self-information maps / no D).
     """
 
-    name: Literal["supervised", "advsemiseg", "s4gan", "adaptsegnet", "advent", "minent"] = "supervised"
-    advsemiseg: AdvSemiSegConfig = AdvSemiSegConfig()
-    s4gan: S4GanConfig = S4GanConfig()
-    adaptsegnet: DomainAdaptationConfig = DomainAdaptationConfig()
-    advent: DomainAdaptationConfig = DomainAdaptationConfig()
-    minent: MinEntConfig = MinEntConfig()
+    name: Literal["supervised", "advsemiseg", "s4gan", "adaptsegnet", "advent", "minent"] = Field(
+        "supervised", description="the training iteration: supervised, advsemiseg, s4gan, adaptsegnet, advent or minent")
+    advsemiseg: AdvSemiSegConfig = Field(AdvSemiSegConfig(), description="method advsemiseg's settings")
+    s4gan: S4GanConfig = Field(S4GanConfig(), description="method s4gan's settings")
+    adaptsegnet: DomainAdaptationConfig = Field(DomainAdaptationConfig(), description="method adaptsegnet's settings")
+    advent: DomainAdaptationConfig = Field(DomainAdaptationConfig(), description="method advent's settings")
+    minent: MinEntConfig = Field(MinEntConfig(), description="method minent's settings")
 
 
 class NetworkAmpConfig(Section):
-    enabled: bool = False
-    dtype: Literal["float16", "bfloat16"] = "bfloat16"
-    init_scale: float = Field(2.0**16, gt=0)  # GradScaler's starting loss scale (float16 only)
+    enabled: bool = Field(False, description="run this network's forward under autocast")
+    dtype: Literal["float16", "bfloat16"] = Field("bfloat16", description="autocast dtype: bfloat16, or float16 (with a GradScaler)")
+    # Up to 2**32: far above any useful scale, and a float32 scale that can still halve.
+    init_scale: float = Field(2.0**16, gt=0, le=2.0**32, description="float16 only: the GradScaler's starting loss scale")
 
 
 class AmpConfig(Section):
-    generator: NetworkAmpConfig = NetworkAmpConfig()
-    discriminator: NetworkAmpConfig = NetworkAmpConfig()
-    discriminator_aux: Optional[NetworkAmpConfig] = None  # None: D's setting (its own GradScaler)
+    generator: NetworkAmpConfig = Field(NetworkAmpConfig(), description="G's mixed precision")
+    discriminator: NetworkAmpConfig = Field(NetworkAmpConfig(), description="D's mixed precision")
+    discriminator_aux: Optional[NetworkAmpConfig] = Field(
+        None, description="the aux D's mixed precision; null: D's setting (its own GradScaler)")
+
+
+ParallelMode = Literal["auto", "none", "dp", "ddp"]
 
 
 class ParallelConfig(Section):
@@ -267,10 +365,10 @@ class ParallelConfig(Section):
     (``g:1+2``), else none.
     """
 
-    generator: Literal["auto", "none", "dp", "ddp"] = "auto"
-    discriminator: Literal["auto", "none", "dp", "ddp"] = "auto"
-    discriminator_aux: Optional[Literal["auto", "none", "dp", "ddp"]] = None  # None: D's
-    sync_bn: bool = False  # convert G's BatchNorm to SyncBatchNorm under DDP
+    generator: ParallelMode = Field("auto", description="G's wrapper: auto, none, dp or ddp")
+    discriminator: ParallelMode = Field("auto", description="D's wrapper: auto, none, dp or ddp")
+    discriminator_aux: Optional[ParallelMode] = Field(None, description="the aux D's wrapper; null: D's")
+    sync_bn: bool = Field(False, description="convert G's BatchNorm to SyncBatchNorm under DDP")
 
 
 class CompileConfig(Section):
@@ -280,95 +378,87 @@ class CompileConfig(Section):
     the optimizer steps stay eager. Evaluation (eval mode, no_grad) and each new batch size may
     compile once more; after the first evaluation no step recompiles."""
 
-    generator: bool = False
-    discriminator: bool = False  # also the aux D, unless discriminator_aux says otherwise
-    discriminator_aux: Optional[bool] = None  # None: D's setting
-    # torch.compile's mode; None: its default. reduce-overhead adds CUDA graphs on CUDA devices.
-    mode: Optional[Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = None
+    generator: bool = Field(False, description="torch.compile G's forward")
+    discriminator: bool = Field(False, description="torch.compile D's forward (also the aux D's unless discriminator_aux says)")
+    discriminator_aux: Optional[bool] = Field(None, description="torch.compile the aux D's forward; null: D's setting")
+    mode: Optional[Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = Field(
+        None, description="torch.compile's mode; null: its default (reduce-overhead adds CUDA graphs on CUDA)")
     # inductor generates kernels (C++ on the CPU: needs a C++ compiler; Triton on CUDA). aot_eager
-    # traces forward and backward as inductor does but runs them with torch's own kernels (no code
-    # generation: fast to compile, no speed-up); eager is the graph capture alone. Both check a
-    # model's compilability in seconds.
-    backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    # and eager generate none, so they check a model's compilability in seconds.
+    backend: Literal["inductor", "aot_eager", "eager"] = Field(
+        "inductor", description="torch.compile's backend: inductor (generates kernels), aot_eager or eager (checks only)")
 
 
 class TrainConfig(Section):
-    max_steps: int = Field(20000, gt=0)
-    eval_every: int = Field(1000, gt=0)
-    log_every: int = Field(10, gt=0)
-    seed: int = 0
-    deterministic: bool = False
-    # linear: multiply both learning rates by the world size (DDP: the global batch grows with it).
-    lr_scaling: Literal["none", "linear"] = "none"
-    # Both networks' weights (and so their activations) in channels_last memory format.
-    channels_last: bool = False
-    # With target_data: also evaluate data's (the source's) val split at each evaluation, logged
-    # as val_source/mIoU and val_source/pixel_acc (val/* stays the target's).
-    eval_source: bool = False
-    # Precise per-phase timing: synchronise the device around every phase of the step (costs a
-    # sync per phase on CUDA). Off: CUDA events, read at log time (segadv/monitor/profile.py).
-    profile: bool = False
-    # A non-finite loss or weight (docs/failures.md). stop: end the run (exit 3), nothing non-finite
-    # saved. skip_step: skip each network's update whose gradients are non-finite (a GradScaler
-    # held at scale 1 where no fp16 one runs: a host read of its flag per step), counted and logged.
-    on_nonfinite: Literal["stop", "skip_step"] = "stop"
-    # Gradient accumulation: each optimizer step over K micro-batches, each stream's batch cut into
-    # K equal parts (K must divide every stream's batch size); the schedule counts optimizer steps.
-    accumulation_steps: int = Field(1, gt=0)
+    max_steps: Count = Field(20000, description="optimizer steps of the run")
+    eval_every: Count = Field(1000, description="evaluate on val every this many steps (and at the end)")
+    log_every: Count = Field(10, description="log losses (and check them for NaN) every this many steps")
+    seed: Seed = Field(0, description="training seed: weights, data order, augmentation (each rank adds its rank)")
+    deterministic: bool = Field(False, description="bitwise-repeatable kernels where torch has them")
+    lr_scaling: Literal["none", "linear"] = Field(
+        "none", description="linear: multiply both learning rates by the world size (DDP's global batch grows with it)")
+    channels_last: bool = Field(False, description="both networks' weights and activations in channels_last memory format")
+    eval_source: bool = Field(
+        False, description="with target_data: also evaluate the source val split (val_source/*; val/* stays the target's)")
+    profile: bool = Field(
+        False, description="precise per-phase timing: synchronise the device around every phase (a sync per phase on CUDA)")
+    # skip_step: a GradScaler held at scale 1 where no fp16 one runs: a host read of its flag per step.
+    on_nonfinite: Literal["stop", "skip_step"] = Field(
+        "stop", description="a non-finite loss or weight: stop (exit 3, nothing non-finite saved) or skip_step (skip that update)")
+    accumulation_steps: int = Field(
+        1, gt=0, le=1024,
+        description="micro-batches per optimizer step; must divide every stream's batch, leaving 2 or more per micro-batch")
 
 
 class CheckpointConfig(Section):
-    every: int = Field(1000, gt=0)
-    # Keep only the newest K step_<N>.pt files (None: keep all); last.pt is always kept.
-    keep_last: Optional[int] = Field(None, ge=1)
+    every: Count = Field(1000, description="write step_<N>.pt and last.pt every this many steps (and at the end)")
+    keep_last: Optional[int] = Field(
+        None, ge=1, le=10**6, description="keep only the newest K step_<N>.pt files (null: all); last.pt is always kept")
 
 
 class InitSource(Section):
-    path: str
-    # Glob patterns of model keys NOT taken from the file (they keep their fresh init), e.g.
-    # ["segmentation_head.*"] to start from weights trained with another number of classes.
-    exclude: list[str] = []
+    path: str = Field(min_length=1, description="weights file to start from (any format the checkpoint loader takes)")
+    # e.g. ["segmentation_head.*"] to start from weights trained with another number of classes.
+    exclude: list[Annotated[str, Field(min_length=1)]] = Field(
+        [], description="glob patterns of model keys not taken from the file (they keep their fresh init)")
 
 
 class InitConfig(Section):
     """Weights to start from (any format the checkpoint loader accepts); strict unless excluded."""
 
-    generator: Optional[InitSource] = None
-    discriminator: Optional[InitSource] = None
+    generator: Optional[InitSource] = Field(None, description="G's starting weights; null: fresh")
+    discriminator: Optional[InitSource] = Field(None, description="D's starting weights; null: fresh")
 
 
 class LogConfig(Section):
-    tensorboard: bool = True
-    num_images: int = Field(4, ge=0)  # val samples shown as image panels at each evaluation
-    # Unlabeled training images whose masks (never read by training) measure at each evaluation
-    # whether D's confidence knows which of G's pixels are right (diag/d_confidence_auroc,
-    # diag/d_mask_precision), in chunks of num_images (the method's panel); 0: off. Only for a
-    # method with a panel on a pool whose masks exist (the synthetic data's).
-    diagnostic_images: int = Field(16, ge=0)
-    progress_bar: Optional[bool] = None  # None: a bar on a terminal, log lines otherwise
-    # "D wins outright" (segadv/monitor/diagnostics.py): one warning when D's loss stays below
-    # d_wins_loss at d_wins_steps consecutive log steps. The bound is on BCE's scale (healthy
-    # AdvSemiSeg runs sit at 0.2-0.5; chance is ln 2 = 0.69); None: no check.
-    d_wins_loss: Optional[float] = Field(0.2, gt=0)
-    d_wins_steps: int = Field(10, ge=1)
+    tensorboard: bool = Field(True, description="write TensorBoard events in the run dir")
+    num_images: int = Field(4, ge=0, le=64, description="val samples shown as image panels at each evaluation (0: none)")
+    # Only for a method with a panel on a pool whose masks exist (the synthetic data's).
+    diagnostic_images: int = Field(
+        16, ge=0, le=4096,
+        description="unlabeled images whose masks measure D's confidence at each evaluation (diag/*); 0: off")
+    progress_bar: Optional[bool] = Field(None, description="a progress bar; null: on a terminal, log lines otherwise")
+    # BCE's scale: healthy AdvSemiSeg runs sit at 0.2-0.5; chance is ln 2 = 0.69.
+    d_wins_loss: Optional[float] = Field(
+        0.2, gt=0, le=100, description="warn once when D's loss stays below this for d_wins_steps log steps; null: no check")
+    d_wins_steps: int = Field(10, ge=1, le=10**6, description="consecutive log steps below d_wins_loss before the warning")
 
 
 class Config(Section):
-    # "g:1,d:0"; None picks cuda:0 for both when CUDA is available, else cpu.
-    device_map: Optional[str] = None
-    run_dir: Optional[str] = None  # None: runs/<config name>-<timestamp>
-    model: ModelConfig = ModelConfig()
-    data: DataConfig = DataConfig()
-    # Domain adaptation's unlabeled target domain: its train images (masks never read) and its
-    # val split, on which val/* is then measured (train.eval_source adds data's as val_source/*).
-    target_data: Optional[DataConfig] = None
-    optim: OptimConfig = OptimConfig()
-    loss: LossConfig = LossConfig()
-    method: MethodConfig = MethodConfig()
-    amp: AmpConfig = AmpConfig()
-    parallel: ParallelConfig = ParallelConfig()
-    compile: CompileConfig = CompileConfig()
-    train: TrainConfig = TrainConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig()
-    init: InitConfig = InitConfig()
-    log: LogConfig = LogConfig()
+    device_map: Optional[str] = Field(
+        None, min_length=1, description="where networks run, e.g. \"g:1,d:0\"; null: cuda:0 for both when CUDA is available, else cpu")
+    run_dir: Optional[str] = Field(None, description="the run's directory; null: runs/<config name>-<timestamp>")
+    model: ModelConfig = Field(ModelConfig(), description="the networks")
+    data: DataConfig = Field(DataConfig(), description="the training data (domain adaptation: the labeled source)")
+    target_data: Optional[DataConfig] = Field(
+        None, description="domain adaptation's unlabeled target: its train images and the val split val/* is measured on")
+    optim: OptimConfig = Field(OptimConfig(), description="optimizers and their schedules")
+    loss: LossConfig = Field(LossConfig(), description="the supervised method's adversarial term")
+    method: MethodConfig = Field(MethodConfig(), description="what one training iteration does")
+    amp: AmpConfig = Field(AmpConfig(), description="mixed precision per network")
+    parallel: ParallelConfig = Field(ParallelConfig(), description="wrappers per network (DataParallel, DDP)")
+    compile: CompileConfig = Field(CompileConfig(), description="torch.compile per network")
+    train: TrainConfig = Field(TrainConfig(), description="the training loop")
+    checkpoint: CheckpointConfig = Field(CheckpointConfig(), description="checkpoint files")
+    init: InitConfig = Field(InitConfig(), description="weights to start from")
+    log: LogConfig = Field(LogConfig(), description="what a run reports")

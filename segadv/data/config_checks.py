@@ -4,6 +4,7 @@ alone (class names, the dataset root), each error naming the key at fault."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from segadv.config.schema import DataConfig
 from segadv.data.files import display
@@ -11,7 +12,7 @@ from segadv.data.layouts import FIXED_CLASSES, folder_class_names
 from segadv.data.synthetic import domain_classes
 from segadv.errors import UserError
 
-__all__ = ["check_config", "class_names", "data_root"]
+__all__ = ["check_config", "class_names", "data_root", "training_side"]
 
 
 def check_config(cfg: DataConfig) -> None:
@@ -43,11 +44,6 @@ def check_config(cfg: DataConfig) -> None:
             f"data.ignore_index: masks on disk are 8-bit, so it must be in "
             f"{cfg.num_classes}..255 for data.kind={kind}, got {cfg.ignore_index}"
         )
-    for key, values in (("data.mean", cfg.mean), ("data.std", cfg.std)):
-        if len(values) != 3:
-            raise UserError(f"{key}: expected 3 values (one per RGB channel), got {len(values)}")
-    if any(s <= 0 for s in cfg.std):
-        raise UserError(f"data.std: every value must be > 0, got {cfg.std}")
 
 
 def class_names(cfg: DataConfig) -> list[str]:
@@ -71,3 +67,16 @@ def data_root(cfg: DataConfig) -> Path:
         what = "is not a directory" if root.exists() else "does not exist"
         raise UserError(f"data.root: {display(root)} {what}")
     return root
+
+
+def training_side(cfg: DataConfig, key: str = "data") -> Optional[tuple[int, str]]:
+    """The smallest side of the training images as the networks get them, and where it comes
+    from, when the config alone says: the synthetic image size, or the last pipeline step with an
+    integer ``height`` and ``width`` (RandomCrop, Resize, ...). None: images keep their own sizes."""
+    if cfg.kind == "synthetic":
+        return cfg.synthetic.image_size, f"{key}.synthetic.image_size={cfg.synthetic.image_size}"
+    for step in reversed(cfg.train_transforms):
+        h, w = step.get("height"), step.get("width")
+        if isinstance(h, int) and isinstance(w, int) and h > 0 and w > 0:
+            return min(h, w), f"{key}.train_transforms' {step.get('name')} to {h}x{w}"
+    return None

@@ -107,10 +107,10 @@ def test_base_list_merges_in_order_then_own_keys(tmp_path: Path) -> None:
 
 
 def test_recursive_bases_and_list_replacement(tmp_path: Path) -> None:
-    write(tmp_path / "root.yaml", "data: {mean: [0.1, 0.2, 0.3], batch_size: 5}\n")
-    write(tmp_path / "mid.yaml", "_base_: root.yaml\ndata: {mean: [0.5]}\n")
+    write(tmp_path / "root.yaml", "data: {folder: {image_suffixes: [.png, .jpg]}, batch_size: 5}\n")
+    write(tmp_path / "mid.yaml", "_base_: root.yaml\ndata: {folder: {image_suffixes: [.tif]}}\n")
     cfg = load_config(write(tmp_path / "leaf.yaml", "_base_: mid.yaml\n"))
-    assert cfg.data.mean == [0.5]  # lists replace, never merge
+    assert cfg.data.folder.image_suffixes == [".tif"]  # lists replace, never merge
     assert cfg.data.batch_size == 5
 
 

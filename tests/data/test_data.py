@@ -273,7 +273,6 @@ def test_build_datasets_and_class_names():
         (dict(num_classes=len(SHAPE_CLASSES) + 1), "data.num_classes"),
         (dict(batch_size=13), "data.batch_size"),
         (dict(ignore_index=2), "data.ignore_index"),
-        (dict(std=[0.2, 0.2]), "data.std"),
         (dict(train_transforms=[{"name": "RandomCrop", "height": 64, "width": 64}]),
          "data.train_transforms"),
     ],

@@ -21,6 +21,7 @@ from data_builders import (
     stripes,
     write_list,
 )
+from segadv.config import load_config
 from segadv.config.schema import DataConfig
 from segadv.data import build_data, build_dataloaders, class_names, palette
 from segadv.data.augment import seed_transform
@@ -337,8 +338,10 @@ def test_loader_settings_drop_last_and_rank_shards(tmp_path):
 
 @pytest.mark.parametrize("ignore", [-1, 2, 256])
 def test_ignore_index_must_fit_an_8bit_mask_and_not_be_a_class(tmp_path, ignore):
+    # -1 and 256 are refused by the schema, 2 (a class id) by the data checks: both name the key.
     with pytest.raises(UserError, match=r"data\.ignore_index"):
-        class_names(data_cfg("folder", tmp_path, ignore_index=ignore))
+        cfg = load_config(None, ["data.kind=folder", f"data.root={tmp_path}", f"data.ignore_index={ignore}"])
+        class_names(cfg.data)
 
 
 def test_worker_seeds_depend_on_seed_and_rank(tmp_path):
