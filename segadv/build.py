@@ -15,6 +15,8 @@ from torch import nn
 from segadv.checkpoint import load_encoder_weights
 from segadv.config import Config
 from segadv.config.schema import DiscriminatorConfig, GeneratorConfig, NetworkAmpConfig, OptimizerConfig
+from segadv.data.batch_checks import check_micro_batches
+from segadv.data.config_checks import training_side
 from segadv.engine.accumulation import Accumulation
 from segadv.engine.amp_optimizer import AmpOptimizer, uses_float16
 from segadv.engine.network import Network
@@ -29,6 +31,7 @@ from segadv.methods import (
     stream_batch_sizes,
 )
 from segadv.models import build_discriminator, build_generator
+from segadv.models.discriminator import check_input_side
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel import DeviceMap, place_networks
 from segadv.parallel.compile import check_compile, compile_enabled
@@ -101,6 +104,8 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
                         "(it needs model.generator.aux_head and method adaptsegnet or advent)")
     settings = {role: network_settings(cfg, role) for role in roles}
     devices = {role: role_devices(device_map, role) for role in roles}
+    micro_batch = check_accumulation(cfg, replicas=len(devices["generator"]))
+    check_discriminator_input(cfg, roles)
     num_classes = cfg.data.num_classes
     models = {role: (build_generator if role == "generator" else build_discriminator)(settings[role].model, num_classes)
               for role in roles}
@@ -109,7 +114,6 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
                    aux_discriminator=models.get("discriminator_aux"))
 
     modes = {role: resolve_mode(settings[role].parallel, role, devices[role], env) for role in roles}
-    micro_batch = check_accumulation(cfg)
     checkpointing = {role: role == "generator" and cfg.model.generator.activation_checkpointing for role in roles}
     compiled = {role: compile_enabled(cfg.compile, role) for role in roles}
     for role in roles:
@@ -149,9 +153,10 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
     return Training(g, d, d_aux, method, device_map, env, phases, step)
 
 
-def check_accumulation(cfg: Config) -> int:
-    """``train.accumulation_steps`` against every stream's batch size; returns the labeled
-    micro-batch's size."""
+def check_accumulation(cfg: Config, replicas: int = 1) -> int:
+    """``train.accumulation_steps`` against every stream's batch size, and each micro-batch (each
+    of G's ``replicas``' chunk of it) against BatchNorm when G trains on batch statistics; returns
+    the labeled micro-batch's size."""
     steps = cfg.train.accumulation_steps
     sizes = {"data.batch_size": cfg.data.batch_size}
     for name, size in stream_batch_sizes(cfg).items():
@@ -160,7 +165,21 @@ def check_accumulation(cfg: Config) -> int:
         if size % steps:
             raise UserError(f"train.accumulation_steps={steps} does not divide {key}={size}: each optimizer step "
                             f"takes {steps} equal micro-batches of every stream's batch")
+    if cfg.model.generator.trains_batch_statistics:
+        check_micro_batches(sizes, steps, replicas)
     return cfg.data.batch_size // steps
+
+
+def check_discriminator_input(cfg: Config, roles: list[str]) -> None:
+    """Each D's depth against the smallest training side it is given (G's maps are at the input's
+    size): the source's, and the target's under domain adaptation, where the config says it."""
+    sides = [side for side in (training_side(cfg.data), cfg.target_data and training_side(cfg.target_data, "target_data"))
+             if side]
+    for role in roles:
+        if role == "generator":
+            continue
+        for side, source in sides:
+            check_input_side(network_settings(cfg, role).model, side, f"model.{role}", source)
 
 
 def log_placement(parts: Training) -> None:

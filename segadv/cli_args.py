@@ -9,9 +9,10 @@ argparse's ``parse_args`` ends a ``nargs="*"`` positional at the first option af
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from segadv.config.shipped import CONFIGS_DIR, config_listing
 
@@ -48,3 +49,46 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
     args = sub.choices[argv[0]].parse_intermixed_args(argv[1:])
     setattr(args, sub.dest, argv[0])
     return args
+
+
+# argparse ``type=`` checks for numeric options: a bad value exits 2 with argparse's message naming
+# the option ("argument --rtol: ..."), before anything is loaded.
+
+
+def tolerance(text: str) -> float:
+    """A finite number >= 0 (``--atol``, ``--rtol``)."""
+    value = _number(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number within 0..1 (``--min-agreement``)."""
+    value = _number(text)
+    if not 0 <= value <= 1:  # NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"expected a number within 0..1, got {text!r}")
+    return value
+
+
+def count(low: int, high: int) -> Callable[[str], int]:
+    """A whole number within ``low..high`` (``--workers``)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {low}..{high}, got {value}")
+        return value
+
+    parse.__name__ = "count"  # argparse names the type in its "invalid count value" fallback
+    return parse
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None

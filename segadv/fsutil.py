@@ -156,3 +156,15 @@ def staged(target: PathLike) -> Iterator[StagedFile]:
         if not staged_file.committed:
             with contextlib.suppress(OSError):
                 staged_file.path.unlink(missing_ok=True)
+
+
+def list_dir(path: Union[str, "os.PathLike[str]"], what: str) -> list[Path]:
+    """The entries of directory ``path``, sorted. One that cannot be listed (no read permission,
+    an I/O error) is a UserError naming it; ``what`` says what the directory is (a config key or
+    an option), so every command that lists a directory answers the same way."""
+    try:
+        with os.scandir(path) as entries:
+            return sorted(Path(entry.path) for entry in entries)
+    except OSError as err:
+        cause = err.strerror or str(err)
+        raise UserError(f"{what}: cannot list the directory {path}: {cause}") from None

@@ -51,7 +51,7 @@ from segadv.cli_args import add_config_arguments, parse_args
 from segadv.errors import UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.export.sidecar import EMBED_FILE, EMBED_KEY, parse_metadata, prepare_input, read_sidecar, sidecar_path
-from segadv.fsutil import atomic_write_bytes, make_dir, refuse_overwriting
+from segadv.fsutil import atomic_write_bytes, list_dir, make_dir, refuse_overwriting
 from segadv.images import ImageProblem, open_image, read_rgb
 
 log = logging.getLogger("segadv.predict")
@@ -223,8 +223,8 @@ def find_images(spec: str) -> list[Path]:
     if path.is_file() or _broken_link(path):
         return [path]
     if path.is_dir():
-        found = sorted(p for p in path.iterdir()
-                       if (p.is_file() or _broken_link(p)) and p.suffix.lower() in IMAGE_SUFFIXES)
+        found = [p for p in list_dir(path, f"--input {spec}")
+                 if (p.is_file() or _broken_link(p)) and p.suffix.lower() in IMAGE_SUFFIXES]
         if not found:
             raise UserError(f"--input {spec}: no image files in that folder ({', '.join(sorted(IMAGE_SUFFIXES))})")
         return found
@@ -232,9 +232,20 @@ def find_images(spec: str) -> list[Path]:
         found = sorted(Path(p) for p in glob.glob(str(path), recursive=True)
                        if Path(p).is_file() or _broken_link(Path(p)))
         if not found:
+            _list_pattern_root(spec)  # a folder the pattern starts in that cannot be listed is named
             raise UserError(f"--input {spec}: no files match the pattern")
         return found
     raise UserError(f"--input {spec}: no such file or folder")
+
+
+def _list_pattern_root(spec: str) -> None:
+    """List the folder a glob pattern starts in (its leading parts without wildcards): glob
+    passes over folders it cannot read, so an empty match may hide one."""
+    parts = Path(spec).expanduser().parts
+    fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    root = Path(*parts[:fixed]) if fixed else Path(".")
+    if root.is_dir():
+        list_dir(root, f"--input {spec}")
 
 
 def _broken_link(path: Path) -> bool:
@@ -278,7 +289,7 @@ def not_ours(out_dir: Path, overlay: bool) -> list[Path]:
     for folder in [out_dir] + ([out_dir / OVERLAY_DIR] if overlay else []):
         if not folder.is_dir():
             continue
-        for path in sorted(folder.iterdir()):
+        for path in list_dir(folder, "--output"):
             if not path.name.startswith(".") and not path.is_dir() and not written_by_predict(path):
                 foreign.append(path)
     return foreign

@@ -8,11 +8,13 @@ could save.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
 from types import FrameType
+from typing import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -86,3 +88,26 @@ class StopRequests:
             return  # a stop is on its way (a SIGTERM both from the job and from its launcher)
         self._requested = reason
         log.warning("%s: stopping after the current step and saving a checkpoint", why)
+
+
+class Terminated(SystemExit):
+    """SIGTERM received by a command that stops at once rather than at a step boundary."""
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While active, SIGTERM raises :class:`Terminated` (exit 143, 128 + SIGTERM) in the main thread
+    instead of killing the process outright, so ``finally`` blocks run: a command writing through a
+    temp file (segadv-export's verification) removes it. SIGINT already raises KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():  # signal() only works there
+        yield
+        return
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        raise Terminated(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -22,6 +22,7 @@ from segadv.build import Training, build_training, log_placement
 from segadv.checkpoint import CheckpointManager, NetworkWeights, Stateful, load_weights
 from segadv.config import Config, config_to_dict, dump_config, flat_config, load_config
 from segadv.data import build_stream_loaders, build_val_loader, palette, pool_has_masks
+from segadv.data.batch_checks import check_last_batches
 from segadv.data.streams import Stream, Streams, close_loader
 from segadv.engine.evaluate import evaluate
 from segadv.engine.nonfinite import NonFiniteGuard
@@ -208,6 +209,7 @@ def build_data(cfg: Config, parts: Training, run_dir: Path) -> RunData:
         target=cfg.target_data,
     )
     keys = {spec.name: spec.batch_size_key for spec in parts.method.streams}
+    check_last_batches(loaders, keys, cfg.train.accumulation_steps, cfg.model.generator.trains_batch_statistics)
     streams = Streams({name: Stream(name, loader, keys[name]) for name, loader in loaders.items()})
     source_val_loader = None
     if cfg.train.eval_source and cfg.target_data is not None:

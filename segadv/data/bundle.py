@@ -159,6 +159,8 @@ def _synthetic(cfg: DataConfig, train_tf: Any, val_tf: Any) -> DataBundle:
 
 def _files(cfg: DataConfig, train_tf: Any, val_tf: Any, recorder: SkipRecorder) -> DataBundle:
     found = collect(cfg)
+    if found.shared:
+        log.warning("data: %s", found.shared)
     t0 = time.perf_counter()
     labeled, bad_labeled = scan_headers(found.labeled, "train", with_masks=True)
     unlabeled, bad_unlabeled = scan_headers(found.unlabeled, "unlabeled", with_masks=False)

@@ -25,7 +25,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from segadv.cli_args import add_config_arguments, parse_args
+from segadv.cli_args import add_config_arguments, count, parse_args
 from segadv.config import load_config
 from segadv.config.schema import DataConfig
 from segadv.data.augment import build_transform
@@ -64,6 +64,7 @@ class Report:
     names: list[str]
     ignore_index: int
     splits: list[SplitReport]
+    notes: list[str] = field(default_factory=list)  # dataset-wide warnings (train and val sharing images)
 
     @property
     def problems(self) -> list[Problem]:
@@ -71,7 +72,7 @@ class Report:
 
     def warnings(self) -> list[str]:
         """What reads without error but may not be what was meant, per split."""
-        found = []
+        found = list(self.notes)
         for s in self.splits:
             absent = [i for i in range(len(self.names)) if s.hist[i] == 0]
             # With no class-1 pixel at all, the absent-class note below gives the same hint.
@@ -125,7 +126,7 @@ def check_files(cfg: DataConfig, workers: int) -> Report:
         if not labeled:
             report.problems.append(Problem(report.name, "", (), empty_split_message(report.name, listing.source, 0)))
     title = f"{cfg.kind} at {display(found.root)}"
-    return Report(title, class_names(cfg), cfg.ignore_index, [train, val])
+    return Report(title, class_names(cfg), cfg.ignore_index, [train, val], [found.shared] if found.shared else [])
 
 
 def check_synthetic(cfg: DataConfig) -> Report:
@@ -198,6 +199,9 @@ def format_report(report: Report) -> Iterable[str]:
         yield f"  {p.split}: {p.message}"
 
 
+MAX_WORKERS = 256  # reader threads: far more than any disk serves in parallel
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="segadv-data", description="Dataset tools.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -207,8 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "histogram and every problem found. Exit 0 when clean, 2 when not.",
     )
     add_config_arguments(check, "default: default")
-    check.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
-                       help="reader threads (default: %(default)s)")
+    check.add_argument("--workers", type=count(1, MAX_WORKERS), default=min(4, os.cpu_count() or 1),
+                       help="reader threads, 1 or more (default: %(default)s)")
     check.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     return parser
 
@@ -221,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     check_config(cfg)
     build_transform(cfg.train_transforms, cfg.mean, cfg.std, "data.train_transforms", ignore_index=cfg.ignore_index)
     build_transform(cfg.val_transforms, cfg.mean, cfg.std, "data.val_transforms", ignore_index=cfg.ignore_index)
-    report = check_synthetic(cfg) if cfg.kind == "synthetic" else check_files(cfg, max(1, args.workers))
+    report = check_synthetic(cfg) if cfg.kind == "synthetic" else check_files(cfg, args.workers)
     for line in format_report(report):
         print(line)
     sys.stdout.flush()

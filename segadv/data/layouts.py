@@ -18,6 +18,7 @@ import numpy as np
 from segadv.config.schema import DataConfig
 from segadv.data.files import LabelSpec, Listing, Problem, Sample, display, read_id_list, shown_id
 from segadv.errors import UserError
+from segadv.fsutil import list_dir
 
 # --------------------------------------------------------------------------------------- helpers
 
@@ -34,12 +35,12 @@ def _broken_link(split: str, path: Path) -> Problem:
                    f"{display(path)}: image file is a broken symlink to {os.readlink(path)}, which does not exist")
 
 
-def _files_by_stem(directory: Path, suffixes: set[str]) -> tuple[dict[str, Path], dict[str, Path]]:
+def _files_by_stem(directory: Path, suffixes: set[str], key: str) -> tuple[dict[str, Path], dict[str, Path]]:
     """The files of ``directory`` with one of ``suffixes`` (any case: ``.PNG`` too) by stem, and
     the entries with such a name that are broken symlinks, by stem."""
     found: dict[str, Path] = {}
     broken: dict[str, Path] = {}
-    for path in sorted(directory.iterdir()):
+    for path in list_dir(directory, key):
         if path.suffix.lower() not in suffixes:
             continue
         if path.is_file():
@@ -188,7 +189,10 @@ def cityscapes_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
     image_dir = root / "leftImg8bit" / name
     _require_dir(image_dir, key)
     samples = []
-    for image in sorted(image_dir.glob(f"*/*{_CS_IMAGE_SUFFIX}")):
+    # Listed level by level (not globbed, which passes over a city folder it cannot read).
+    cities = [city for city in list_dir(image_dir, key) if city.is_dir()]
+    images = [p for city in cities for p in list_dir(city, key) if p.name.endswith(_CS_IMAGE_SUFFIX)]
+    for image in sorted(images):
         sample_id = image.name[: -len(_CS_IMAGE_SUFFIX)]  # city_sequence_frame
         mask = root / "gtFine" / name / image.parent.name / f"{sample_id}{_CS_MASK_SUFFIX}"
         samples.append(Sample(sample_id, image, mask))
@@ -199,8 +203,8 @@ def gta5_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
     gta = cfg.gta5
     image_dir, label_dir = root / "images", root / "labels"
     _require_dir(image_dir, "data.root", " (expected images/ and labels/ in it)")
-    by_id, broken = _files_by_stem(image_dir, {".png"})
-    labels = _files_by_stem(label_dir, {".png"})[0] if label_dir.is_dir() else {}
+    by_id, broken = _files_by_stem(image_dir, {".png"}, "data.root")
+    labels = _files_by_stem(label_dir, {".png"}, "data.root")[0] if label_dir.is_dir() else {}
     mask_of = lambda i, _: labels.get(i, label_dir / f"{i}.png")  # noqa: E731 - .png or .PNG
     list_path = gta.train_list if split == "train" else gta.val_list
     if list_path is not None:
@@ -249,7 +253,7 @@ def folder_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
     suffixes = {s.lower() if s.startswith(".") else f".{s.lower()}" for s in folder.image_suffixes}
     by_id: dict[str, list[Path]] = {}
     broken: dict[str, Path] = {}  # symlinks to nothing: problems, never silently left out
-    for path in sorted(image_dir.iterdir()):
+    for path in list_dir(image_dir, f"data.folder.{split}.images"):
         if path.suffix.lower() not in suffixes:
             continue
         if path.is_file():
@@ -296,3 +300,7 @@ FIXED_CLASSES: dict[str, tuple[str, ...]] = {
     "cityscapes": CITYSCAPES_CLASSES,
     "gta5": CITYSCAPES_CLASSES,
 }
+# Layouts whose train and val splits are meant to be disjoint (official splits, GTA5's lists): a
+# shared image is an error. A folder layout is the user's own split (evaluating on training images
+# may be deliberate, an overfitting check): a warning.
+DISJOINT_SPLITS = frozenset({"voc", "cityscapes", "gta5"})

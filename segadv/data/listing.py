@@ -7,14 +7,15 @@ follow ``data.on_error``: ``raise_problems`` names them all in one error.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
 from segadv.config.schema import DataConfig
 from segadv.data.config_checks import check_config, data_root
-from segadv.data.files import LabelSpec, Listing, Problem, Sample, SampleError, check_sizes, probe_image, probe_mask
-from segadv.data.layouts import LABEL_SPECS, LISTERS
+from segadv.data.files import LabelSpec, Listing, Problem, Sample, SampleError, check_sizes, probe_image, probe_mask, shown_id
+from segadv.data.layouts import DISJOINT_SPLITS, LABEL_SPECS, LISTERS
 from segadv.data.skips import SKIPPED_FILE, SkipRecorder
 from segadv.data.splits import split_labeled
 from segadv.errors import UserError
@@ -37,6 +38,7 @@ class Collected:
     unlabeled: list[Sample]
     problems: list[Problem]  # from listing (list files naming missing ids, duplicate ids)
     split_record: dict
+    shared: Optional[str] = None  # train and val share image files: the warning (a folder layout)
 
 
 def collect(cfg: DataConfig) -> Collected:
@@ -46,6 +48,7 @@ def collect(cfg: DataConfig) -> Collected:
     spec = LABEL_SPECS[cfg.kind](cfg)
     train = LISTERS[cfg.kind](cfg, root, "train")
     val = LISTERS[cfg.kind](cfg, root, "val")
+    shared = shared_images(cfg.kind, train, val)
     labeled_idx, unlabeled_idx, split_problems, record = split_labeled(
         [s.id for s in train.samples], cfg, root
     )
@@ -55,7 +58,23 @@ def collect(cfg: DataConfig) -> Collected:
         unlabeled=[train.samples[i] for i in unlabeled_idx],
         problems=[*train.problems, *split_problems, *val.problems],
         split_record=record,
+        shared=shared,
     )
+
+
+def shared_images(kind: str, train: Listing, val: Listing) -> Optional[str]:
+    """Image files listed in both splits (val images trained on): a UserError for the layouts
+    whose splits are meant to be disjoint (``DISJOINT_SPLITS``), else the warning to show."""
+    val_files = {os.path.realpath(s.image): s.id for s in val.samples}
+    shared = [s.id for s in train.samples if os.path.realpath(s.image) in val_files]
+    if not shared:
+        return None
+    shown = ", ".join(shown_id(i) for i in shared[:3]) + (", ..." if len(shared) > 3 else "")
+    message = (f"the train split ({train.source}) and the val split ({val.source}) share {len(shared)} "
+               f"image{'s' if len(shared) > 1 else ''} ({shown}): val would score images the run trains on")
+    if kind in DISJOINT_SPLITS:
+        raise UserError(f"data: {message}; take them out of one split")
+    return message
 
 
 def scan_headers(

@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from segadv.cli_args import add_config_arguments, parse_args
+from segadv.cli_args import add_config_arguments, fraction, parse_args, tolerance
 from segadv.data import class_names, palette
 from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
@@ -30,6 +30,7 @@ from segadv.fsutil import file_sha256, make_dir, refuse_overwriting, staged
 from segadv.export.verify import DEFAULT_TOLERANCES, format_report, make_input, verify
 from segadv.export.wrapper import InferenceModel, export_metadata, input_dtype, input_kind, output_name, size_divisor
 from segadv.runtime import setup_logging
+from segadv.signals import sigterm_unwinds
 
 log = logging.getLogger("segadv.export")
 
@@ -67,9 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--with-argmax", action="store_true", help="output int64 class ids N x H x W instead of logits")
     p.add_argument("--half", action="store_true",
                    help="float16 weights and compute (see docs/inference.md for CPU caveats)")
-    p.add_argument("--atol", type=float, help="absolute tolerance (default 1e-4 float32, 1e-2 float16)")
-    p.add_argument("--rtol", type=float, help="tolerance relative to max|eager| (default 1e-4 float32, 1e-2 float16)")
-    p.add_argument("--min-agreement", type=float,
+    p.add_argument("--atol", type=tolerance, help="absolute tolerance (default 1e-4 float32, 1e-2 float16)")
+    p.add_argument("--rtol", type=tolerance, help="tolerance relative to max|eager| (default 1e-4 float32, 1e-2 float16)")
+    p.add_argument("--min-agreement", type=fraction,
                    help="least argmax agreement for --with-argmax exports (default 0.999 float32, 0.99 float16)")
     p.add_argument("--verify-size", nargs=2, type=int, action="append", metavar=("H", "W"),
                    help="a verification size (repeat; default: the input size and a larger non-square one)")
@@ -192,8 +193,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     atol = atol if args.atol is None else args.atol
     rtol = rtol if args.rtol is None else args.rtol
     min_agreement = min_agreement if args.min_agreement is None else args.min_agreement
-    if atol < 0 or rtol < 0 or not 0 <= min_agreement <= 1:
-        raise UserError("--atol and --rtol must be >= 0, --min-agreement within 0..1")
 
     loaded = load_generator(args.checkpoint, args.config, args.overrides, trusted=args.trust_checkpoint)
     generator, cfg = loaded.model, loaded.cfg
@@ -222,7 +221,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     make_dir(output.parent)
     notes = [CPU_HALF_NOTE] if args.half and fmt == "onnx" else []
-    with staged(output) as stage:
+    # SIGTERM unwinds (exit 143) so that staged() removes its temp file, as on any other exit.
+    with sigterm_unwinds(), staged(output) as stage:
         meta.update(write_export(fmt, exported, example, stage.path, args, to_json(meta), opset))
         run, runtime = make_runner(fmt, stage.path)
         result = verify(run, reference, shapes=shapes, kind=kind, dtype=dtype, class_ids=args.with_argmax,

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from segadv.config.schema import DiscriminatorConfig
+from segadv.errors import UserError
 
 
 class FCDiscriminator(nn.Module):
@@ -83,11 +84,28 @@ DISCRIMINATORS: dict[str, type[nn.Module]] = {"fc": FCDiscriminator, "image": Im
 DEFAULT_DOWNSAMPLES = {"fc": 5, "image": 4}  # each reference's
 
 
+def downsamples(cfg: DiscriminatorConfig) -> int:
+    """D's stride-2 convolutions: ``num_downsamples``, or its kind's reference."""
+    return DEFAULT_DOWNSAMPLES[cfg.kind] if cfg.num_downsamples is None else cfg.num_downsamples
+
+
+def check_input_side(cfg: DiscriminatorConfig, side: int, key: str, source: str) -> None:
+    """Each 4x4 stride-2 convolution (padding 1) halves a side, rounding down: D's deepest map
+    must keep at least one cell of the smallest side it is given (``source`` says where it comes
+    from). ``key``: D's section, named in the error."""
+    depth = downsamples(cfg)
+    if side >> depth < 1:
+        most = side.bit_length() - 1
+        raise UserError(
+            f"{key}.num_downsamples: {depth} stride-2 convolutions leave no cell of a {side}-pixel side "
+            f"({source}); at most {most} fit, or train on larger images")
+
+
 def build_discriminator(cfg: DiscriminatorConfig, num_classes: int) -> nn.Module:
     try:
         cls = DISCRIMINATORS[cfg.kind]
     except KeyError:
         raise KeyError(f"unknown discriminator {cfg.kind!r}; valid: {sorted(DISCRIMINATORS)}") from None
-    depth = DEFAULT_DOWNSAMPLES[cfg.kind] if cfg.num_downsamples is None else cfg.num_downsamples
+    depth = downsamples(cfg)
     upsampling = {"align_corners": cfg.align_corners} if cfg.kind == "fc" else {}
     return cls(num_classes=num_classes, ndf=cfg.ndf, num_downsamples=depth, **upsampling)

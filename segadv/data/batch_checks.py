@@ -1,0 +1,67 @@
+"""Batches G cannot train on, refused before the first step.
+
+In train mode BatchNorm normalises each channel by the batch's own statistics, and a batch of one
+sample (of one pixel per channel after the encoder) has none: torch stops with a ValueError, or,
+at larger maps, trains on a variance of one sample's pixels. Whether G trains that way is one
+config property, ``GeneratorConfig.trains_batch_statistics``; every batch G sees in training is
+checked against it here: each stream's micro-batch (``train.accumulation_steps`` cuts a batch into
+equal parts), each DataParallel replica's chunk of it, and the last, partial batch of an epoch
+when ``data.drop_last`` is false.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from segadv.errors import UserError
+
+__all__ = ["MIN_BATCH", "check_last_batches", "check_micro_batches", "replica_chunks"]
+
+MIN_BATCH = 2  # the least batch BatchNorm can train on
+
+
+def replica_chunks(batch: int, replicas: int) -> list[int]:
+    """How DataParallel's scatter (``Tensor.chunk``) cuts ``batch`` samples over ``replicas``."""
+    size = math.ceil(batch / replicas)
+    return [min(size, batch - start) for start in range(0, batch, size)]
+
+
+def check_micro_batches(sizes: Mapping[str, int], steps: int, replicas: int = 1) -> None:
+    """Every stream's micro-batch (``sizes``: its batch-size key -> batch size, divisible by
+    ``steps``) and each of G's ``replicas``' chunk of it hold at least two samples."""
+    for key, size in sizes.items():
+        micro = size // steps
+        if micro < MIN_BATCH:
+            cut = (f" cut into train.accumulation_steps={steps} micro-batches of {micro}" if steps > 1 else "")
+            fix = (f"a {key} of {MIN_BATCH * steps} or more, or fewer accumulation steps" if steps > 1
+                   else f"{key}={MIN_BATCH} or more")
+            raise UserError(f"{key}={size}{cut}: G's BatchNorm cannot train on a batch of one sample; use {fix}")
+        if replicas > 1 and min(replica_chunks(micro, replicas)) < MIN_BATCH:
+            raise UserError(
+                f"{key}={size}: G's {replicas} DataParallel replicas get chunks of {replica_chunks(micro, replicas)} "
+                f"samples of each micro-batch, and BatchNorm cannot train on one; use a micro-batch of "
+                f"{MIN_BATCH * replicas} or more")
+
+
+def check_last_batches(loaders: Mapping[str, Any], keys: Mapping[str, str], steps: int,
+                       batch_statistics: bool) -> None:
+    """With ``drop_last`` off, each training loader's last batch of an epoch (this rank's share
+    modulo the batch) must cut into ``steps`` equal micro-batches, and hold two samples per
+    micro-batch when G trains on batch statistics. ``keys``: each loader's batch-size key."""
+    for name, loader in loaders.items():
+        if getattr(loader, "drop_last", True):
+            continue
+        samples, batch = len(loader.sampler), loader.batch_size
+        last = samples % batch
+        if not last:
+            continue
+        unequal = last % steps != 0
+        if not unequal and not (batch_statistics and last // steps < MIN_BATCH):
+            continue
+        why = (f"which train.accumulation_steps={steps} cannot cut into equal micro-batches" if unequal
+               else "and G's BatchNorm cannot train on a batch of one sample")
+        raise UserError(
+            f"data.drop_last: false leaves a last batch of {last} in every epoch of the {name} stream "
+            f"({samples} samples per process, {keys.get(name, 'data.batch_size')}={batch}), {why}; set "
+            f"data.drop_last: true, or a batch size that divides {samples}")
