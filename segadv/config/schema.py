@@ -64,7 +64,7 @@ class GeneratorConfig(Section):
     # and large rates sample mostly padding.
     decoder_atrous_rates: list[Annotated[int, Field(ge=1, le=256)]] = Field(
         [12, 24, 36], description="ASPP dilation rates, three positive integers (feature-map cells)")
-    decoder_channels: int = Field(256, gt=0, le=4096, description="width of the decoder (ASPP and DeepLabV3+'s fusion); smp's default 256")
+    decoder_channels: int = Field(256, gt=0, le=1024, description="width of the decoder (ASPP and DeepLabV3+'s fusion); smp's default 256")
     aux_head: bool = Field(
         False,
         description="training only: a second output from the encoder's second-to-last stage (AdaptSegNet / "
@@ -105,7 +105,7 @@ class DiscriminatorConfig(Section):
         "fc",
         description="fc: AdvSemiSeg's fully convolutional D (a logit per pixel of a class map); image: "
         "s4GAN's image-level D (one logit per image)")
-    ndf: int = Field(64, gt=0, le=1024, description="width of D's first convolution (later ones double it, up to 8x)")
+    ndf: int = Field(64, gt=0, le=256, description="width of D's first convolution (later ones double it, up to 8x)")
     # fc: the last one is D's classifier and its logit map is the training size halved this many
     # times; 5 is the reference's (10x10 at 321 px, but 2x2 at 80 px: use 3 there).
     num_downsamples: Optional[int] = Field(
@@ -217,10 +217,11 @@ class DataConfig(Section):
         None, ge=1, le=64, description="batches each worker loads ahead (with num_workers > 0); null: torch's 2")
     drop_last: bool = Field(
         True, description="drop each epoch's last partial training batch (val never drops); false refuses a last batch of one")
-    mean: list[float] = Field(
-        [0.485, 0.456, 0.406], min_length=3, max_length=3, description="per-channel RGB mean of Normalize (0..1 scale)")
-    std: list[Annotated[float, Field(gt=0)]] = Field(
-        [0.229, 0.224, 0.225], min_length=3, max_length=3, description="per-channel RGB std of Normalize (> 0)")
+    # On the 0..1 scale of albumentations' Normalize (pixels divided by 255 first).
+    mean: list[Probability] = Field(
+        [0.485, 0.456, 0.406], min_length=3, max_length=3, description="per-channel RGB mean of Normalize, each in 0..1")
+    std: list[Annotated[float, Field(gt=0, le=1)]] = Field(
+        [0.229, 0.224, 0.225], min_length=3, max_length=3, description="per-channel RGB std of Normalize, each in (0, 1]")
     # Normalize(mean, std) and ToTensorV2 are appended to both pipelines.
     train_transforms: list[dict[str, Any]] = Field(
         [{"name": "HorizontalFlip", "p": 0.5}],

@@ -247,7 +247,7 @@ def test_overrides_parse_values(empty: Path) -> None:
             "optim.generator.lr=1e-3",
             "optim.discriminator.lr=2.5E-4",
             "train.deterministic=true",
-            "data.mean=[1, 2, 3]",
+            "data.mean=[0, 1, 0]",
             "device_map=g:0,d:0",
             "model.generator.encoder_weights=null",
             "run_dir=runs/x=y",
@@ -257,7 +257,7 @@ def test_overrides_parse_values(empty: Path) -> None:
     assert isinstance(cfg.optim.generator.lr, float) and cfg.optim.generator.lr == 0.001
     assert cfg.optim.discriminator.lr == 2.5e-4
     assert cfg.train.deterministic is True
-    assert cfg.data.mean == [1.0, 2.0, 3.0]
+    assert cfg.data.mean == [0.0, 1.0, 0.0]
     assert cfg.device_map == "g:0,d:0"
     assert cfg.model.generator.encoder_weights is None
     assert cfg.run_dir == "runs/x=y"  # split on the first '=' only
