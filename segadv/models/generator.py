@@ -101,6 +101,10 @@ def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3
     except KeyError as err:
         raise UserError(f"model.generator.encoder: {err.args[0] if err.args else err}") from None
     except (OSError, RuntimeError, ValueError) as err:
+        # An encoder with fewer usable stages than the schema's 1..5 (smp's own check of it).
+        if isinstance(err, ValueError) and "depth" in str(err):
+            raise UserError(f"model.generator.encoder_depth: {cfg.encoder_depth} does not fit encoder "
+                            f"{cfg.encoder!r} ({err})") from None
         if smp_weights is None:
             raise
         raise UserError(

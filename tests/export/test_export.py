@@ -336,3 +336,34 @@ def test_export_write_failures_exit_4_naming_the_file(model, tmp_path, monkeypat
     err = capsys.readouterr().err
     assert code == 4 and f"error: cannot write {target}: No space left on device (ENOSPC)" in err
     assert "Traceback" not in err and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+@pytest.mark.parametrize("option, value", [("--rtol", "nan"), ("--atol", "-1"), ("--rtol", "inf"),
+                                           ("--min-agreement", "nan"), ("--min-agreement", "1.5")])
+def test_tolerance_options_refused_before_loading(tmp_path, capsys, option, value):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--checkpoint", str(tmp_path / "absent.pt"), "--output", str(tmp_path / "m.onnx"), option, value])
+    assert stop.value.code == 2
+    assert f"argument {option}" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_during_verification_removes_the_temp_file(model, tmp_path, monkeypatch):
+    import signal
+
+    _, _, ckpt = model
+    seen = {}
+
+    def terminated_mid_check(run, *args, **kwargs):
+        seen["files"] = sorted(p.name for p in tmp_path.iterdir())
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered to this (main) thread before the call returns
+        raise AssertionError("SIGTERM did not stop the export")
+
+    monkeypatch.setattr(cli, "verify", terminated_mid_check)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--checkpoint", str(ckpt), "--output", str(tmp_path / "m.onnx")])
+    assert stop.value.code == 128 + signal.SIGTERM
+    assert any(name.startswith(".m.onnx.tmp-") for name in seen["files"])  # the staged file existed
+    assert list(tmp_path.iterdir()) == []  # and is gone, with nothing else written
+    assert signal.getsignal(signal.SIGTERM) == before  # the command's handler is gone with it

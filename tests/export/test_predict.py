@@ -356,3 +356,21 @@ def test_trained_run_exports_and_predicts_on_onnxruntime_without_torch(trained_r
         assert mask32.shape == pictures[stem].shape[:2]
         assert (mask32 == mask16).mean() > 0.99
         assert (tmp_path / "model" / "overlay" / f"{stem}.png").is_file()
+
+
+def test_input_folder_that_cannot_be_listed_is_named(tmp_path, monkeypatch):
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    real = os.scandir
+
+    def scandir(path="."):  # as for a folder without read permission (root lists any folder)
+        if Path(path) == folder:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.raises(predict.UserError, match=r"--input .*pictures: cannot list the directory .*Permission denied"):
+        predict.find_images(str(folder))
+    # a pattern whose folder cannot be listed names the folder, not "no files match"
+    with pytest.raises(predict.UserError, match="cannot list the directory"):
+        predict.find_images(str(folder / "*.png"))

@@ -100,3 +100,21 @@ def test_the_fc_maps_upsampling_is_the_references_by_default():
     legacy = build_discriminator(DiscriminatorConfig(ndf=4, num_downsamples=3, align_corners=False), num_classes=5)
     legacy.load_state_dict(d.state_dict())
     assert not torch.equal(legacy(probs), out)
+
+
+
+def test_depth_against_the_smallest_training_side(tmp_path):
+    from conftest import TINY_OVERRIDES
+    from segadv.models.discriminator import check_input_side
+    from segadv.train import train
+
+    check_input_side(DiscriminatorConfig(num_downsamples=6), 64, "model.discriminator", "64 px")  # a 1x1 map
+    with pytest.raises(UserError, match="num_downsamples: 7 stride-2 convolutions leave no cell .*at most 6 fit"):
+        check_input_side(DiscriminatorConfig(num_downsamples=7), 64, "model.discriminator", "64 px")
+    with pytest.raises(UserError, match="num_downsamples: 6 .*at most 5 fit"):
+        check_input_side(DiscriminatorConfig(kind="image", num_downsamples=6), 32, "model.discriminator", "32 px")
+    cfg = load_config(None, [*TINY_OVERRIDES, "model.discriminator.num_downsamples=7", "device_map=g:cpu,d:cpu"])
+    cfg.run_dir = str(tmp_path / "run")
+    with pytest.raises(UserError, match=r"model\.discriminator\.num_downsamples: 7 .*data\.synthetic\.image_size=64"):
+        train(cfg)
+    assert not (tmp_path / "run" / "checkpoints" / "last.pt").exists()

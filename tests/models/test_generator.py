@@ -81,3 +81,12 @@ def test_bad_local_encoder_weights_are_user_errors(tmp_path, case, message):
     with pytest.raises(UserError, match=message) as err:
         load_encoder_weights(generator, cfg)
     assert str(err.value).startswith("model.generator.encoder_weights:")
+
+
+def test_an_encoder_s_own_depth_limit_names_the_key():
+    from segadv.errors import UserError
+
+    # efficientnet encoders take 2..5 stages (smp's check), within the schema's 1..5
+    with pytest.raises(UserError, match=r"model\.generator\.encoder_depth: 1 does not fit encoder 'efficientnet-b0'"):
+        build_generator(GeneratorConfig(arch="deeplabv3", encoder="efficientnet-b0", encoder_depth=1,
+                                        decoder_channels=16), num_classes=3)

@@ -1,0 +1,76 @@
+"""Batches G cannot train on (BatchNorm on batch statistics) are refused before the first step,
+naming the setting and the fix: batch, micro-batch, each stream's batch, each DataParallel
+replica's chunk, and the last partial batch of an epoch with data.drop_last false."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import TINY_OVERRIDES
+from segadv.config import load_config
+from segadv.config.schema import GeneratorConfig
+from segadv.data.batch_checks import check_last_batches, check_micro_batches, replica_chunks
+from segadv.errors import UserError
+from segadv.train import train
+
+DA_TARGET = ("target_data={kind: synthetic, synthetic: {domain: target, image_size: 64, train_size: 8, val_size: 2}, "
+             "batch_size: 2, num_workers: 0}")
+
+
+def start(tmp_path, *overrides):
+    cfg = load_config(None, [*TINY_OVERRIDES, "device_map=g:cpu,d:cpu", "train.max_steps=1", "log.tensorboard=false",
+                             *overrides])
+    cfg.run_dir = str(tmp_path / "run")
+    return train(cfg)
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["data.batch_size=1"], "data.batch_size=1"),
+    (["data.batch_size=2", "train.accumulation_steps=2"], "train.accumulation_steps=2"),
+    (["method.name=adaptsegnet", DA_TARGET, "method.adaptsegnet.target_batch_size=1"],
+     "method.adaptsegnet.target_batch_size=1"),
+    (["method.name=advsemiseg", "data.labeled_fraction=0.5", "method.advsemiseg.unlabeled_batch_size=1"],
+     "method.advsemiseg.unlabeled_batch_size=1"),
+    # 16 samples in batches of 3: a last batch of 1 at the end of every epoch
+    (["data.drop_last=false", "data.batch_size=3"], "data.drop_last: false"),
+])
+def test_a_batch_of_one_is_refused_before_anything_trains(tmp_path, overrides, named):
+    with pytest.raises(UserError, match="BatchNorm") as err:
+        start(tmp_path, *overrides)
+    assert named in str(err.value)
+    assert not (tmp_path / "run" / "checkpoints" / "step_1.pt").exists()
+
+
+def test_drop_last_false_with_a_full_last_batch_trains(tmp_path):
+    result = start(tmp_path, "data.drop_last=false", "data.batch_size=4")  # 16 = 4 x 4
+    assert result.step == 1
+
+
+def test_micro_batches_and_replica_chunks():
+    check_micro_batches({"data.batch_size": 4}, steps=2)
+    with pytest.raises(UserError, match=r"data\.batch_size=4 cut into train\.accumulation_steps=4 micro-batches of 1"):
+        check_micro_batches({"data.batch_size": 4}, steps=4)
+    assert replica_chunks(3, 2) == [2, 1] and replica_chunks(4, 2) == [2, 2] and replica_chunks(5, 3) == [2, 2, 1]
+    check_micro_batches({"data.batch_size": 4}, steps=1, replicas=2)
+    with pytest.raises(UserError, match="DataParallel replicas get chunks of \\[2, 1\\]"):
+        check_micro_batches({"data.batch_size": 3}, steps=1, replicas=2)
+
+
+class _Loader:
+    def __init__(self, samples, batch_size, drop_last):
+        self.sampler, self.batch_size, self.drop_last = range(samples), batch_size, drop_last
+
+
+def test_last_partial_batch():
+    keys = {"labeled": "data.batch_size"}
+    check_last_batches({"labeled": _Loader(7, 2, drop_last=True)}, keys, 1, True)  # dropped
+    check_last_batches({"labeled": _Loader(7, 2, drop_last=False)}, keys, 1, False)  # no BatchNorm on batch stats
+    check_last_batches({"labeled": _Loader(8, 3, drop_last=False)}, keys, 1, True)  # a last batch of 2
+    with pytest.raises(UserError, match=r"last batch of 1 in every epoch .*\(7 samples per process, data\.batch_size=2\)"):
+        check_last_batches({"labeled": _Loader(7, 2, drop_last=False)}, keys, 1, True)
+    with pytest.raises(UserError, match="cannot cut into equal micro-batches"):  # whatever the norm
+        check_last_batches({"labeled": _Loader(11, 4, drop_last=False)}, keys, 2, False)
+
+
+def test_the_predicate_is_one_config_property():
+    assert GeneratorConfig().trains_batch_statistics
