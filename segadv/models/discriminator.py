@@ -14,6 +14,20 @@ from segadv.config.schema import DiscriminatorConfig
 from segadv.errors import UserError
 
 
+def check_map_size(x: torch.Tensor, depth: int) -> None:
+    """D's input against its depth, where no config told the training size up front (images of
+    their own sizes): a shape check on the host, as smp's G makes, naming the key instead of
+    convolution's "kernel size can't be greater than actual input size"."""
+    if torch.jit.is_scripting() or torch.jit.is_tracing():
+        return
+    side = min(x.shape[-2:])
+    if side >> depth < 1:
+        raise UserError(
+            f"model.discriminator.num_downsamples (or discriminator_aux's): {depth} stride-2 convolutions leave "
+            f"no cell of a {side}-pixel side of D's input {tuple(x.shape[-2:])}; at most {side.bit_length() - 1} "
+            "fit, or train on larger images")
+
+
 class FCDiscriminator(nn.Module):
     """``num_downsamples`` 4x4 stride-2 convolutions, LeakyReLU(0.2) between them, no
     normalisation. The reference's five: C -> ndf -> 2ndf -> 4ndf -> 8ndf -> 1; with fewer the
@@ -36,6 +50,7 @@ class FCDiscriminator(nn.Module):
         self.classifier = nn.Conv2d(widths[-1], 1, kernel_size=4, stride=2, padding=1)
 
     def forward(self, probs: torch.Tensor) -> torch.Tensor:
+        check_map_size(probs, len(self.features) + 1)
         x = probs
         for conv in self.features:
             x = F.leaky_relu(conv(x), negative_slope=0.2)
@@ -71,6 +86,7 @@ class ImageDiscriminator(nn.Module):
     def forward(
         self, x: torch.Tensor, return_features: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        check_map_size(x, len(self.features))
         for i, conv in enumerate(self.features):
             x = F.leaky_relu(conv(x), negative_slope=0.2)
             if i < len(self.features) - 1:

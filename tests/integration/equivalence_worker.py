@@ -16,7 +16,7 @@ import torch.distributed as dist
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]  # its folder and tests/ (conftest, helpers)
 from helpers import FixedStream  # noqa: E402
 from test_equivalence import (  # noqa: E402
-    capture_adversarial_gradient, freeze_batch_statistics, harness_config, no_dropout,
+    batch_statistics_frozen, capture_adversarial_gradient, freeze_batch_statistics, harness_config, no_dropout,
 )
 
 from segadv.build import build_training  # noqa: E402
@@ -42,7 +42,8 @@ def main(out: Path, device_map_spec: str, overrides: list[str]) -> None:
     device_map = join(device_map_spec, env)
     cfg = harness_config(*overrides)
     data = torch.load(out / "input.pt", weights_only=True)
-    parts = build_training(cfg, device_map, env)
+    with batch_statistics_frozen():  # G's BatchNorm frozen below: micro-batches of one sample train
+        parts = build_training(cfg, device_map, env)
     unwrap(parts.g.module).load_state_dict(data["g"])
     unwrap(parts.d.module).load_state_dict(data["d"])
     no_dropout(parts.g.module)

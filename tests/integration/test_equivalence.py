@@ -41,12 +41,15 @@ on both sides where
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
+from unittest import mock
 
 import pytest
 import torch
@@ -57,6 +60,7 @@ from conftest import TINY_OVERRIDES
 from helpers import FixedStream
 from segadv.build import build_training
 from segadv.config import load_config
+from segadv.config.schema import GeneratorConfig
 from segadv.models import build_discriminator, build_generator
 from segadv.parallel import parse_device_map, unwrap
 
@@ -253,6 +257,18 @@ def no_dropout(module: nn.Module) -> nn.Module:
     return module
 
 
+@contextlib.contextmanager
+def batch_statistics_frozen(frozen: bool = True) -> Iterator[None]:
+    """While a run is built: G's BatchNorm will use its running statistics
+    (:func:`freeze_batch_statistics`), so it trains on any batch, a micro-batch of one sample too,
+    and the config's predicate must say so (segadv/data/batch_checks.py)."""
+    if not frozen:
+        yield
+        return
+    with mock.patch.object(GeneratorConfig, "trains_batch_statistics", property(lambda self: False)):
+        yield
+
+
 def freeze_batch_statistics(module: nn.Module) -> None:
     """BatchNorm in eval mode at every forward (the step sets train mode first)."""
 
@@ -342,7 +358,8 @@ def segadv_outcome(case: Case, *overrides: str, run=None, batches_in_d_input: in
     unlabeled)."""
     cfg = harness_config(*overrides, *case.overrides)
     init_g, init_d = initial_networks(cfg)
-    parts = build_training(cfg, parse_device_map(case.device_map))
+    with batch_statistics_frozen(case.freeze_stats):
+        parts = build_training(cfg, parse_device_map(case.device_map))
     unwrap(parts.g.module).load_state_dict(init_g.state_dict())
     unwrap(parts.d.module).load_state_dict(init_d.state_dict())
     no_dropout(parts.g.module)
@@ -760,7 +777,8 @@ def uda_references():
 def uda_outcome(case: Case, method: str) -> Outcome:
     """One segadv adaptation iteration under ``case`` from the reference's initial weights."""
     cfg = harness_config(*UDA_OVERRIDES, f"method.name={method}", *case.overrides)
-    parts = build_training(cfg, parse_device_map(case.device_map))
+    with batch_statistics_frozen(case.freeze_stats):
+        parts = build_training(cfg, parse_device_map(case.device_map))
     for net, init in zip((parts.g.module, parts.d.module, parts.d_aux.module),
                          initial_uda_networks(cfg)):
         unwrap(net).load_state_dict(init.state_dict())

@@ -118,3 +118,12 @@ def test_depth_against_the_smallest_training_side(tmp_path):
     with pytest.raises(UserError, match=r"model\.discriminator\.num_downsamples: 7 .*data\.synthetic\.image_size=64"):
         train(cfg)
     assert not (tmp_path / "run" / "checkpoints" / "last.pt").exists()
+
+
+@pytest.mark.parametrize("kind", ["fc", "image"])
+def test_an_input_too_small_for_the_depth_is_named_in_the_forward(kind):
+    d = build_discriminator(DiscriminatorConfig(kind=kind, ndf=4, num_downsamples=6), num_classes=3)
+    channels = 3 if kind == "fc" else 6
+    d(torch.zeros(1, channels, 64, 64))  # a 1x1 map at the deepest
+    with pytest.raises(UserError, match=r"num_downsamples .*: 6 stride-2 convolutions leave no cell of a 32-pixel"):
+        d(torch.zeros(1, channels, 32, 48))
