@@ -173,8 +173,10 @@ def check_accumulation(cfg: Config, replicas: int = 1) -> int:
 def check_discriminator_input(cfg: Config, roles: list[str]) -> None:
     """Each D's depth against the smallest training side it is given (G's maps are at the input's
     size): the source's, and the target's under domain adaptation, where the config says it."""
-    sides = [side for side in (training_side(cfg.data), cfg.target_data and training_side(cfg.target_data, "target_data"))
-             if side]
+    sides = [training_side(cfg.data)]
+    if cfg.target_data is not None:
+        sides.append(training_side(cfg.target_data, "target_data"))
+    sides = [side for side in sides if side is not None]
     for role in roles:
         if role == "generator":
             continue

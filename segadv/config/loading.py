@@ -124,7 +124,10 @@ def _parse_yaml(text: str) -> Any:
     ``MAX_YAML_VALUES`` values before anything is built from it."""
     loader = _ConfigLoader(text)
     try:
-        node = loader.get_single_node()
+        try:
+            node = loader.get_single_node()
+        except RecursionError:  # PyYAML composes nested collections recursively
+            raise yaml.YAMLError(f"values nested deeper than {MAX_YAML_DEPTH} levels") from None
         if node is None:
             return None
         _expanded_size(node, {})

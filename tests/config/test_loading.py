@@ -39,6 +39,13 @@ def test_recursive_alias_and_oversized_file(tmp_path):
     loop.write_text("x: &x [*x]\n")
     with pytest.raises(UserError, match="loop.yaml.*recursive"):
         load_config(loop)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("x: " + "[" * 2000 + "]" * 2000 + "\n")  # deeper than the parser's own recursion
+    with pytest.raises(UserError, match="deep.yaml.*nested deeper than"):
+        load_config(deep)
+    deep.write_text("x: " + "[" * 100 + "]" * 100 + "\n")
+    with pytest.raises(UserError, match="deep.yaml.*nested deeper than 64 levels"):
+        load_config(deep)
     big = tmp_path / "big.yaml"
     big.write_text("# " + "x" * MAX_CONFIG_BYTES + "\n")
     with pytest.raises(UserError, match="big.yaml is larger than 1 MiB"):
