@@ -300,7 +300,8 @@ FIXED_CLASSES: dict[str, tuple[str, ...]] = {
     "cityscapes": CITYSCAPES_CLASSES,
     "gta5": CITYSCAPES_CLASSES,
 }
-# Layouts whose train and val splits are meant to be disjoint (official splits, GTA5's lists): a
-# shared image is an error. A folder layout is the user's own split (evaluating on training images
-# may be deliberate, an overfitting check): a warning.
-DISJOINT_SPLITS = frozenset({"voc", "cityscapes", "gta5"})
+# Layouts whose train and val splits are meant to be disjoint: a shared image is an error. GTA5 has
+# no official split, so its lists (or the held-out val_every images) are the run's own split. VOC's
+# and Cityscapes' named splits may overlap on purpose (trainval for a test-server submission), and
+# a folder layout is the user's own choice (an overfitting check): a warning.
+DISJOINT_SPLITS = frozenset({"gta5"})

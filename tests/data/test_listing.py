@@ -1,6 +1,6 @@
 """Listing a dataset: directories that cannot be listed are named (exit 2), and train / val
-splits that share image files are refused where the layout means them disjoint, warned about
-where the user made the split."""
+splits that share image files are refused where the layout means them disjoint (gta5), warned
+about where an overlap may be deliberate."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from data_builders import make_cityscapes, make_folder, make_gta5, write_list
+from data_builders import make_cityscapes, make_folder, make_gta5, make_voc, write_list
 from segadv.config import CONFIGS_DIR, load_config
 from segadv.data import build_data
 from segadv.data.check import main as check_main
@@ -114,3 +114,10 @@ def test_workers_option_is_validated(capsys):
             check_main(["check", "--workers", value])
         assert stop.value.code == 2
         assert "argument --workers" in capsys.readouterr().err
+
+
+def test_voc_trainval_against_val_is_a_warning(tmp_path, capsys):
+    make_voc(tmp_path, train=["a", "b"], val=["c"])
+    write_list(tmp_path / "ImageSets" / "Segmentation" / "trainval.txt", ["a", "b", "c"])
+    assert check(tmp_path, "voc", "data.voc.train_split=trainval") == 0
+    assert "share 1 image ('c')" in capsys.readouterr().out
