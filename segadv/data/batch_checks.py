@@ -16,9 +16,14 @@ from typing import Any, Mapping
 
 from segadv.errors import UserError
 
-__all__ = ["MIN_BATCH", "check_last_batches", "check_micro_batches", "replica_chunks"]
+__all__ = ["MIN_BATCH", "BatchTooSmall", "check_last_batches", "check_micro_batches", "replica_chunks"]
 
 MIN_BATCH = 2  # the least batch BatchNorm can train on
+
+
+class BatchTooSmall(UserError):
+    """A batch G cannot train on; segadv-plan's batch searches treat it as a batch that does not
+    train, as they do an iteration the networks refuse."""
 
 
 def replica_chunks(batch: int, replicas: int) -> list[int]:
@@ -36,9 +41,9 @@ def check_micro_batches(sizes: Mapping[str, int], steps: int, replicas: int = 1)
             cut = (f" cut into train.accumulation_steps={steps} micro-batches of {micro}" if steps > 1 else "")
             fix = (f"a {key} of {MIN_BATCH * steps} or more, or fewer accumulation steps" if steps > 1
                    else f"{key}={MIN_BATCH} or more")
-            raise UserError(f"{key}={size}{cut}: G's BatchNorm cannot train on a batch of one sample; use {fix}")
+            raise BatchTooSmall(f"{key}={size}{cut}: G's BatchNorm cannot train on a batch of one sample; use {fix}")
         if replicas > 1 and min(replica_chunks(micro, replicas)) < MIN_BATCH:
-            raise UserError(
+            raise BatchTooSmall(
                 f"{key}={size}: G's {replicas} DataParallel replicas get chunks of {replica_chunks(micro, replicas)} "
                 f"samples of each micro-batch, and BatchNorm cannot train on one; use a micro-batch of "
                 f"{MIN_BATCH * replicas} or more")
@@ -61,7 +66,7 @@ def check_last_batches(loaders: Mapping[str, Any], keys: Mapping[str, str], step
             continue
         why = (f"which train.accumulation_steps={steps} cannot cut into equal micro-batches" if unequal
                else "and G's BatchNorm cannot train on a batch of one sample")
-        raise UserError(
+        raise BatchTooSmall(
             f"data.drop_last: false leaves a last batch of {last} in every epoch of the {name} stream "
             f"({samples} samples per process, {keys.get(name, 'data.batch_size')}={batch}), {why}; set "
             f"data.drop_last: true, or a batch size that divides {samples}")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from segadv.config import Config, load_config
+from segadv.data.batch_checks import BatchTooSmall
 from segadv.methods import stream_batch_sizes
 from segadv.plan.dry_run import IterationFails, Plan, dry_run
 
@@ -80,7 +81,7 @@ def planned(config: Callable[[list[str]], Config], device_map: str, overrides: l
     cfg.device_map = device_map
     try:
         return dry_run(cfg, steps)
-    except IterationFails as err:
+    except (IterationFails, BatchTooSmall) as err:
         log.info("%s %s: does not train (%s)", device_map, " ".join(overrides), str(err).splitlines()[0])
         return None
 

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from segadv.cli_args import add_config_arguments, parse_args
 from segadv.config import Config, load_config
+from segadv.data.batch_checks import BatchTooSmall
 from segadv.errors import UserError, cli_entry
 from segadv.plan.advise import Option, advise
 from segadv.plan.dry_run import DevicePlan, IterationFails, Plan, dry_run, measure
@@ -89,7 +90,7 @@ def largest_batch(cfg: Config, steps: int, budget: int) -> tuple[int | None, Pla
     def probe(batch: int) -> None:
         try:
             plans[batch] = dry_run(with_batch(cfg, batch * unit), steps)
-        except IterationFails as err:
+        except (IterationFails, BatchTooSmall) as err:
             if batch * unit >= cfg.data.batch_size:
                 raise
             log.info("batch %d: does not train (%s)", batch * unit, str(err).splitlines()[0])
