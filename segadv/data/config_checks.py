@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from segadv.config.schema import DataConfig
-from segadv.data.files import display
-from segadv.data.layouts import FIXED_CLASSES, folder_class_names
+from segadv.data.layouts import FIXED_CLASSES, folder_class_names, require_dir
 from segadv.data.synthetic import domain_classes
 from segadv.errors import UserError
 
@@ -63,9 +62,7 @@ def data_root(cfg: DataConfig) -> Path:
             "see docs/datasets.md)"
         )
     root = Path(cfg.root).expanduser()
-    if not root.is_dir():
-        what = "is not a directory" if root.exists() else "does not exist"
-        raise UserError(f"data.root: {display(root)} {what}")
+    require_dir(root, "data.root")
     return root
 
 

@@ -10,6 +10,7 @@ docs/datasets.md.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -50,10 +51,18 @@ def _files_by_stem(directory: Path, suffixes: set[str], key: str) -> tuple[dict[
     return found, {i: p for i, p in broken.items() if i not in found}
 
 
-def _require_dir(path: Path, key: str, hint: str = "") -> None:
-    if not path.is_dir():
-        what = "is not a directory" if path.exists() else "does not exist"
-        raise UserError(f"{key}: {display(path)} {what}{hint}")
+def require_dir(path: Path, key: str, hint: str = "") -> None:
+    """``path`` is a directory, or a UserError naming ``key`` says why not (missing, a file, or a
+    folder above it that cannot be searched: not "does not exist" for a folder that may)."""
+    try:
+        if stat.S_ISDIR(path.stat().st_mode):
+            return
+        what = "is not a directory"
+    except FileNotFoundError:
+        what = "does not exist"
+    except OSError as err:
+        what = f"cannot be reached: {err.strerror or err}"
+    raise UserError(f"{key}: {display(path)} {what}{hint}")
 
 
 def _from_list(
@@ -185,9 +194,9 @@ _CS_MASK_SUFFIX = "_gtFine_labelIds.png"
 def cityscapes_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
     name = cfg.cityscapes.train_split if split == "train" else cfg.cityscapes.val_split
     key = f"data.cityscapes.{split}_split"
-    _require_dir(root / "leftImg8bit", "data.root", " (expected leftImg8bit/ and gtFine/ in it)")
+    require_dir(root / "leftImg8bit", "data.root", " (expected leftImg8bit/ and gtFine/ in it)")
     image_dir = root / "leftImg8bit" / name
-    _require_dir(image_dir, key)
+    require_dir(image_dir, key)
     samples = []
     # Listed level by level (not globbed, which passes over a city folder it cannot read).
     cities = [city for city in list_dir(image_dir, key) if city.is_dir()]
@@ -202,7 +211,7 @@ def cityscapes_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
 def gta5_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
     gta = cfg.gta5
     image_dir, label_dir = root / "images", root / "labels"
-    _require_dir(image_dir, "data.root", " (expected images/ and labels/ in it)")
+    require_dir(image_dir, "data.root", " (expected images/ and labels/ in it)")
     by_id, broken = _files_by_stem(image_dir, {".png"}, "data.root")
     labels = _files_by_stem(label_dir, {".png"}, "data.root")[0] if label_dir.is_dir() else {}
     mask_of = lambda i, _: labels.get(i, label_dir / f"{i}.png")  # noqa: E731 - .png or .PNG
@@ -249,7 +258,7 @@ def folder_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
     split_cfg = folder.train if split == "train" else folder.val
     image_dir = resolve(root, split_cfg.images)
     mask_dir = resolve(root, split_cfg.masks)
-    _require_dir(image_dir, f"data.folder.{split}.images")
+    require_dir(image_dir, f"data.folder.{split}.images")
     suffixes = {s.lower() if s.startswith(".") else f".{s.lower()}" for s in folder.image_suffixes}
     by_id: dict[str, list[Path]] = {}
     broken: dict[str, Path] = {}  # symlinks to nothing: problems, never silently left out

@@ -121,3 +121,20 @@ def test_voc_trainval_against_val_is_a_warning(tmp_path, capsys):
     write_list(tmp_path / "ImageSets" / "Segmentation" / "trainval.txt", ["a", "b", "c"])
     assert check(tmp_path, "voc", "data.voc.train_split=trainval") == 0
     assert "share 1 image ('c')" in capsys.readouterr().out
+
+
+def test_a_folder_behind_one_that_cannot_be_searched_is_not_called_missing(tmp_path, monkeypatch, capsys):
+    make_folder(tmp_path, n_train=2, n_val=2, num_classes=2)
+    images = tmp_path / "train" / "images"
+    real = Path.stat
+
+    def stat(self, *args, **kwargs):  # as under a parent folder without search (x) permission
+        if self == images:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    assert check(tmp_path, "folder") == 2
+    err = capsys.readouterr().err
+    assert "data.folder.train.images:" in err and "cannot be reached: Permission denied" in err
+    assert "does not exist" not in err
