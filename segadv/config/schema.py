@@ -8,8 +8,9 @@ Every value is range-checked here, so torch and smp never see one they would fai
 finite (``allow_inf_nan=False`` for the whole schema), counts and sizes have bounds, lists their
 lengths; what needs two keys (an encoder depth against the architecture) is a validator naming
 the key. What needs the data (D's depth against the smallest training image, batches of one) is
-checked before the first step (segadv/data/config_checks.py, segadv/build.py). Every field carries
-a ``description``: the line ``--help-config`` shows (tests/config/test_schema_bounds.py checks it).
+checked before the first step (segadv/build.py, segadv/data/batch_checks.py). Every field carries a
+one-line ``description`` (tests/config/test_schema.py insists), the line a key listing shows;
+tests/config/test_schema_bounds.py tries every numeric and list field at its boundaries.
 """
 
 from __future__ import annotations
