@@ -121,6 +121,9 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
         if compiled[role]:
             check_compile(cfg.compile, role, devices[role], modes[role])
     if cfg.parallel.sync_bn:
+        if cfg.model.generator.norm == "frozen":
+            raise UserError("parallel.sync_bn with model.generator.norm=frozen: G's BatchNorm statistics are fixed, "
+                            "there are none to synchronise")
         if modes["generator"] != "ddp":
             raise UserError("parallel.sync_bn needs the generator under DDP (a multi-process launch)")
         if device_map.generator.type != "cuda":

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+import segmentation_models_pytorch as smp
 import torch
 from torch import nn
 
@@ -45,7 +46,9 @@ CONFIG_KEYS = {
 }
 # Says only where the encoder's pretraining came from: the weights file brings every weight.
 IGNORED_KEYS = ("encoder_weights",)
-ARCHS = {cls.__name__: arch for arch, cls in GENERATORS.items()}
+# The archs whose inference G is smp's own class (smp.from_pretrained rebuilds only those).
+ARCHS = {spec.model.__name__: arch for arch, spec in GENERATORS.items()
+         if getattr(smp, spec.model.__name__, None) is spec.model}
 
 
 def read_smp_config(directory: Path) -> dict[str, Any]:
@@ -94,6 +97,10 @@ def save_smp_dir(generator: nn.Module, directory: Path) -> int:
     """Write the inference ``generator`` as a directory ``smp.from_pretrained`` opens; each file
     is replaced atomically, ``model.safetensors`` sealed with its sha256 (integrity.py). Returns
     the number of tensors written; an OSError is a :class:`WriteFailed` naming the directory."""
+    if type(generator).__name__ not in ARCHS:
+        raise UserError(f"--smp: smp.from_pretrained cannot build {type(generator).__name__} (model.generator.arch "
+                        f"is not one of smp's models: {', '.join(sorted(ARCHS.values()))}); write a weights file "
+                        "with --output instead")
     if directory.exists() and not directory.is_dir():
         raise UserError(f"--smp {directory}: exists and is not a directory")
     make_dir(directory)

@@ -16,9 +16,10 @@ tests/config/test_schema_bounds.py tries every numeric and list field at its bou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 
 class Section(BaseModel):
@@ -39,19 +40,23 @@ class ArchLimits:
     encoders have 5 stages) and the number of ASPP dilations."""
 
     min_encoder_depth: int
-    atrous_rates: int
+    atrous_rates: Optional[int]  # None: decoder_atrous_rates does not apply
 
 
 ARCH_LIMITS: dict[str, ArchLimits] = {
     "deeplabv3": ArchLimits(min_encoder_depth=1, atrous_rates=3),
     "deeplabv3plus": ArchLimits(min_encoder_depth=3, atrous_rates=3),  # fuses the stride-4 stage
+    "deeplabv2": ArchLimits(min_encoder_depth=1, atrous_rates=None),  # its own rates: aspp_v2_rates
 }
 ENCODER_STAGES = 5  # smp's encoders: 5 stride-2 stages (depth limits 1..5)
 
 
 class GeneratorConfig(Section):
-    arch: Literal["deeplabv3", "deeplabv3plus"] = Field(
-        "deeplabv3plus", description="G's architecture (smp): DeepLabV3, or DeepLabV3+ with its low-level skip")
+    arch: Literal["deeplabv3", "deeplabv3plus", "deeplabv2"] = Field(
+        "deeplabv3plus",
+        description="G's network on the encoder: smp's DeepLabV3, or DeepLabV3+ with its low-level skip (an "
+        "ASPP decoder with image pooling), or DeepLab-v2 as the adversarial references train it (a classifier "
+        "summing dilated 3x3 convolutions, model.generator.aspp_v2_rates; no decoder, no pooling)")
     encoder: str = Field("resnet18", min_length=1, description="smp encoder name, e.g. resnet18, resnet101, mobilenet_v2")
     encoder_weights: Optional[str] = Field(
         None, min_length=1,
@@ -64,8 +69,11 @@ class GeneratorConfig(Section):
     # (12, 24, 36) suit ~512 px crops; on small images the feature map is only a few cells wide
     # and large rates sample mostly padding.
     decoder_atrous_rates: list[Annotated[int, Field(ge=1, le=256)]] = Field(
-        [12, 24, 36], description="ASPP dilation rates, three positive integers (feature-map cells)")
-    decoder_channels: int = Field(256, gt=0, le=1024, description="width of the decoder (ASPP and DeepLabV3+'s fusion); smp's default 256")
+        [12, 24, 36],
+        description="deeplabv3/deeplabv3plus: ASPP dilation rates, three positive integers (feature-map cells)")
+    decoder_channels: int = Field(
+        256, gt=0, le=1024,
+        description="deeplabv3/deeplabv3plus: width of the decoder (ASPP and DeepLabV3+'s fusion); smp's default 256")
     aux_head: bool = Field(
         False,
         description="training only: a second output from the encoder's second-to-last stage (AdaptSegNet / "
@@ -74,6 +82,29 @@ class GeneratorConfig(Section):
         False,
         description="training only: recompute G's encoder stages and decoder in the backward (less memory, "
         "about one more forward of time); weights and files unchanged")
+    aspp_v2_rates: Union[Literal["paper", "early_return"], list[Annotated[int, Field(ge=1, le=256)]]] = Field(
+        "paper", min_length=1,
+        description="deeplabv2: its classifier's dilation rates, one 3x3 convolution to the classes per rate, "
+                    "the outputs summed. paper: 6, 12, 18, 24 (DeepLab-v2's ASPP-L; ADVENT's code). "
+                    "early_return: 6, 12, what AdaptSegNet's, AdvSemiSeg's and s4GAN's code "
+                    "computes (its loop returns after the second branch). Or a list of rates")
+    norm: Literal["train", "frozen_affine", "frozen"] = Field(
+        "train",
+        description="G's BatchNorm. train: learned weight and bias, batch statistics. frozen_affine: weight "
+                    "and bias fixed (not in the optimizer), batch statistics, running ones updated (the "
+                    "references' DeepLab-v2). frozen: weight, bias and statistics fixed, every BatchNorm in "
+                    "eval mode while G trains (mmsegmentation's norm_eval); a batch of one trains")
+
+    @field_validator("aspp_v2_rates", mode="wrap")
+    @classmethod
+    def _rates_named_or_listed(cls, value: Any, handler: Any) -> Any:
+        """One message for the union (a name or a list), not one per member."""
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError(
+                "aspp_v2_rates", "expected 'paper', 'early_return' or a non-empty list of rates (integers >= 1)"
+            ) from None
 
     @property
     def trains_batch_statistics(self) -> bool:
@@ -96,7 +127,7 @@ class GeneratorConfig(Section):
     def _rates_fit_arch(cls, rates: list[int], info: ValidationInfo) -> list[int]:
         arch = info.data.get("arch")
         count = ARCH_LIMITS[arch].atrous_rates if arch in ARCH_LIMITS else 3
-        if len(rates) != count:
+        if count is not None and len(rates) != count:
             raise ValueError(f"{arch}'s ASPP takes {count} dilation rates, e.g. [12, 24, 36]; got {len(rates)}")
         return rates
 

@@ -1,4 +1,5 @@
-"""The generator G: a DeepLab network from segmentation-models-pytorch.
+"""The generator G: a DeepLab network on an encoder of segmentation-models-pytorch (smp's
+DeepLabV3 / DeepLabV3+, or DeepLab-v2 as the adversarial references train it, deeplabv2.py).
 
 Pure ``nn.Module`` construction: no device, wrapper or AMP code lives here.
 """
@@ -6,7 +7,9 @@ Pure ``nn.Module`` construction: no device, wrapper or AMP code lives here.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import segmentation_models_pytorch as smp
 import torch
@@ -15,6 +18,8 @@ from torch import nn
 
 from segadv.config.schema import GeneratorConfig
 from segadv.errors import UserError
+from segadv.models.deeplabv2 import ASPP_V2_RATES, DeepLabV2
+from segadv.models.norm import apply_norm
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +28,8 @@ class AuxOutputMixin:
     multi-level G): ``forward(x)`` is the unchanged smp forward (main logits only, so evaluation
     and export never see the aux head); ``forward(x, return_aux=True)`` returns ``(main, aux)``,
     both at the input's size, from one encoder pass. Through ``forward``, so DDP and DataParallel
-    wrappers see it. The head is ``aux_head``; its keys are the only ones added to smp's."""
+    wrappers see it. The head is ``aux_head`` (the model's ``aux_classifier``); its keys are the
+    only ones added to the model's."""
 
     aux_head: nn.Module
 
@@ -36,6 +42,17 @@ class AuxOutputMixin:
         main = self.segmentation_head(self.decoder(features))  # type: ignore[attr-defined]
         aux = F.interpolate(self.aux_head(features[-2]), size=x.shape[-2:], mode="bilinear", align_corners=False)
         return main, aux
+
+    def aux_classifier(self, num_classes: int) -> nn.Module:
+        """A small classifier on the aux stage: 3x3 conv, BatchNorm, ReLU, 1x1 conv to the classes."""
+        in_channels = self.encoder.out_channels[-2]  # type: ignore[attr-defined]
+        width = min(AUX_HEAD_WIDTH, in_channels)
+        return nn.Sequential(
+            nn.Conv2d(in_channels, width, kernel_size=3, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, num_classes, kernel_size=1),
+        )
 
 
 class DroppedStage(nn.Identity):
@@ -52,27 +69,42 @@ class DeepLabV3PlusAux(AuxOutputMixin, smp.DeepLabV3Plus):
     pass
 
 
-GENERATORS: dict[str, type[nn.Module]] = {
-    "deeplabv3": smp.DeepLabV3,
-    "deeplabv3plus": smp.DeepLabV3Plus,
+class DeepLabV2Aux(AuxOutputMixin, DeepLabV2):
+    """AdaptSegNet's ``DeeplabMulti``: the aux classifier is DeepLab-v2's own, on layer3."""
+
+    aux_classifier = DeepLabV2.aux_classifier
+
+
+def aspp_settings(cfg: GeneratorConfig) -> dict[str, Any]:
+    return {"decoder_atrous_rates": tuple(cfg.decoder_atrous_rates), "decoder_channels": cfg.decoder_channels}
+
+
+def aspp_v2_settings(cfg: GeneratorConfig) -> dict[str, Any]:
+    rates = cfg.aspp_v2_rates
+    return {"classifier_rates": ASPP_V2_RATES[rates] if isinstance(rates, str) else tuple(rates)}
+
+
+@dataclass(frozen=True)
+class GeneratorArch:
+    """One ``model.generator.arch``: the inference G's class (what evaluation, export and
+    segadv-ckpt build), the same with the aux output (``model.generator.aux_head``), and the
+    class's head settings from the config (its other arguments are the encoder's, shared)."""
+
+    model: type[nn.Module]
+    with_aux: type[nn.Module]
+    head_settings: Callable[[GeneratorConfig], dict[str, Any]]
+
+
+GENERATORS: dict[str, GeneratorArch] = {
+    "deeplabv3": GeneratorArch(smp.DeepLabV3, DeepLabV3Aux, aspp_settings),
+    "deeplabv3plus": GeneratorArch(smp.DeepLabV3Plus, DeepLabV3PlusAux, aspp_settings),
+    "deeplabv2": GeneratorArch(DeepLabV2, DeepLabV2Aux, aspp_v2_settings),
 }
-WITH_AUX_HEAD: dict[str, type[nn.Module]] = {"deeplabv3": DeepLabV3Aux, "deeplabv3plus": DeepLabV3PlusAux}
 AUX_HEAD_PREFIX = "aux_head."
 AUX_HEAD_WIDTH = 128
 
 
-def aux_classifier(in_channels: int, num_classes: int) -> nn.Module:
-    """A small classifier on the aux stage: 3x3 conv, BatchNorm, ReLU, 1x1 conv to the classes."""
-    width = min(AUX_HEAD_WIDTH, in_channels)
-    return nn.Sequential(
-        nn.Conv2d(in_channels, width, kernel_size=3, padding=1, bias=False),
-        nn.BatchNorm2d(width),
-        nn.ReLU(inplace=True),
-        nn.Conv2d(width, num_classes, kernel_size=1),
-    )
-
-
-def generator_class(arch: str) -> type[nn.Module]:
+def generator_arch(arch: str) -> GeneratorArch:
     try:
         return GENERATORS[arch]
     except KeyError:
@@ -84,19 +116,17 @@ def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3
     file, which this leaves to the caller: ``segadv.checkpoint.load_encoder_weights`` (called where
     the run is assembled, segadv/build.py) loads it into the built G."""
     smp_weights = None if local_encoder_weights(cfg) is not None else cfg.encoder_weights
-    cls = generator_class(cfg.arch)
-    if cfg.aux_head:
-        cls = WITH_AUX_HEAD[cfg.arch]
+    arch = generator_arch(cfg.arch)
+    cls = arch.with_aux if cfg.aux_head else arch.model
     try:
         model = cls(
             encoder_name=cfg.encoder,
             encoder_depth=cfg.encoder_depth,
             encoder_weights=smp_weights,
             encoder_output_stride=cfg.output_stride,
-            decoder_atrous_rates=tuple(cfg.decoder_atrous_rates),
-            decoder_channels=cfg.decoder_channels,
             in_channels=in_channels,
             classes=num_classes,
+            **arch.head_settings(cfg),
         )
     except KeyError as err:
         raise UserError(f"model.generator.encoder: {err.args[0] if err.args else err}") from None
@@ -118,7 +148,9 @@ def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3
                  cfg.encoder_depth, ", ".join(dropped))
     if cfg.aux_head:
         # After the probe above (which runs the main output only, and would drop the head).
-        model.aux_head = aux_classifier(model.encoder.out_channels[-2], num_classes)
+        model.aux_head = model.aux_classifier(num_classes)
+    # Last: the probe above needs every trainable parameter to take a gradient.
+    apply_norm(model, cfg.norm)
     return model
 
 
@@ -154,8 +186,10 @@ def drop_unused_stages(model: nn.Module, in_channels: int) -> list[str]:
 def build_generator_for_weights(cfg: GeneratorConfig, num_classes: int) -> nn.Module:
     """G for inference, to load a checkpoint into (eval, export, predict, convert): the
     checkpoint brings every weight, so no pretrained encoder weights are fetched or read first,
-    and the training-only aux head is left out (the loader skips its keys)."""
-    return build_generator(cfg.model_copy(update={"encoder_weights": None, "aux_head": False}), num_classes)
+    the training-only aux head is left out (the loader skips its keys), and BatchNorm is plain
+    (in eval mode ``model.generator.norm`` changes nothing; the model stays the class it names)."""
+    return build_generator(cfg.model_copy(update={"encoder_weights": None, "aux_head": False, "norm": "train"}),
+                           num_classes)
 
 
 def local_encoder_weights(cfg: GeneratorConfig) -> Path | None:

@@ -84,7 +84,9 @@ def checkpointed(module: nn.Module) -> nn.Module:
 
 def checkpoint_units(generator: nn.Module) -> list[str]:
     """The names of G's modules to checkpoint: the encoder's stages that hold weights (a ResNet's
-    ``layer1``-``layer4``; a MobileNet's or other ``features`` encoder's blocks) and the decoder."""
+    ``layer1``-``layer4``; a MobileNet's or other ``features`` encoder's blocks) and the decoder
+    where it has weights (DeepLab-v2's classifier, a few convolutions to the classes, keeps no
+    more than its input)."""
     encoder = generator.encoder
     names = [name for name, _ in encoder.named_children() if re.fullmatch(r"layer\d", name)]
     if not names and isinstance(getattr(encoder, "features", None), nn.Sequential):
@@ -92,9 +94,10 @@ def checkpoint_units(generator: nn.Module) -> list[str]:
     if not names:
         raise UserError(f"model.generator.activation_checkpointing: segadv does not know the stages of the "
                         f"{type(encoder).__name__} encoder (it checkpoints ResNet layers and `features` blocks)")
-    stages = [f"encoder.{name}" for name in names
-              if any(True for _ in generator.get_submodule(f"encoder.{name}").parameters())]  # not dropped ones
-    return stages + ["decoder"]
+    def has_weights(name: str) -> bool:  # not a dropped stage, nor DeepLab-v2's decoder (its last stage as it is)
+        return any(True for _ in generator.get_submodule(name).parameters())
+
+    return [name for name in [f"encoder.{name}" for name in names] + ["decoder"] if has_weights(name)]
 
 
 def apply_activation_checkpointing(generator: nn.Module) -> list[str]:

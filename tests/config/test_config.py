@@ -323,7 +323,7 @@ def test_all_problems_in_one_error(empty: Path) -> None:
     msg = load_error(empty, ("train.seed=1.5", "model.generator.arch=unet", "loss.lambda_adv=-1"))
     assert len(msg.splitlines()) == 4
     assert "train.seed: expected int, got float 1.5" in msg
-    assert "model.generator.arch: expected 'deeplabv3' or 'deeplabv3plus'" in msg
+    assert "model.generator.arch: expected 'deeplabv3', 'deeplabv3plus' or 'deeplabv2'" in msg
     assert "loss.lambda_adv: must be greater than or equal to 0" in msg
 
 
@@ -380,3 +380,16 @@ def test_atomic_write_failure_keeps_old_file(
     assert target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
     assert not any(p.name.startswith(".f.txt.tmp-") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("value", ["x", "[]", "[0, 2]", "[1.5]"])
+def test_aspp_v2_rates_is_a_name_or_a_list_of_rates_in_one_message(empty: Path, value: str) -> None:
+    msg = load_error(empty, (f"model.generator.aspp_v2_rates={value}",))
+    assert len(msg.splitlines()) == 2
+    assert "model.generator.aspp_v2_rates: expected 'paper', 'early_return' or a non-empty list of rates" in msg
+
+
+def test_aspp_v2_rates_takes_names_and_lists(empty: Path) -> None:
+    assert load_config(empty, ["model.generator.aspp_v2_rates=early_return"]).model.generator.aspp_v2_rates == \
+        "early_return"
+    assert load_config(empty, ["model.generator.aspp_v2_rates=[1, 2]"]).model.generator.aspp_v2_rates == [1, 2]

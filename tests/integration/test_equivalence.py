@@ -143,6 +143,9 @@ CUDA, CUDA2 = (pytest.mark.cuda,), (pytest.mark.cuda2,)
 CHECKPOINTING = "model.generator.activation_checkpointing=true"  # the reference builds the plain G
 COMPILE = ("compile.generator=true", "compile.discriminator=true")
 AOT = "compile.backend=aot_eager"
+DEEPLABV2 = ("model.generator.arch=deeplabv2", "model.generator.output_stride=8",
+             "model.generator.aspp_v2_rates=early_return")
+FROZEN_AFFINE, FROZEN = "model.generator.norm=frozen_affine", "model.generator.norm=frozen"
 CASES = [
     Case("cpu"),
     Case("cpu-dataparallel", overrides=DP),
@@ -203,6 +206,16 @@ CASES = [
     # Inductor's Triton kernels on each network's own GPU; the hand-over between them stays eager.
     Case("cuda-compile", "g:cuda:0,d:cuda:0", COMPILE, marks=CUDA),
     Case("g:1,d:0-compile-g-bf16", "g:1,d:0", (*COMPILE, *amp("generator", "bfloat16")), marks=CUDA2),
+    # DeepLab-v2 (the references' two-branch classifier) with the references' BatchNorm (weight and
+    # bias fixed), and BatchNorm frozen (eval mode while G trains): alone, in DataParallel, under
+    # activation checkpointing, in bf16, on GPUs and split over a replica set.
+    Case("cpu-deeplabv2-frozen-affine", overrides=(*DEEPLABV2, FROZEN_AFFINE)),
+    Case("cpu-deeplabv2-frozen", overrides=(*DEEPLABV2, FROZEN)),
+    Case("cpu-frozen-dataparallel", overrides=(FROZEN, *DP)),
+    Case("cpu-frozen-checkpointing", overrides=(FROZEN, CHECKPOINTING)),
+    Case("deeplabv2-frozen-g-bf16", overrides=(*DEEPLABV2, FROZEN, *amp("generator", "bfloat16"))),
+    Case("cuda-deeplabv2-frozen-affine", "g:cuda:0,d:cuda:0", (*DEEPLABV2, FROZEN_AFFINE), marks=CUDA),
+    Case("g:0+1,d:1-deeplabv2-frozen", "g:0+1,d:1", (*DEEPLABV2, FROZEN), split_batch=True, marks=CUDA2),
 ]
 
 
@@ -235,8 +248,9 @@ def reference_step(g: nn.Module, d: nn.Module, images, labels, cfg) -> torch.Ten
     loss_adv = LAMBDA_ADV * masked_bce(d(probs), 1.0, valid)
     loss_g = F.cross_entropy(logits, labels, ignore_index=ignore) + loss_adv
     (adv_grad,) = torch.autograd.grad(loss_adv, probs, retain_graph=True)
-    grads = torch.autograd.grad(loss_g, list(g.parameters()))
-    for p, grad in zip(g.parameters(), grads):
+    trained = [p for p in g.parameters() if p.requires_grad]  # model.generator.norm fixes BatchNorm's affine
+    grads = torch.autograd.grad(loss_g, trained)
+    for p, grad in zip(trained, grads):
         p.grad = grad
     opt_g.step()
 
@@ -457,6 +471,7 @@ DDP_CASES = [
     pytest.param("cpu", (CHECKPOINTING,), id="ddp-gloo-cpu-checkpointing"),
     # Each rank compiles its networks before DDP wraps them (DDP's bucket splits: dynamo's DDPOptimizer).
     pytest.param("cpu", (*COMPILE, AOT), id="ddp-gloo-cpu-compile"),
+    pytest.param("cpu", (*DEEPLABV2, FROZEN), id="ddp-gloo-cpu-deeplabv2-frozen"),
     pytest.param("g:0,d:0", (), id="ddp-cuda", marks=pytest.mark.cuda),
     pytest.param("g:0,d:0", COMPILE, id="ddp-cuda-compile", marks=pytest.mark.cuda),
 ]
@@ -486,7 +501,7 @@ def test_ddp_step_on_two_processes_matches_the_plain_loop(tmp_path, references, 
     got = Outcome({k: ranks[0]["g"][k].float() - g0[k] for k in g0},
                   {k: ranks[0]["d"][k].float() - d0[k] for k in d0}, adv_grad)
     case = Case("ddp", device_map, tuple(overrides), split_batch=True)
-    print(f"ddp {device_map} {overrides}: {assert_equivalent(case, got, references(True))}")
+    print(f"ddp {device_map} {overrides}: {assert_equivalent(case, got, references(True, case.model_overrides))}")
 
 
 

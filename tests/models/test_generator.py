@@ -7,7 +7,7 @@ from segadv.config.schema import GeneratorConfig
 from segadv.models import build_generator
 
 
-@pytest.mark.parametrize("arch", ["deeplabv3", "deeplabv3plus"])
+@pytest.mark.parametrize("arch", ["deeplabv3", "deeplabv3plus", "deeplabv2"])
 @pytest.mark.parametrize("encoder, depth", [("mobilenet_v2", 3), ("mobilenet_v2", 4), ("resnet18", 4)])
 def test_every_parameter_gets_a_gradient_at_a_shallow_encoder_depth(arch, encoder, depth):
     """smp builds every encoder stage whatever encoder_depth says; the unused ones would never get a
