@@ -95,6 +95,20 @@ class GeneratorConfig(Section):
                     "references' DeepLab-v2). frozen: weight, bias and statistics fixed, every BatchNorm in "
                     "eval mode while G trains (mmsegmentation's norm_eval); a batch of one trains")
 
+    @property
+    def trains_batch_statistics(self) -> bool:
+        """Whether G's BatchNorm layers normalise with each batch's own statistics in training:
+        all but ``norm: frozen`` (eval-mode BatchNorm, its running statistics)."""
+        return self.norm != "frozen"
+
+    @property
+    def trains_on_one_sample(self) -> bool:
+        """Whether a batch of one sample trains G. Not where a BatchNorm on batch statistics sees one
+        value per channel: the image-pooling branch of smp's DeepLabV3 / V3+ ASPP (a 1x1 map).
+        DeepLab-v2 has no pooling: at batch 1 its BatchNorm normalises over each map's pixels, as
+        the references train it (AdaptSegNet, ADVENT: batch 1 with BatchNorm's statistics updating)."""
+        return not self.trains_batch_statistics or self.arch == "deeplabv2"
+
     @field_validator("aspp_v2_rates", mode="wrap")
     @classmethod
     def _rates_named_or_listed(cls, value: Any, handler: Any) -> Any:

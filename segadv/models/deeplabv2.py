@@ -26,7 +26,7 @@ from torch import nn
 ASPP_V2_RATES: dict[str, tuple[int, ...]] = {
     # DeepLab-v2's ASPP-L, and ADVENT's code: the four branches summed.
     "paper": (6, 12, 18, 24),
-    # What AdaptSegNet's, s4GAN's and AdvSemiSeg's published code computes: their
+    # What AdaptSegNet's, s4GAN's and AdvSemiSeg's code computes (their master branches): their
     # Classifier_Module builds the four branches, but its loop returns after adding the second.
     "early_return": (6, 12),
 }

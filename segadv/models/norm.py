@@ -64,8 +64,3 @@ def apply_norm(model: nn.Module, norm: str) -> int:
             in_eval_mode(m)
     return len(norms)
 
-
-def trains_on_batch_statistics(model: nn.Module) -> bool:
-    """Whether some BatchNorm of ``model`` normalises with the batch's statistics when the model
-    trains (all but ``frozen``)."""
-    return any(not isinstance(m, EvalModeNorm) for m in batch_norms(model))

@@ -54,10 +54,11 @@ def device_maps(gpus: int) -> list[str]:
 
 def accumulation_choices(cfg: Config) -> list[int]:
     """Micro-batch counts that keep every stream's batch whole and at least 2 samples per micro-batch
-    (one sample cannot train BatchNorm over 1x1 maps)."""
+    where G cannot train on one (BatchNorm on batch statistics over the ASPP pooling's 1x1 maps)."""
     sizes = [cfg.data.batch_size, *stream_batch_sizes(cfg).values()]
     common = math.gcd(*sizes)
-    return [k for k in range(1, common + 1) if common % k == 0 and (k == 1 or min(sizes) // k >= 2)]
+    least = 1 if cfg.model.generator.trains_on_one_sample else 2
+    return [k for k in range(1, common + 1) if common % k == 0 and (k == 1 or min(sizes) // k >= least)]
 
 
 def precision_overrides(g_dtype: str, d_dtype: str) -> list[str]:

@@ -20,7 +20,7 @@ REFERENCE_RATES = [6, 12, 18, 24]
 
 class ReferenceClassifier(nn.Module):
     """The references' Classifier_Module, transcribed; ``returns_early`` is their loop's ``return``
-    inside the loop (AdaptSegNet, AdvSemiSeg as published, s4GAN), off for ADVENT's."""
+    inside the loop (AdaptSegNet, AdvSemiSeg, s4GAN), off for ADVENT's."""
 
     def __init__(self, inplanes, dilation_series, padding_series, num_classes, returns_early):
         super().__init__()
