@@ -452,3 +452,27 @@ def test_the_confidence_diagnostics_images_are_planned_on_the_host():
                                   steps=1) for n in (16, 0))
     size = cfg.data.synthetic.image_size
     assert with_diag.devices["cpu"].peak_bytes - without.devices["cpu"].peak_bytes == 16 * (3 * size * size * 4 + size * size * 8)
+
+
+def test_advise_offers_micro_batches_of_one_only_where_g_trains_on_one():
+    """DeepLabV3+'s image pooling cannot train BatchNorm on one sample; frozen BatchNorm and
+    DeepLab-v2 (no pooling) can."""
+    from segadv.plan.advise import accumulation_choices
+
+    assert accumulation_choices(demo("data.batch_size=4")) == [1, 2]
+    assert accumulation_choices(demo("data.batch_size=4", "model.generator.norm=frozen")) == [1, 2, 4]
+    assert accumulation_choices(demo("data.batch_size=4", "model.generator.arch=deeplabv2")) == [1, 2, 4]
+    assert accumulation_choices(demo("data.batch_size=4", "model.generator.norm=frozen_affine")) == [1, 2]
+
+
+def test_frozen_batchnorm_is_planned_at_batch_one_without_its_affine_state():
+    """norm: frozen trains the demo's DeepLabV3+ at batch 1 (its pooling BatchNorm in eval mode),
+    and BatchNorm's weight and bias take neither gradients nor optimizer state."""
+    plain = dry_run(demo("data.batch_size=2"), steps=2).devices["cuda:1"]
+    frozen = dry_run(demo("data.batch_size=2", "model.generator.norm=frozen"), steps=2).devices["cuda:1"]
+    assert frozen.params_bytes == plain.params_bytes
+    assert frozen.grads_bytes < plain.grads_bytes and frozen.optimizer_bytes < plain.optimizer_bytes
+    dry_run(demo("data.batch_size=1", "model.generator.norm=frozen"), steps=1)
+    dry_run(demo("data.batch_size=1", "model.generator.arch=deeplabv2", "model.generator.norm=frozen_affine"), steps=1)
+    with pytest.raises(UserError, match="Expected more than 1 value per channel"):
+        dry_run(demo("data.batch_size=1"), steps=1)
