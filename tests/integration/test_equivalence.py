@@ -214,6 +214,7 @@ CASES = [
     Case("cpu-frozen-dataparallel", overrides=(FROZEN, *DP)),
     Case("cpu-frozen-checkpointing", overrides=(FROZEN, CHECKPOINTING)),
     Case("deeplabv2-frozen-g-bf16", overrides=(*DEEPLABV2, FROZEN, *amp("generator", "bfloat16"))),
+    Case("compile-aot-deeplabv2-frozen", overrides=(*COMPILE, AOT, *DEEPLABV2, FROZEN)),
     Case("cuda-deeplabv2-frozen-affine", "g:cuda:0,d:cuda:0", (*DEEPLABV2, FROZEN_AFFINE), marks=CUDA),
     Case("g:0+1,d:1-deeplabv2-frozen", "g:0+1,d:1", (*DEEPLABV2, FROZEN), split_batch=True, marks=CUDA2),
 ]
