@@ -54,3 +54,23 @@ def test_deeplabv2_frozen_batch_one_resumes_bitwise(tmp_path):
     expected, got = per_step_losses(full.run_dir), per_step_losses(second.run_dir)
     assert sorted(got) == [1, 2, 3, 4, 5, 6]
     assert got == expected
+
+
+def test_multi_level_adaptsegnet_trains_at_one_plus_one_with_the_references_batchnorm(tmp_path):
+    """configs/adaptsegnet_gta5_cityscapes_reference.yaml's G on the tiny data: DeepLab-v2 with the
+    two-branch classifier on both levels, BatchNorm's affine fixed and its statistics updating,
+    batch 1 + 1, two Ds."""
+    from segadv.config import load_config
+
+    from helpers import UDA_OVERRIDES
+
+    cfg = load_config(None, [*UDA_OVERRIDES, *REGIME[:1], "model.generator.norm=frozen_affine", "data.batch_size=1",
+                             "model.generator.output_stride=8", "model.generator.aspp_v2_rates=early_return",
+                             "train.max_steps=2", "train.eval_every=2", "log.tensorboard=false"])
+    cfg.run_dir, cfg.device_map = str(tmp_path / "uda"), "cpu"
+    assert train(cfg).step == 2
+    g = read_checkpoint(tmp_path / "uda" / "checkpoints" / "last.pt")["generator"]
+    assert {k for k in g if k.startswith("aux_head.branches.")} == {
+        f"aux_head.branches.{i}.{p}" for i in (0, 1) for p in ("weight", "bias")}
+    tracked = [int(v) for k, v in g.items() if k.endswith("num_batches_tracked")]
+    assert tracked and all(n == 4 for n in tracked)  # two steps, a source and a target forward each
