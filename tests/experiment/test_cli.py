@@ -156,7 +156,7 @@ def test_the_shipped_grid_is_valid(monkeypatch):
     assert all(len(uda.seeds_of(r)) >= 3 for r in uda.rows if "oracle" not in r.name)
     assert all(uda.baseline_of(r) == "source only, warm" for r in uda.rows[1:])
     for name in ("uda-frozen-bn", "semi-frozen-bn"):  # issue 42's grids: BatchNorm frozen, 5 seeds a row
-        frozen = experiment.load_grid(ROOT / "configs" / "experiments" / f"{name}.yaml")
+        frozen = load_grid(ROOT / "configs" / "experiments" / f"{name}.yaml")
         assert all(len(frozen.seeds_of(r)) == 5 for r in frozen.rows)
         assert "model.generator.norm=frozen" in frozen.common_overrides
 
@@ -173,8 +173,8 @@ def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys
     with pytest.raises(SystemExit) as info:
         experiment.main(["--list-grids"])
     assert info.value.code == 0
-    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["semi", "semi-frozen-bn", "semi-rules", "uda",
-                                                                                        "uda-frozen-bn"]
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == [
+        "semi", "semi-frozen-bn", "semi-rules", "uda", "uda-frozen-bn"]
 
 
 # ---------------------------------------------------------------- no training: a fake trainer
