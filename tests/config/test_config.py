@@ -147,8 +147,9 @@ def test_missing_base_names_both_files(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- shipped configs by name
 
-SHIPPED = ["adaptsegnet_gta5_cityscapes", "advent_gta5_cityscapes", "advsemiseg_voc", "cityscapes", "default",
-           "folder", "gta5", "pretext", "s4gan_voc", "semi", "synthetic", "uda", "voc"]
+SHIPPED = ["adaptsegnet_gta5_cityscapes", "adaptsegnet_gta5_cityscapes_reference", "advent_gta5_cityscapes",
+           "advent_gta5_cityscapes_reference", "advsemiseg_voc", "advsemiseg_voc_reference", "cityscapes", "default",
+           "folder", "gta5", "pretext", "s4gan_voc", "s4gan_voc_reference", "semi", "synthetic", "uda", "voc"]
 
 
 def test_configs_dir_is_the_checkouts_configs() -> None:
