@@ -150,7 +150,10 @@ def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3
         # After the probe above (which runs the main output only, and would drop the head).
         model.aux_head = model.aux_classifier(num_classes)
     # Last: the probe above needs every trainable parameter to take a gradient.
-    apply_norm(model, cfg.norm)
+    count = apply_norm(model, cfg.norm)
+    if cfg.norm != "train":
+        log.info("model.generator.norm=%s: %d BatchNorm layers with their weight and bias fixed%s", cfg.norm, count,
+                 ", in eval mode (running statistics fixed)" if cfg.norm == "frozen" else "")
     return model
 
 
