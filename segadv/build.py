@@ -158,7 +158,7 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
 
 def check_accumulation(cfg: Config, replicas: int = 1) -> int:
     """``train.accumulation_steps`` against every stream's batch size, and each micro-batch (each
-    of G's ``replicas``' chunk of it) against BatchNorm when G trains on batch statistics; returns
+    of G's ``replicas``' chunk of it) against BatchNorm where G cannot train on one sample; returns
     the labeled micro-batch's size."""
     steps = cfg.train.accumulation_steps
     sizes = {"data.batch_size": cfg.data.batch_size}
@@ -168,7 +168,7 @@ def check_accumulation(cfg: Config, replicas: int = 1) -> int:
         if size % steps:
             raise UserError(f"train.accumulation_steps={steps} does not divide {key}={size}: each optimizer step "
                             f"takes {steps} equal micro-batches of every stream's batch")
-    if cfg.model.generator.trains_batch_statistics:
+    if not cfg.model.generator.trains_on_one_sample:
         check_micro_batches(sizes, steps, replicas)
     return cfg.data.batch_size // steps
 

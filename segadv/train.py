@@ -209,7 +209,8 @@ def build_data(cfg: Config, parts: Training, run_dir: Path) -> RunData:
         target=cfg.target_data,
     )
     keys = {spec.name: spec.batch_size_key for spec in parts.method.streams}
-    check_last_batches(loaders, keys, cfg.train.accumulation_steps, cfg.model.generator.trains_batch_statistics)
+    check_last_batches(loaders, keys, cfg.train.accumulation_steps,
+                       not cfg.model.generator.trains_on_one_sample)
     streams = Streams({name: Stream(name, loader, keys[name]) for name, loader in loaders.items()})
     source_val_loader = None
     if cfg.train.eval_source and cfg.target_data is not None:

@@ -103,10 +103,11 @@ class GeneratorConfig(Section):
 
     @property
     def trains_on_one_sample(self) -> bool:
-        """Whether a batch of one sample trains G. Not where a BatchNorm on batch statistics sees one
-        value per channel: the image-pooling branch of smp's DeepLabV3 / V3+ ASPP (a 1x1 map).
-        DeepLab-v2 has no pooling: at batch 1 its BatchNorm normalises over each map's pixels, as
-        the references train it (AdaptSegNet, ADVENT: batch 1 with BatchNorm's statistics updating)."""
+        """Whether a batch of one sample trains G (where not, segadv/build.py and
+        segadv/data/batch_checks.py refuse one before step 1). Not where a BatchNorm on batch
+        statistics sees one value per channel: the image-pooling branch of smp's DeepLabV3 / V3+
+        ASPP (a 1x1 map). DeepLab-v2 has no pooling: at batch 1 its BatchNorm normalises over each
+        map's pixels, as the references train it (AdaptSegNet, ADVENT: batch 1, statistics updating)."""
         return not self.trains_batch_statistics or self.arch == "deeplabv2"
 
     @field_validator("aspp_v2_rates", mode="wrap")
@@ -119,13 +120,6 @@ class GeneratorConfig(Section):
             raise PydanticCustomError(
                 "aspp_v2_rates", "expected 'paper', 'early_return' or a non-empty list of rates (integers >= 1)"
             ) from None
-
-    @property
-    def trains_batch_statistics(self) -> bool:
-        """Whether G's BatchNorm layers train on the statistics of each batch (then a batch of one
-        cannot train: segadv/build.py and segadv/data/batch_checks.py refuse it before step 1).
-        Every smp encoder and DeepLab decoder normalises with BatchNorm in train mode."""
-        return True
 
     @field_validator("encoder_depth")
     @classmethod

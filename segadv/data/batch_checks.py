@@ -1,10 +1,11 @@
 """Batches G cannot train on, refused before the first step.
 
 In train mode BatchNorm normalises each channel by the batch's own statistics, and a batch of one
-sample (of one pixel per channel after the encoder) has none: torch stops with a ValueError, or,
-at larger maps, trains on a variance of one sample's pixels. Whether G trains that way is one
-config property, ``GeneratorConfig.trains_batch_statistics``; every batch G sees in training is
-checked against it here: each stream's micro-batch (``train.accumulation_steps`` cuts a batch into
+sample through DeepLabV3's image pooling (one value per channel) has none: torch stops with a
+ValueError. Whether G can train on one sample is one config property,
+``GeneratorConfig.trains_on_one_sample`` (yes with ``model.generator.norm: frozen``, whose
+BatchNorm uses its running statistics, and for DeepLab-v2, which pools nothing); where it cannot,
+every batch G sees in training is checked here: each stream's micro-batch (``train.accumulation_steps`` cuts a batch into
 equal parts), each DataParallel replica's chunk of it, and the last, partial batch of an epoch
 when ``data.drop_last`` is false.
 """
@@ -53,7 +54,8 @@ def check_last_batches(loaders: Mapping[str, Any], keys: Mapping[str, str], step
                        batch_statistics: bool) -> None:
     """With ``drop_last`` off, each training loader's last batch of an epoch (this rank's share
     modulo the batch) must cut into ``steps`` equal micro-batches, and hold two samples per
-    micro-batch when G trains on batch statistics. ``keys``: each loader's batch-size key."""
+    micro-batch where G cannot train on one sample (``batch_statistics``: not
+    ``GeneratorConfig.trains_on_one_sample``). ``keys``: each loader's batch-size key."""
     for name, loader in loaders.items():
         if getattr(loader, "drop_last", True):
             continue

@@ -74,3 +74,14 @@ def test_last_partial_batch():
 
 def test_the_predicate_is_one_config_property():
     assert GeneratorConfig().trains_batch_statistics
+
+
+def test_a_batch_of_one_trains_with_frozen_batchnorm_or_deeplabv2():
+    """DeepLabV3's image pooling hands BatchNorm one value per channel; frozen BatchNorm uses its
+    running statistics, and DeepLab-v2 pools nothing (the references train it at batch 1)."""
+    assert not GeneratorConfig().trains_on_one_sample
+    assert not GeneratorConfig(norm="frozen_affine").trains_on_one_sample
+    assert GeneratorConfig(norm="frozen").trains_on_one_sample
+    assert not GeneratorConfig(norm="frozen").trains_batch_statistics
+    assert GeneratorConfig(arch="deeplabv2").trains_on_one_sample
+    assert GeneratorConfig(arch="deeplabv2", norm="frozen_affine").trains_on_one_sample
