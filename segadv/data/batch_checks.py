@@ -42,7 +42,8 @@ def check_micro_batches(sizes: Mapping[str, int], steps: int, replicas: int = 1)
             cut = (f" cut into train.accumulation_steps={steps} micro-batches of {micro}" if steps > 1 else "")
             fix = (f"a {key} of {MIN_BATCH * steps} or more, or fewer accumulation steps" if steps > 1
                    else f"{key}={MIN_BATCH} or more")
-            raise BatchTooSmall(f"{key}={size}{cut}: G's BatchNorm cannot train on a batch of one sample; use {fix}")
+            raise BatchTooSmall(f"{key}={size}{cut}: G's BatchNorm cannot train on a batch of one sample; use {fix} "
+                                "(or model.generator.norm=frozen)")
         if replicas > 1 and min(replica_chunks(micro, replicas)) < MIN_BATCH:
             raise BatchTooSmall(
                 f"{key}={size}: G's {replicas} DataParallel replicas get chunks of {replica_chunks(micro, replicas)} "
