@@ -21,13 +21,13 @@ from typing import Any, Mapping
 import torch
 import yaml
 
-from segadv.cli_args import add_config_arguments, parse_args
+from segadv.cli_args import add_config_arguments, parse_args, path_argument
 from segadv.checkpoint.inference import load_generator, read_files
 from segadv.checkpoint.integrity import seal_safetensors
 from segadv.checkpoint.io import checkpoint_bytes, read_verified
 from segadv.checkpoint.loader import WRAPPER_SEGMENTS, describe_weights, find_state_dict
 from segadv.checkpoint.run_checkpoint import checkpoint_of_run
-from segadv.checkpoint.smp_dir import CONFIG_FILE, WEIGHTS_FILE, read_smp_config, save_smp_dir
+from segadv.checkpoint.smp_dir import CONFIG_FILE, SAVE_PRETRAINED_FILES, WEIGHTS_FILE, foreign_files, read_smp_config, save_smp_dir
 from segadv.checkpoint.state import is_segadv_checkpoint
 from segadv.errors import UserError, cli_entry
 from segadv.fsutil import atomic_write_bytes, refuse_overwriting
@@ -119,10 +119,20 @@ def convert(path: str, output: str, as_safetensors: bool, config: str | None, ov
     return f"wrote {output}: generator only, {len(state)} tensors, no wrapper prefixes"
 
 
-def convert_to_smp(path: str, directory: str, config: str | None, overrides: list[str], trusted: bool) -> str:
-    """Load the generator strictly into a fresh model, then write it as an smp directory."""
-    outputs = [("--smp", directory)] + [(f"--smp {name}", str(Path(directory) / name)) for name in (CONFIG_FILE, WEIGHTS_FILE)]
+def convert_to_smp(path: str, directory: str, config: str | None, overrides: list[str], trusted: bool,
+                   overwrite: bool = False) -> str:
+    """Load the generator strictly into a fresh model, then write it as an smp directory. Like
+    segadv-predict's --output, a folder holding files convert did not write is refused without
+    ``overwrite``; an input never is replaced."""
+    outputs = [("--smp", directory)] + [(f"--smp {name}", str(Path(directory) / name))
+                                        for name in SAVE_PRETRAINED_FILES]
     refuse_overwriting(outputs, read_files(path, config, name="the checkpoint"))
+    foreign = [] if overwrite else foreign_files(Path(directory))
+    if foreign:
+        shown = ", ".join(p.name for p in foreign[:3]) + (f", ... ({len(foreign)} in all)" if len(foreign) > 3 else "")
+        raise UserError(f"--smp {directory} holds files segadv-ckpt convert did not write ({shown}); smp's "
+                        f"save_pretrained writes {', '.join(SAVE_PRETRAINED_FILES)} there: choose an empty or new "
+                        "folder, or pass --overwrite")
     loaded = load_generator(path, config, overrides, trusted=trusted)
     count = save_smp_dir(loaded.model, Path(directory))
     return f"wrote {directory}: {type(loaded.model).__name__} for smp.from_pretrained, {count} tensors"
@@ -132,13 +142,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="segadv-ckpt", description="Inspect or convert checkpoints.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_inspect = sub.add_parser("inspect", help="format, wrapper prefixes, parameter counts, step, config")
-    p_inspect.add_argument("file", help="a checkpoint or weights file, an smp directory, or a run dir (its best "
+    p_inspect.add_argument("file", type=path_argument, help="a checkpoint or weights file, an smp directory, or a run dir (its best "
                                         "checkpoint)")
     p_convert = sub.add_parser("convert", help="write a clean generator-only weights file, or an smp directory")
-    p_convert.add_argument("file", help="segadv checkpoint, raw state dict (needs --config) or smp directory")
+    p_convert.add_argument("file", type=path_argument, help="segadv checkpoint, raw state dict (needs --config) or smp directory")
     target = p_convert.add_mutually_exclusive_group(required=True)
-    target.add_argument("--output", help="the weights file to write")
-    target.add_argument("--smp", metavar="DIR", help="write smp's save_pretrained format: smp.from_pretrained(DIR)")
+    target.add_argument("--output", type=path_argument, help="the weights file to write")
+    target.add_argument("--smp", metavar="DIR", type=path_argument,
+                        help="write smp's save_pretrained format: smp.from_pretrained(DIR)")
+    p_convert.add_argument("--overwrite", action="store_true",
+                           help="write --smp into a folder holding files convert did not write (inputs are never "
+                           "replaced)")
     p_convert.add_argument("--safetensors", action="store_true", help="write safetensors instead of torch.save")
     add_config_arguments(p_convert, "says which generator the file holds (raw state dicts)")
     p_convert.add_argument("overrides", nargs="*", metavar="key=value")
@@ -156,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.smp is not None:
         if args.safetensors:
             raise UserError("--safetensors applies to --output; --smp always writes model.safetensors")
-        print(convert_to_smp(args.file, args.smp, args.config, args.overrides, args.trust_checkpoint))
+        print(convert_to_smp(args.file, args.smp, args.config, args.overrides, args.trust_checkpoint,
+                             overwrite=args.overwrite))
     else:
         print(convert(args.file, args.output, args.safetensors, args.config, args.overrides, args.trust_checkpoint))
     return 0

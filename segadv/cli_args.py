@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from segadv.config.shipped import CONFIGS_DIR, config_listing
+from segadv.errors import UserError
+from segadv.fsutil import user_path
 
 
 class ListShipped(argparse.Action):
@@ -28,6 +30,15 @@ class ListShipped(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
         sys.stdout.write(config_listing(self.folder))
         parser.exit()
+
+
+def path_argument(text: str) -> str:
+    """argparse ``type`` of every path option: ``~`` expanded (a quoted ``'~/x'`` too, as the config
+    keys' paths are); an empty path (an unset shell variable) is refused, never the current dir."""
+    try:
+        return str(user_path(text, "path"))
+    except UserError:
+        raise argparse.ArgumentTypeError("empty path (an unset shell variable?); name one") from None
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, help: str) -> None:

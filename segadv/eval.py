@@ -16,7 +16,7 @@ import json
 import logging
 import sys
 
-from segadv.cli_args import add_config_arguments, parse_args
+from segadv.cli_args import add_config_arguments, parse_args, path_argument
 from segadv.checkpoint.inference import load_generator
 from segadv.checkpoint.run_checkpoint import checkpoint_of_run
 from segadv.data import build_val_loader, class_names
@@ -32,7 +32,7 @@ log = logging.getLogger("segadv.eval")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="segadv-eval", description="Evaluate a generator checkpoint.")
-    parser.add_argument("--checkpoint", required=True, help="segadv checkpoint (e.g. RUN/checkpoints/last.pt), "
+    parser.add_argument("--checkpoint", type=path_argument, required=True, help="segadv checkpoint (e.g. RUN/checkpoints/last.pt), "
                         "a run dir (its best checkpoint), raw state dict (needs --config) or smp save_pretrained "
                         "directory")
     add_config_arguments(parser, "default: the one saved in the checkpoint")

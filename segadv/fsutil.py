@@ -42,6 +42,22 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def user_path(text: PathLike, what: str) -> Path:
+    """A path as the user wrote it (an option, a config key): ``~`` expanded as a shell would; an
+    empty one (an unset shell variable) is a UserError naming ``what``, never the current dir."""
+    if not str(text).strip():
+        raise UserError(f"{what}: the path is empty (an unset shell variable?); name one")
+    return Path(os.path.expanduser(str(text)))
+
+
+def umask_mode(path: PathLike) -> None:
+    """Give a file the mode a plain ``open`` would (0666 less the umask): writers that go through
+    ``tempfile`` create 0600 files, which an atomic rename would otherwise keep."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
 def make_dir(path: PathLike) -> None:
     """``mkdir -p``: a path that exists and is not a directory is a UserError, an OSError a
     :class:`WriteFailed` naming ``path``."""
@@ -135,6 +151,7 @@ class StagedFile:
         """fsync the staged file, rename it over the target, fsync the directory."""
         with open(self.path, "rb") as fh:
             os.fsync(fh.fileno())
+        umask_mode(self.path)
         os.replace(self.path, self.target)
         self.committed = True
         _fsync_dir(self.target.parent)

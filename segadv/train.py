@@ -8,26 +8,25 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from segadv.cli_args import add_config_arguments, parse_args
+from segadv.cli_args import add_config_arguments, parse_args, path_argument
 from segadv.build import Training, build_training, log_placement
 from segadv.checkpoint import CheckpointManager, NetworkWeights, Stateful, load_weights
-from segadv.config import Config, config_to_dict, dump_config, flat_config, load_config
+from segadv.config import Config, config_to_dict, flat_config, load_config
+from segadv.config.shipped import resolve_config
 from segadv.data import build_stream_loaders, build_val_loader, palette, pool_has_masks
 from segadv.data.batch_checks import check_last_batches
 from segadv.data.streams import Stream, Streams, close_loader
 from segadv.engine.evaluate import evaluate
 from segadv.engine.nonfinite import NonFiniteGuard
 from segadv.errors import Diverged, UserError, WriteFailed, cli_entry, input_shape_message
-from segadv.fsutil import unwritable
 from segadv.methods import stream_batch_sizes
 from segadv.data.augment import seed_transform
 from segadv.monitor.diagnostics import D_LOSSES, DWinsWatch, confidence_quality
@@ -41,6 +40,7 @@ from segadv.parallel import DeviceMap, activate, parse_device_map
 from segadv.parallel.placement import for_inference
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
+from segadv import preflight, rundir
 from segadv.run_lock import RunDirLock
 from segadv.runtime import RankRNGs, seed_everything, setup_logging
 from segadv.signals import StopRequests
@@ -81,26 +81,38 @@ def train(
     trusted: bool = False,
     stop_at: int | None = None,
     force: bool = False,
+    config_path: Path | None = None,
 ) -> TrainResult:
     """Train to ``train.max_steps``. ``resume``: "auto" or a checkpoint path. ``stop_at``: stop
     (and checkpoint) after that step as a preempted run would, for tests and schedulers.
     ``force``: start even if the run dir looks too small for the checkpoints the run keeps.
+    ``config_path``: the config file ``cfg`` came from (a run dir never writes over it).
     Raises Diverged (a non-finite loss or weight) and WriteFailed (a file could not be written),
     each with one message naming the last complete checkpoint (docs/failures.md). Rank 0 records
-    how the run ended in RUN/status.json (segadv/monitor/status.py)."""
+    how the run ended in RUN/status.json (segadv/monitor/status.py). The run dir follows
+    segadv/rundir.py's rule; a start that fails leaves nothing behind there."""
+    run_dir = rundir.run_dir_for(cfg, config_name)
+    rundir.check_start(run_dir, resume, config_path)
+    resumed = rundir.resume_point(run_dir, resume, config_to_dict(cfg), trusted)  # before anything is written
+    if resumed is not None and resumed.finished(cfg.train.max_steps):
+        return already_finished(cfg, run_dir, resumed)
     env, device_map = start_processes(cfg)
     distributed.check_ranks_agree({**flat_config(cfg), "--resume": resume, "world size": env.world_size})
-    run_dir = prepare_run_dir(cfg, config_name)
-    with RunDirLock(run_dir, env), RunRecord(run_dir, cfg.train.max_steps, enabled=env.is_main) as record:
+    preflight.check_start(cfg, resume, env.world_size)  # before anything slow
+    cleanup = rundir.StartCleanup(run_dir, env)
+    rundir.check_writable(run_dir)
+    with RunDirLock(run_dir, env), cleanup, RunRecord(run_dir, cfg.train.max_steps, enabled=env.is_main) as record:
         result = run(cfg, env, device_map, run_dir, record, resume=resume, trusted=trusted, stop_at=stop_at,
-                     force=force)
+                     force=force, started=cleanup.done)
         record.end(result.stopped_by)
         return result
 
 
 def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, record: RunRecord, *,
-        resume: str | None, trusted: bool, stop_at: int | None, force: bool) -> TrainResult:
-    """The run itself, in a run dir this process holds (``train``'s arguments)."""
+        resume: str | None, trusted: bool, stop_at: int | None, force: bool,
+        started: Callable[[], None] = lambda: None) -> TrainResult:
+    """The run itself, in a run dir this process holds (``train``'s arguments). ``started`` is
+    called once the first step is about to run: a failure before it is a failed start."""
     log.info("run dir: %s; device map: %s", run_dir, device_map)
     parts = build_training(cfg, device_map, env)
     data = build_data(cfg, parts, run_dir)
@@ -108,13 +120,16 @@ def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, record:
     log_placement(parts)
     checkpoints = CheckpointManager(run_dir, run_state(parts, data.streams), every=cfg.checkpoint.every,
                                     keep_last=cfg.checkpoint.keep_last, config=config_to_dict(cfg), env=env)
-    step = checkpoints.start(resume, trusted)
+    step = start_step = checkpoints.start(resume, trusted)
     distributed.check_ranks_agree({"the step resumed at": step},
                                   hint="every rank must see the same checkpoints: is the run dir on a file system "
                                        "all nodes share?")
     max_steps = cfg.train.max_steps
+    if checkpoints.last_complete is not None:  # resumed
+        rundir.check_steps(step, max_steps, checkpoints.last_complete[0])
     checkpoints.check_room(max_steps, force)
     writer = open_writer(cfg, run_dir, env, resume_step=step if resume else None)
+    started()
     progress = Progress(max_steps, start=step, bar=cfg.log.progress_bar if env.is_main else False)
     losses, timer, profile = LossAverager(), StepTimer(), RunProfile(parts.phases)
     guard = NonFiniteGuard(cfg.train.on_nonfinite, checkpoints, device_map.generator)
@@ -149,7 +164,7 @@ def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, record:
                     with profile.host_phase("evaluation"):
                         val_metrics = evaluate_all(cfg, parts, data, writer, progress, step, profile.elapsed())
                     with profile.host_phase("checkpoint"):
-                        checkpoints.keep_if_best(step, val_metrics["mIoU"])
+                        checkpoints.keep_if_best(step, val_metrics["mIoU"], val_metrics["pixel_acc"])
                         record.evaluated(step, val_metrics, checkpoints.best)
                     writer.scalars(step, {"val/best_mIoU": checkpoints.best["mIoU"]})
                 if saving:
@@ -161,7 +176,8 @@ def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, record:
                     timer.reset()  # keep evaluation and saving out of the step time
             agreement.close()
             if env.is_main:
-                log_time_profile(writer, profile, device_map.devices, step)
+                log_time_profile(writer, profile, device_map.devices, step, start_step)
+            writer.flush()  # a TensorBoard write that failed in its thread is raised here, with the note below
         except WriteFailed as err:  # metrics or TensorBoard: say where the run can go on from
             err.after = err.after or checkpoints.resume_note()
             raise
@@ -241,8 +257,13 @@ def open_writer(cfg: Config, run_dir: Path, env: DistEnv, resume_step: int | Non
     """Rank 0 saves the config and writes the metrics; the other ranks write nothing."""
     if not env.is_main:
         return NullWriter(run_dir)
-    dump_config(cfg, run_dir / "config.yaml")
-    return MetricWriter(run_dir, tensorboard=cfg.log.tensorboard, resume_step=resume_step)
+    writer = MetricWriter(run_dir, tensorboard=cfg.log.tensorboard, resume_step=resume_step)  # checks metrics.jsonl
+    try:
+        rundir.save_config(cfg, run_dir)
+    except BaseException:
+        writer.close()
+        raise
+    return writer
 
 
 def watch_d_wins(cfg: Config, env: DistEnv) -> DWinsWatch:
@@ -260,7 +281,7 @@ def count_data_waits(streams: Streams, timer: StepTimer, profile: RunProfile) ->
 
 def stopped(run_dir: Path, step: int, max_steps: int, reason: str, val_metrics: dict[str, object],
             checkpoints: CheckpointManager) -> TrainResult:
-    log.info("stopped (%s) at step %d/%d; checkpoint: %s", reason, step, max_steps, checkpoints.last_path)
+    log.info("stopped (%s) at step %d/%d; checkpoint: %s", reason, step, max_steps, newest_checkpoint(checkpoints))
     log.info("resume with: segadv-train --run-dir %s --resume auto", run_dir)
     return TrainResult(run_dir, step, val_metrics, reason, checkpoints.best)
 
@@ -273,18 +294,41 @@ def finished(cfg: Config, run_dir: Path, step: int, val_metrics: dict[str, objec
         step, val_metrics.get("mIoU", float("nan")), val_metrics.get("pixel_acc", float("nan")),
         best["mIoU"] if best else float("nan"), best["step"] if best else -1,
     )
-    log.info("checkpoints: %s (final), %s (best)", checkpoints.last_path, checkpoints.best_path)
+    log.info("checkpoints: %s (final), %s (best)", newest_checkpoint(checkpoints),
+             checkpoints.best_path if best else "none")
     if cfg.log.tensorboard:
         log.info("TensorBoard logs: %s  (view: tensorboard --logdir %s)", writer.tensorboard_dir, writer.tensorboard_dir)
     return TrainResult(run_dir, step, val_metrics, best=best)
 
 
-def log_time_profile(writer: MetricWriter, profile: RunProfile, devices: list[torch.device], step: int) -> None:
-    """Where this run's wall time went (docs/performance.md "Time profile of a run"): a table in
-    the log and ``perf/time/*``, ``perf/share/*``, ``perf/peak_mem_gib/*`` at the last step."""
+def newest_checkpoint(checkpoints: CheckpointManager) -> Path:
+    """The checkpoint the run ends on: the one written or resumed from last (after a fallback from
+    a corrupt last.pt, the step file it resumed from, never the file moved to abandoned/)."""
+    return checkpoints.last_complete[0] if checkpoints.last_complete is not None else checkpoints.last_path
+
+
+def already_finished(cfg: Config, run_dir: Path, resumed: rundir.ResumePoint) -> TrainResult:
+    """A resume of a run that reached ``train.max_steps``: its stored results, nothing built or
+    trained (a missing config.yaml is written back)."""
+    env = distributed.env_from()
+    with RunDirLock(run_dir, env):
+        if env.is_main:
+            rundir.save_config(cfg, run_dir, only_if_missing=True)
+    evaluation = resumed.evaluation(run_dir)
+    log.info(rundir.finished_line(run_dir, resumed.step, evaluation, resumed.best, resumed.path))
+    metrics = {} if evaluation is None else {"mIoU": evaluation["mIoU"], "pixel_acc": evaluation.get("pixel_acc")}
+    return TrainResult(run_dir, resumed.step, metrics, best=resumed.best)
+
+
+def log_time_profile(writer: MetricWriter, profile: RunProfile, devices: list[torch.device], step: int,
+                     start_step: int = 0) -> None:
+    """Where this process's wall time went (docs/performance.md "Time profile of a run"): a table
+    in the log and ``perf/time/*``, ``perf/share/*``, ``perf/peak_mem_gib/*`` at the last step.
+    After a resume at ``start_step`` it covers the steps this process ran."""
     wall, seconds = profile.table()
     peaks = peak_memory_gib(devices)
-    log.info("time profile (this process, %d steps):\n%s", step, format_profile(wall, seconds, peaks))
+    ran = f"{step - start_step} steps" + (f", {start_step + 1}-{step}" if start_step else "")
+    log.info("time profile (this process, %s):\n%s", ran, format_profile(wall, seconds, peaks))
     writer.scalars(step, profile_scalars(wall, seconds, peaks))
 
 
@@ -440,19 +484,6 @@ def class_names_for(cfg: Config) -> list[str]:
     return list(class_names(cfg.data))
 
 
-def prepare_run_dir(cfg: Config, config_name: str) -> Path:
-    if cfg.run_dir is not None:
-        run_dir = Path(cfg.run_dir)
-    else:
-        run_dir = Path("runs") / f"{config_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"run dir {run_dir} exists and is not a directory")
-    cause = unwritable(run_dir)
-    if cause is not None:
-        raise UserError(f"cannot write to run dir {run_dir}: {cause}")
-    return run_dir
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="segadv-train",
@@ -460,8 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_arguments(parser, "default: default, the embedded demo; when resuming, RUN_DIR/config.yaml")
     parser.add_argument("--device-map", help="where each network runs, e.g. g:1,d:0 or g:cuda:0,d:cpu")
-    parser.add_argument("--run-dir", help="output directory (default: runs/<config>-<time>)")
-    parser.add_argument("--resume", metavar="auto|PATH",
+    parser.add_argument("--run-dir", type=path_argument, help="output directory (default: runs/<config>-<time>)")
+    parser.add_argument("--resume", type=path_argument, metavar="auto|PATH",
                         help="continue from the newest complete checkpoint in the run dir (auto) or from PATH")
     parser.add_argument("--trust-checkpoint", action="store_true",
                         help="allow checkpoints that need arbitrary pickled code (off: weights only)")
@@ -471,15 +502,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="launch N processes on this node through torchrun (DDP)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     return parser
-
-
-def resolve_config_path(args: argparse.Namespace) -> str | None:
-    """When resuming a run dir without --config, the run's own saved config is the one to use."""
-    if args.config is None and args.resume is not None and args.run_dir is not None:
-        saved = Path(args.run_dir) / "config.yaml"
-        if saved.is_file():
-            return str(saved)
-    return args.config
 
 
 @cli_entry
@@ -494,16 +516,21 @@ def main(argv: list[str] | None = None) -> int:
         return launch_with_torchrun(args.nproc_per_node, argv)
     env = distributed.env_from()
     setup_logging(env=env)
-    config_path = resolve_config_path(args)
-    cfg = load_config(config_path, args.overrides)
+    if args.config is None and args.resume is not None and args.run_dir is not None:
+        # A resume without --config runs with the run's own config (segadv/rundir.py).
+        cfg = rundir.resume_config(Path(args.run_dir), args.resume, args.overrides, trusted=args.trust_checkpoint)
+    else:
+        cfg = load_config(args.config, args.overrides)
     if args.device_map is not None:
         cfg.device_map = args.device_map
     if args.run_dir is not None:
         cfg.run_dir = args.run_dir
     name = Path(args.config).stem if args.config else "default"
+    config_path = resolve_config(args.config) if args.config else None
     together = False  # every rank ends at the same point: a finished or stopped run, an agreed divergence
     try:
-        train(cfg, config_name=name, resume=args.resume, trusted=args.trust_checkpoint, force=args.force)
+        train(cfg, config_name=name, resume=args.resume, trusted=args.trust_checkpoint, force=args.force,
+              config_path=config_path)
         together = True
     except Diverged:  # the losses and states it is decided on are agreed across ranks
         together = True

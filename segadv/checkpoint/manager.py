@@ -29,6 +29,7 @@ from segadv.errors import Diverged, UserError, WriteFailed
 from segadv.fsutil import atomic_write_text, unwritable
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
+from segadv.rundir import check_resumed_config
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,11 @@ class CheckpointManager:
         self.env = env
         self.step = 0
         self.best: dict[str, Any] | None = None
+        # The latest evaluation, {"step", "mIoU", "pixel_acc"}: what a finished run reports when resumed.
+        self.evaluation: dict[str, Any] | None = None
         self.last_complete: tuple[Path, int] | None = None  # the newest complete checkpoint, its step
-        self.states = {"step": Attribute(self, "step"), **(states or {}), "best": Attribute(self, "best")}
+        self.states = {"step": Attribute(self, "step"), **(states or {}), "best": Attribute(self, "best"),
+                       "evaluation": Attribute(self, "evaluation")}
 
     @property
     def last_path(self) -> Path:
@@ -110,6 +114,8 @@ class CheckpointManager:
         else:
             path, ckpt = Path(resume), read_checkpoint(resume, trusted=trusted)
         self.check_world_size(path, ckpt)
+        if self.config:
+            check_resumed_config(ckpt.get("config"), self.config, path)
         restore(ckpt, self.states)
         self.last_complete = (path, self.step)
         log.info("resumed from %s at step %d", path, self.step)
@@ -167,11 +173,14 @@ class CheckpointManager:
                 "free space, set checkpoint.keep_last, or pass --force to start anyway")
 
     def resume_note(self) -> str:
-        """Where a stopped run can go on from, for its error message."""
+        """Where a stopped run can go on from, for its error message: the newest complete
+        checkpoint of any kind (``best.pt`` included; ``--resume auto`` picks last.pt and the
+        step files, so best.pt is named by path)."""
         if self.last_complete is None:
             return "no checkpoint was written before it"
         path, step = self.last_complete
-        return f"the last complete checkpoint is {path} (step {step}; resume: --resume auto)"
+        how = "--resume auto" if path.name != self.best_path.name else f"--resume {path}"
+        return f"the last complete checkpoint is {path} (step {step}; resume: {how})"
 
     def newest_loadable(self, trusted: bool = False) -> tuple[Path, dict[str, Any]] | None:
         """The newest checkpoint that loads: last.pt, or a newer step file (a run dir written by
@@ -253,11 +262,14 @@ class CheckpointManager:
         self.last_complete = (self.last_path, step)
         return paths[-1] if self.env.is_main else None
 
-    def keep_if_best(self, step: int, miou: float) -> bool:
+    def keep_if_best(self, step: int, miou: float, pixel_acc: float | None = None) -> bool:
         """An evaluation's val mIoU: when it beats the best so far (the same metrics on every rank,
         all-reduced, so every rank agrees), ``best.pt`` (a full training state), then ``best.json``
         (its step and mIoU), each atomic: a kill between them leaves a best.json one evaluation
-        behind best.pt, never ahead of it."""
+        behind best.pt, never ahead of it. Every evaluation is recorded for the checkpoints that
+        follow (:attr:`evaluation`)."""
+        self.evaluation = {"step": step, "mIoU": float(miou),
+                           "pixel_acc": None if pixel_acc is None else float(pixel_acc)}
         if self.best is not None and miou <= self.best["mIoU"]:
             return False
         self.step, self.best = step, {"mIoU": float(miou), "step": step}
@@ -273,6 +285,8 @@ class CheckpointManager:
             else:
                 log.info("best val mIoU so far (%.4f at step %d): %s", miou, step, self.best_path.name)
         self._agree_written(failure)
+        if self.last_complete is None or self.last_complete[1] < step:
+            self.last_complete = (self.best_path, step)
         return True
 
     def finite_state(self, step: int, cause: str = "") -> dict[str, Any]:

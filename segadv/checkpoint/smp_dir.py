@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+# What smp's save_pretrained writes (its model card is README.md).
+SAVE_PRETRAINED_FILES = (CONFIG_FILE, WEIGHTS_FILE, "README.md")
 CLASS_KEY = "_model_class"
 # smp init kwarg -> the segadv config key that sets it; smp's defaults hold for every other kwarg.
 CONFIG_KEYS = {
@@ -91,6 +93,29 @@ def check_smp_config(config: Mapping[str, Any], generator: nn.Module, directory:
     if differ:
         raise UserError(f"{directory / CONFIG_FILE} does not describe the generator of {config_source}:\n  "
                         + "\n  ".join(differ))
+
+
+def foreign_files(directory: Path) -> list[Path]:
+    """Files in ``directory`` that ``segadv-ckpt convert --smp`` would not have written: anything
+    but save_pretrained's files beside a ``model.safetensors`` carrying segadv's seal (a folder
+    convert wrote before). Hidden files and subfolders are not looked at: nothing is written there."""
+    if not directory.is_dir():
+        return []
+    files = [p for p in sorted(directory.iterdir()) if not p.name.startswith(".") and not p.is_dir()]
+    weights = directory / WEIGHTS_FILE
+    if weights.is_file() and _sealed_by_segadv(weights):
+        return [p for p in files if p.name not in SAVE_PRETRAINED_FILES]
+    return files
+
+
+def _sealed_by_segadv(path: Path) -> bool:
+    from segadv.checkpoint.integrity import SAFETENSORS_KEY, CorruptCheckpoint, _safetensors_header
+
+    try:
+        _, meta = _safetensors_header(path)
+    except (OSError, CorruptCheckpoint):
+        return False
+    return isinstance(meta, dict) and SAFETENSORS_KEY in meta
 
 
 def save_smp_dir(generator: nn.Module, directory: Path) -> int:

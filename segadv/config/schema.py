@@ -15,6 +15,7 @@ tests/config/test_schema_bounds.py tries every numeric and list field at its bou
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -488,7 +489,8 @@ class LogConfig(Section):
 class Config(Section):
     device_map: Optional[str] = Field(
         None, min_length=1, description="where networks run, e.g. \"g:1,d:0\"; null: cuda:0 for both when CUDA is available, else cpu")
-    run_dir: Optional[str] = Field(None, description="the run's directory; null: runs/<config name>-<timestamp>")
+    run_dir: Optional[str] = Field(
+        None, description="the run's directory (~ expanded); null: runs/<config name>-<timestamp>; a run's config.yaml stores null")
     model: ModelConfig = Field(ModelConfig(), description="the networks")
     data: DataConfig = Field(DataConfig(), description="the training data (domain adaptation: the labeled source)")
     target_data: Optional[DataConfig] = Field(
@@ -503,3 +505,14 @@ class Config(Section):
     checkpoint: CheckpointConfig = Field(CheckpointConfig(), description="checkpoint files")
     init: InitConfig = Field(InitConfig(), description="weights to start from")
     log: LogConfig = Field(LogConfig(), description="what a run reports")
+
+    @field_validator("run_dir")
+    @classmethod
+    def _user_path(cls, value: Optional[str]) -> Optional[str]:
+        """``~`` expanded as in every path option; an empty path (an unset shell variable) would
+        be the current dir, so it is refused (segadv/fsutil.py ``user_path``)."""
+        if value is None:
+            return None
+        if not value.strip():
+            raise ValueError("the path is empty (an unset shell variable?); name a directory or leave it out")
+        return os.path.expanduser(value)

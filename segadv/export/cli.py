@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from segadv.cli_args import add_config_arguments, fraction, parse_args, tolerance
+from segadv.cli_args import add_config_arguments, fraction, parse_args, path_argument, tolerance
 from segadv.data import class_names, palette
 from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
@@ -52,10 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="segadv-export",
         description="Export a checkpoint's generator to ONNX or TorchScript and verify it against PyTorch.",
     )
-    p.add_argument("--checkpoint", required=True,
+    p.add_argument("--checkpoint", type=path_argument, required=True,
                    help="segadv checkpoint, raw generator state dict (any wrapper prefix) or smp "
                    "save_pretrained directory")
-    p.add_argument("--output", required=True, help="file to write (its sidecar is OUTPUT.json)")
+    p.add_argument("--output", type=path_argument, required=True, help="file to write (its sidecar is OUTPUT.json)")
     p.add_argument("--format", choices=FORMATS, help="default: from the output suffix (.onnx; .pt/.ts/.torchscript)")
     add_config_arguments(p, "needed for a raw state dict (default: the checkpoint's own)")
     p.add_argument("--input-size", nargs=2, type=int, metavar=("H", "W"),

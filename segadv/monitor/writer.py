@@ -4,14 +4,64 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
-from segadv.errors import WriteFailed
+from segadv.errors import UserError, WriteFailed
 from segadv.fsutil import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+
+class GuardedRecords:
+    """TensorBoard's record writer as its writer thread calls it. An OSError there (a disk that
+    fills) would end the thread with its own traceback on stderr; here it is kept for the main
+    thread, which raises it as :class:`WriteFailed` at its next TensorBoard call, and later records
+    are dropped."""
+
+    def __init__(self, records: object) -> None:
+        self.records = records
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> None:
+        if self.error is None:
+            try:
+                self.records.write(data)
+            except OSError as err:
+                self.error = err
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self.records.flush()
+            except OSError as err:
+                self.error = err
+
+    def close(self) -> None:
+        self.records.close()
+
+
+def guard_event_writer(summary_writer: object) -> GuardedRecords | None:
+    """Put a :class:`GuardedRecords` between the summary writer's event file and its writer thread
+    (tensorboard's ``EventFileWriter._async_writer``); None, with a debug line, where a tensorboard
+    version lays it out otherwise (its thread's own error handling then applies)."""
+    async_writer = getattr(getattr(summary_writer._get_file_writer(), "event_writer", None), "_async_writer", None)
+    worker = getattr(async_writer, "_worker", None)
+    if async_writer is None or worker is None or not hasattr(worker, "_record_writer"):
+        log.debug("tensorboard's event writer has another layout: its thread's errors are not guarded")
+        return None
+    guard = GuardedRecords(async_writer._writer)
+    async_writer._writer = worker._record_writer = guard
+    return guard
+
+
+def _cut_short(raw: bytes) -> bool:
+    """Whether a line that does not parse is the start of a record (what a crash leaves)."""
+    return raw.startswith(b'{"step": ')
 
 
 class MetricWriter:
@@ -29,6 +79,7 @@ class MetricWriter:
         with self._writing(self.jsonl_path):
             self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self._tb = None
+        self._tb_guard: GuardedRecords | None = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -36,11 +87,14 @@ class MetricWriter:
             purge = None if resume_step is None else resume_step + 1
             with self._writing(self.tensorboard_dir):
                 self._tb = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=purge)
+                self._tb_guard = guard_event_writer(self._tb)
 
     @contextlib.contextmanager
     def _writing(self, path: Path) -> Iterator[None]:
         try:
             yield
+            if path == self.tensorboard_dir and self._tb_guard is not None and self._tb_guard.error is not None:
+                raise self._tb_guard.error  # the writer thread's failure, raised here
         except WriteFailed:
             self.failed = True
             raise
@@ -49,16 +103,29 @@ class MetricWriter:
             raise WriteFailed(path, err) from None
 
     def _drop_records_after(self, step: int) -> None:
+        """Keep the records up to ``step``. Only the last line may be cut short (a crash mid-write);
+        anything else that is not a JSON record (binary bytes, an edit) is a UserError naming the
+        file and the line: the file is the run's history, so it is never rewritten without it."""
         if not self.jsonl_path.is_file():
             return
+        try:
+            lines = self.jsonl_path.read_bytes().splitlines()
+        except OSError as err:
+            raise UserError(f"cannot read {self.jsonl_path}: {err.strerror or err}") from None
         kept = []
-        for line in self.jsonl_path.read_text(encoding="utf-8").splitlines():
+        for number, raw in enumerate(lines, 1):
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash
-            if record.get("step", 0) <= step:
-                kept.append(line)
+                record = json.loads(raw.decode("utf-8"))
+                if not isinstance(record, dict):
+                    raise ValueError(f"a JSON {type(record).__name__}, not a record")
+            except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+                if number == len(lines) and _cut_short(raw):
+                    continue  # the last record, cut short by a crash
+                raise UserError(f"{self.jsonl_path}: line {number} is not a metrics record ({err}): repair the file, "
+                                "or move it away to go on without the run's logged history") from None
+            logged = record.get("step", 0)
+            if not isinstance(logged, (int, float)) or logged <= step:
+                kept.append(raw.decode("utf-8"))
         atomic_write_text(self.jsonl_path, "".join(line + "\n" for line in kept))
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
@@ -95,6 +162,8 @@ class MetricWriter:
                 continue
             try:
                 closable.close()
+                if closable is self._tb and self._tb_guard is not None and self._tb_guard.error is not None:
+                    raise self._tb_guard.error
             except OSError as err:
                 if not self.failed:  # after a failure, its error has been reported already
                     self.failed = True

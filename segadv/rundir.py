@@ -1,0 +1,401 @@
+"""What a run dir is, and the one rule every start of ``segadv-train`` follows in it
+(docs/checkpoints.md "The run dir").
+
+- A run dir's identity is its checkpoint: a resume compares the config it is given with the one
+  stored in the checkpoint it loads, and any difference outside :data:`RESUME_MAY_CHANGE` is
+  refused naming the key. Without ``--config``, a resume reads ``config.yaml``; a missing or empty
+  one is rebuilt from the checkpoint, an unreadable one set aside.
+- A fresh start needs a run dir holding none of a run's files (:data:`RUN_FILES`): a second run
+  never appends to the first one's metrics or TensorBoard, nor replaces its ``config.yaml``.
+- A start that fails before the first step removes what it created there (:class:`StartCleanup`).
+- A resumed run that already reached ``train.max_steps`` says so and trains nothing; a
+  ``train.max_steps`` below the checkpoint's step is refused.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from segadv.config import Config, config_from_dict, load_config
+from segadv.errors import UserError
+from segadv.fsutil import unwritable, user_path
+from segadv.parallel.distributed import DistEnv
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.yaml"
+CHECKPOINT_DIR = "checkpoints"
+# What segadv-train writes in a run dir; a fresh start refuses a dir holding any of them.
+RUN_FILES = ("config.yaml", "metrics.jsonl", "tensorboard", "checkpoints", "data_split.json", "skipped.json",
+             "status.json")
+
+# What a resumed run may set differently from the checkpoint it continues (flat config keys,
+# ``*`` matching any part), each with why it is safe. docs/checkpoints.md lists the same.
+RESUME_MAY_CHANGE: dict[str, str] = {
+    "run_dir": "where the run is",
+    "device_map": "where the networks run",
+    "train.max_steps": "the poly schedule follows the new horizon",
+    "optim.*.lr": "the optimizer's values from the step resumed at",
+    "optim.*.weight_decay": "the optimizer's values from the step resumed at",
+    "optim.*.betas": "the optimizer's values from the step resumed at",
+    "optim.*.momentum": "the optimizer's values from the step resumed at",
+    "train.lr_scaling": "the optimizer's values from the step resumed at",
+    "amp.*": "a GradScaler switched on starts fresh",
+    "parallel.*": "how a network is wrapped, not what it computes",
+    "compile.*": "how a network is wrapped, not what it computes",
+    "model.generator.activation_checkpointing": "how G's forward is run, not what it computes",
+    "train.channels_last": "a memory format",
+    "train.deterministic": "which kernels run",
+    "train.profile": "timing only",
+    "train.on_nonfinite": "what happens to a non-finite step from now on",
+    "train.log_every": "when the run reports",
+    "train.eval_every": "when the run reports",
+    "train.eval_source": "what the run reports",
+    "checkpoint.*": "when and how many checkpoints are kept",
+    "log.*": "what the run reports",
+    "data.num_workers": "how batches are loaded (the order is the sampler's)",
+    "data.pin_memory": "how batches are loaded",
+    "data.persistent_workers": "how batches are loaded",
+    "data.prefetch_factor": "how batches are loaded",
+    "data.val_batch_size": "evaluation is scored in same-size groups: the mIoU of batch size 1",
+    "init.*": "ignored at resume: the checkpoint brings every weight",
+}
+
+
+def may_change_at_resume(key: str) -> bool:
+    return any(fnmatch.fnmatchcase(key, pattern) for pattern in RESUME_MAY_CHANGE)
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optim.generator.lr": 0.002, ...}``: every leaf of a (nested) config dict; lists and
+    empty or null sections are leaves."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def config_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(key, saved value, value now)`` for each leaf that differs and a resume may not change."""
+    old, new = flatten(saved), flatten(now)
+    missing = object()
+    found = []
+    for key in [*old, *(k for k in new if k not in old)]:
+        before, after = old.get(key, missing), new.get(key, missing)
+        if before != after and not may_change_at_resume(key):
+            found.append((key, None if before is missing else before, None if after is missing else after))
+    return found
+
+
+def check_resumed_config(saved: Mapping[str, Any] | None, now: Mapping[str, Any], checkpoint: Path) -> None:
+    """The config a run resumes with against the one stored in ``checkpoint``: UserError naming
+    every key that differs and is not in :data:`RESUME_MAY_CHANGE`. A checkpoint without a config
+    (not written by segadv-train) is not compared."""
+    if not saved:
+        log.warning("%s holds no config: the run's config cannot be compared with the one it was saved with",
+                    checkpoint)
+        return
+    differ = config_differences(saved, now)
+    if not differ:
+        return
+    shown = "; ".join(f"{key} differs from the checkpoint's ({_short(old)} then, {_short(new)} now)"
+                      for key, old, new in differ[:6])
+    more = f" (and {len(differ) - 6} more)" if len(differ) > 6 else ""
+    key, old, _ = differ[0]
+    raise UserError(
+        f"{shown}{more}: a resume continues the run {checkpoint} was saved by and may change only what "
+        f"docs/checkpoints.md lists (train.max_steps, learning rates, amp, logging, ...); resume with "
+        f"{key}={_short(old)} (without --config a resume uses the run's own config.yaml), or start a new run dir "
+        f"from its weights (init.generator.path={checkpoint} init.discriminator.path={checkpoint})")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_steps(step: int, max_steps: int, checkpoint: Path | None) -> None:
+    """A resume at ``step`` with ``train.max_steps``: below it nothing could train."""
+    if step > max_steps:
+        raise UserError(f"train.max_steps={max_steps} is below the step of {checkpoint} ({step}): nothing would "
+                        f"train. Resume with train.max_steps above {step} to train on, or evaluate it with "
+                        f"segadv-eval --checkpoint {checkpoint}")
+
+
+# ------------------------------------------------------------------ where the run is
+
+
+def run_dir_for(cfg: Config, config_name: str) -> Path:
+    """The run dir ``cfg`` names (``run_dir``, ``~`` expanded), or a new ``runs/<config>-<time>``."""
+    if cfg.run_dir is not None:
+        return user_path(cfg.run_dir, "run_dir")
+    return Path("runs") / f"{config_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_files(run_dir: Path) -> list[str]:
+    """The names of a run's files present in ``run_dir`` (empty folders do not count)."""
+    found = []
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_dir():
+            if any(path.iterdir()):
+                found.append(name + "/")
+        elif path.exists():
+            found.append(name)
+    return found
+
+
+def check_start(run_dir: Path, resume: str | None, config_path: Path | None = None) -> None:
+    """Before anything is written: ``run_dir`` must be a directory (or not exist) and writable,
+    and a fresh start (``resume`` None) needs one that holds no run's files."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"run dir {run_dir} exists and is not a directory")
+    if resume is not None or not run_dir.is_dir():
+        return
+    saved = run_dir / CONFIG_FILE
+    if config_path is not None and saved.exists() and _same_file(config_path, saved):
+        raise UserError(f"--run-dir {run_dir} holds the input config {config_path}, which the run would write over: "
+                        "choose another --run-dir (or pass --resume auto if it is that run's own config.yaml)")
+    present = run_files(run_dir)
+    if present:
+        raise UserError(f"run dir {run_dir} already holds a run ({', '.join(present)}): continue it with "
+                        f"segadv-train --run-dir {run_dir} --resume auto, or start a new run in another --run-dir")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_writable(run_dir: Path) -> None:
+    cause = unwritable(run_dir)
+    if cause is not None:
+        raise UserError(f"cannot write to run dir {run_dir}: {cause}")
+
+
+class StartCleanup:
+    """``with StartCleanup(run_dir, env) as start:`` ... ``start.done()`` once the run is under way.
+    Until then, an exception removes what the start created in ``run_dir`` (the dir too, if it
+    made it and it is empty then): a start that fails leaves nothing behind. Rank 0 removes."""
+
+    def __init__(self, run_dir: Path, env: DistEnv = DistEnv()) -> None:
+        self.run_dir = run_dir
+        self.env = env
+        self.existed = run_dir.is_dir()
+        self.before = set(os.listdir(run_dir)) if self.existed else set()
+        self.checkpoints_before = self._listing(run_dir / CHECKPOINT_DIR)
+        self.started = False
+
+    @staticmethod
+    def _listing(directory: Path) -> set[str] | None:
+        return set(os.listdir(directory)) if directory.is_dir() else None
+
+    def done(self) -> None:
+        self.started = True
+
+    def __enter__(self) -> "StartCleanup":
+        return self
+
+    def __exit__(self, exc_type: type | None, *_: object) -> None:
+        if exc_type is None or self.started or not self.env.is_main or not self.run_dir.is_dir():
+            return
+        try:
+            self._remove_new_entries()
+        except OSError as err:
+            log.warning("could not remove what the failed start wrote in %s: %s", self.run_dir, err)
+
+    def _remove_new_entries(self) -> None:
+        ckpt_dir = self.run_dir / CHECKPOINT_DIR
+        if self.checkpoints_before is not None and ckpt_dir.is_dir():
+            for name in set(os.listdir(ckpt_dir)) - self.checkpoints_before:
+                _remove(ckpt_dir / name)
+        for name in set(os.listdir(self.run_dir)) - self.before:
+            _remove(self.run_dir / name)
+        if not self.existed and not any(self.run_dir.iterdir()):
+            self.run_dir.rmdir()
+        log.info("the start failed: removed what it wrote in %s", self.run_dir)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------ the config a run resumes with
+
+
+def saved_config_problem(path: Path) -> str | None:
+    """What is wrong with a run dir's ``config.yaml`` before it is validated: "missing", "empty",
+    or why it cannot be read; None when it reads as a mapping."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        return "missing"
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    except OSError as err:
+        return f"unreadable ({err.strerror or err})"
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return "not readable YAML"
+    if data is None or data == {}:
+        return "empty"
+    if not isinstance(data, dict):
+        return f"not a mapping of keys (a YAML {type(data).__name__})"
+    return None
+
+
+def resume_config(run_dir: Path, resume: str, overrides: list[str], trusted: bool = False) -> Config:
+    """The config a resume without ``--config`` runs with: the run dir's ``config.yaml`` with
+    ``overrides``. A missing or empty one is rebuilt from the config stored in the checkpoint the
+    resume loads (one log line; the run writes it back); an unreadable one is set aside, with a
+    warning, when a checkpoint holds the config, else a UserError naming it. Without any
+    checkpoint (``--resume auto`` in a run dir that has none) the run starts fresh: from the
+    embedded default config when there is no config.yaml."""
+    saved = run_dir / CONFIG_FILE
+    problem = saved_config_problem(saved)
+    if problem is None:
+        return load_config(saved, overrides)
+    found = stored_config(run_dir, resume, trusted)
+    if found is None:
+        if problem in ("missing", "empty"):
+            return load_config(None, overrides)
+        raise UserError(f"{saved} is {problem}, and no checkpoint in {run_dir / CHECKPOINT_DIR} holds the run's "
+                        "config: repair or remove it, or pass --config")
+    checkpoint, config = found
+    if problem not in ("missing", "empty"):
+        aside = saved.with_name(f"{saved.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(saved, aside)
+        log.warning("%s is %s: moved it to %s", saved, problem, aside.name)
+    log.info("%s is %s: rebuilt from the config stored in %s", saved, problem if problem in ("missing", "empty")
+             else "set aside", checkpoint)
+    return config_from_dict(config, overrides, source=f"the config stored in {checkpoint}")
+
+
+def stored_config(run_dir: Path, resume: str, trusted: bool = False) -> tuple[Path, dict[str, Any]] | None:
+    """``(checkpoint, its config)`` for the checkpoint ``resume`` loads ("auto": the newest that
+    loads in ``run_dir``), or None when there is none or it holds no config."""
+    from segadv.checkpoint.io import read_checkpoint
+    from segadv.checkpoint.manager import CheckpointManager
+
+    if resume == "auto":
+        found = CheckpointManager(run_dir, every=1).newest_loadable(trusted)
+    else:
+        path = user_path(resume, "--resume")
+        found = (path, read_checkpoint(path, trusted=trusted))
+    if found is None or not isinstance(found[1].get("config"), dict) or not found[1]["config"]:
+        return None
+    return found[0], found[1]["config"]
+
+
+def save_config(cfg: Config, run_dir: Path, only_if_missing: bool = False) -> None:
+    """``config.yaml``: the run's resolved config, without ``run_dir`` (a copy of the file used
+    elsewhere must never point back into this run)."""
+    from segadv.config import dump_config
+
+    path = run_dir / CONFIG_FILE
+    if only_if_missing and path.exists():
+        return
+    dump_config(cfg.model_copy(update={"run_dir": None}), path)
+
+
+# ------------------------------------------------------------------ the checkpoint a run resumes from
+
+
+@dataclass
+class ResumePoint:
+    """The checkpoint a resume will load: its path, step, best and latest evaluations."""
+
+    path: Path
+    step: int
+    best: dict[str, Any] | None
+    last_evaluation: dict[str, Any] | None
+
+    def finished(self, max_steps: int) -> bool:
+        """Whether the run already reached ``max_steps`` (a UserError when it went past it)."""
+        check_steps(self.step, max_steps, self.path)
+        return self.step == max_steps
+
+    def evaluation(self, run_dir: Path) -> dict[str, Any] | None:
+        return stored_evaluation(self.last_evaluation, run_dir, self.step)
+
+
+def resume_point(run_dir: Path, resume: str | None, config: Mapping[str, Any],
+                 trusted: bool = False) -> ResumePoint | None:
+    """Before anything is built or written: the checkpoint ``resume`` names ("auto": the newest
+    that loads in ``run_dir``; None or nothing there: None, a fresh start), its config checked
+    against ``config`` (:func:`check_resumed_config`). The checkpoint manager reads it again when
+    it restores the run; a config that does not fit never gets to write a file."""
+    if resume is None:
+        return None
+    from segadv.checkpoint.io import read_checkpoint
+    from segadv.checkpoint.manager import CheckpointManager
+
+    if resume == "auto":
+        found = CheckpointManager(run_dir, every=1).newest_loadable(trusted)
+        if found is None:
+            return None
+        path, ckpt = found
+    else:
+        path = user_path(resume, "--resume")
+        ckpt = read_checkpoint(path, trusted=trusted)
+    if not isinstance(ckpt.get("step"), int):
+        return None  # not a training state: the manager's restore says so
+    check_resumed_config(ckpt.get("config"), config, path)
+    return ResumePoint(path, ckpt["step"], ckpt.get("best"), ckpt.get("evaluation"))
+
+
+# ------------------------------------------------------------------ a finished run
+
+
+def stored_evaluation(evaluation: dict[str, Any] | None, run_dir: Path, step: int) -> dict[str, Any] | None:
+    """The final evaluation of a run at ``step``: the checkpoint's record, or (a checkpoint
+    written before it held one) the last ``val/mIoU`` of ``metrics.jsonl`` at that step."""
+    if evaluation is not None and evaluation.get("step") == step:
+        return evaluation
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    found = None
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("step") == step and "val/mIoU" in record:
+            found = {"step": step, "mIoU": record["val/mIoU"], "pixel_acc": record.get("val/pixel_acc")}
+    return found
+
+
+def finished_line(run_dir: Path, step: int, evaluation: dict[str, Any] | None, best: dict[str, Any] | None,
+                  checkpoint: Path) -> str:
+    """What a resume of a finished run says instead of training."""
+    if evaluation is None:
+        final = "its final evaluation is not recorded"
+    else:
+        accuracy = evaluation.get("pixel_acc")
+        final = f"final val mIoU {evaluation['mIoU']:.4f}" + (
+            f", pixel accuracy {accuracy:.4f}" if accuracy is not None else "")
+    best_text = f"; best val mIoU {best['mIoU']:.4f} at step {best['step']}" if best else ""
+    return (f"{run_dir} is finished: step {step} of train.max_steps={step}, nothing to train; {final}{best_text} "
+            f"(checkpoint: {checkpoint}). To train on, resume with a larger train.max_steps")
