@@ -35,31 +35,34 @@ def check_files(cfg: Config, resume: str | None) -> None:
     for role in ("generator", "discriminator"):
         source = getattr(cfg.init, role)
         if source is not None and not user_path(source.path, f"init.{role}.path").exists():
-            raise UserError(f"init.{role}.path: file not found: {source.path}")
+            raise UserError(f"init.{role}.path: checkpoint not found: {source.path}")
     if resume not in (None, "auto") and not user_path(resume, "--resume").is_file():
         raise UserError(f"--resume {resume}: no such checkpoint file (--resume auto finds the newest in the run dir)")
 
 
 def check_data(cfg: DataConfig, key: str, batch_size: int | None, world_size: int) -> None:
-    """A file dataset's root and layout, listed without opening a file, and ``batch_size``
-    against its labeled pool (with ``drop_last``; the loaders check every stream again)."""
-    from segadv.data.config_checks import check_config
+    """A data section against itself, its root, and (``batch_size`` given: the labeled data) its
+    layout listed without opening a file and ``batch_size`` against the labeled pool (with
+    ``drop_last``; the loaders check every stream again once the headers are read). Target data's
+    train masks may be absent, so only its root is looked at here."""
+    from segadv.data.config_checks import check_config, data_root
 
-    try:
-        check_config(cfg)
-        if cfg.kind == "synthetic":
-            pool = cfg.synthetic.train_size if cfg.labeled_fraction >= 1 else None
-            source = f"{key}.synthetic.train_size = {pool}"
-        else:
-            from segadv.data.listing import collect
+    check_config(cfg)
+    if cfg.kind == "synthetic":
+        pool = cfg.synthetic.train_size if cfg.labeled_fraction >= 1 else None
+        source = f"{key}.synthetic.train_size = {pool}"
+    elif batch_size is None:
+        try:
+            data_root(cfg)
+        except UserError as err:
+            raise UserError(f"{key}: {err}") from None
+        return
+    else:
+        from segadv.data.listing import collect
 
-            pool = len(collect(cfg).labeled)
-            source = f"{pool} labeled samples"
-    except UserError as err:
-        if key == "data":
-            raise
-        raise UserError(f"{key}: {err}") from None
-    if batch_size is not None and pool is not None and cfg.drop_last and batch_size > pool // world_size:
+        pool = len(collect(cfg).labeled)
+        source = f"{pool} labeled samples"
+    if batch_size is not None and pool and cfg.drop_last and batch_size > pool // world_size:
         ranks = f" over {world_size} ranks" if world_size > 1 else ""
         raise UserError(f"{key}.batch_size: {batch_size} is larger than the labeled set ({source}{ranks}), so no "
                         "full batch exists")

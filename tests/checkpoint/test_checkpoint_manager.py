@@ -168,3 +168,26 @@ def test_a_checkpoint_of_another_world_size_is_refused_before_anything_loads(tmp
     torch.save({**ckpt, "rng": [{}] * saved_by}, path)
     with pytest.raises(UserError, match=f"saved by a run of {saved_by} processes"):
         manager(tmp_path, fresh).load(str(path))
+
+
+def test_the_resume_note_names_the_newest_complete_checkpoint_of_any_kind(tmp_path):
+    """A best.pt written after the last last.pt is where a failed run can go on from (by path:
+    --resume auto picks last.pt and the step files)."""
+    m = manager(tmp_path)
+    assert m.resume_note() == "no checkpoint was written before it"
+    m.keep_if_best(1, 0.5, 0.9)
+    best = tmp_path / "checkpoints" / "best.pt"
+    assert m.resume_note() == f"the last complete checkpoint is {best} (step 1; resume: --resume {best})"
+    m.save(2)
+    assert "last.pt (step 2; resume: --resume auto)" in m.resume_note()
+    assert read_checkpoint(best)["evaluation"] == {"step": 1, "mIoU": 0.5, "pixel_acc": 0.9}
+
+
+def test_a_resume_with_another_config_is_refused_naming_the_key_and_allowed_changes_pass(tmp_path):
+    saved = {"data": {"kind": "folder", "batch_size": 8}, "train": {"max_steps": 10}}
+    manager_with = lambda config: CheckpointManager(tmp_path, {"generator": Weights()}, every=2, config=config)
+    manager_with(saved).save(2)
+    with pytest.raises(UserError, match=r"data.kind differs from the checkpoint's \("
+                                        r"\"folder\" then, \"synthetic\" now\).* resume with data.kind=\"folder\""):
+        manager_with({**saved, "data": {"kind": "synthetic", "batch_size": 8}}).start("auto")
+    assert manager_with({**saved, "train": {"max_steps": 20}}).start("auto") == 2  # a documented change

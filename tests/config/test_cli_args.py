@@ -34,3 +34,40 @@ def test_an_unknown_subcommand_still_gets_argparses_message(capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse_args(parser_of("segadv.ckpt"), ["nope"])
     assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module, argv, dest", [
+    ("segadv.train", ["--run-dir", "~/runs/a"], "run_dir"),
+    ("segadv.train", ["--resume", "~/runs/a/checkpoints/step_2.pt"], "resume"),
+    ("segadv.predict", ["--checkpoint", "c.pt", "--input", "x.png", "--output", "~/masks"], "output"),
+    ("segadv.export.cli", ["--checkpoint", "~/c.pt", "--output", "~/m.onnx"], "output"),
+    ("segadv.eval", ["--checkpoint", "~/c.pt"], "checkpoint"),
+])
+def test_every_path_option_expands_tilde(module, argv, dest, monkeypatch, tmp_path):
+    import importlib
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    parser = importlib.import_module(module).build_parser()
+    value = getattr(parse_args(parser, argv), dest)
+    assert value.startswith(str(tmp_path)) and "~" not in value
+
+
+def test_path_options_refuse_an_empty_path(capsys):
+    import importlib
+
+    for module, argv in (("segadv.train", ["--run-dir", ""]), ("segadv.ckpt", ["convert", "f.pt", "--smp", ""])):
+        with pytest.raises(SystemExit) as raised:
+            parse_args(importlib.import_module(module).build_parser(), argv)
+        assert raised.value.code == 2 and "empty path" in capsys.readouterr().err
+    assert "~" not in parse_args(importlib.import_module("segadv.ckpt").build_parser(),
+                                 ["convert", "f.pt", "--smp", "~/smp"]).smp
+
+
+def test_run_dir_in_a_config_expands_tilde_and_refuses_an_empty_path(monkeypatch, tmp_path):
+    from segadv.config import load_config
+    from segadv.errors import UserError
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert load_config(None, ["run_dir=~/x"]).run_dir == str(tmp_path / "x")
+    with pytest.raises(UserError, match=r"run_dir: .*the path is empty"):
+        load_config(None, ["run_dir=''"])

@@ -83,3 +83,32 @@ def test_load_weights_into_a_generator_matches_a_converted_file(run_dir, tmp_pat
     g = tiny_generator(seed=9)
     report = load_weights(run_dir / "checkpoints" / "last.pt", g, role="generator")
     assert report.location == "['generator']" and report.prefix == ""
+
+
+def test_convert_smp_refuses_a_folder_of_foreign_files_and_writes_with_the_umask(run_dir, tmp_path, capsys):
+    """The issue's case: ``--smp .`` in a project folder would have replaced its README.md and
+    config.json. Refused as predict refuses such a folder; --overwrite writes there; a folder
+    convert wrote before is rewritten without it; model.safetensors keeps the umask's mode."""
+    import os
+
+    from segadv.fsutil import file_sha256
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "README.md").write_text("my project\n")
+    (project / "config.json").write_text('{"mine": true}\n')
+    before = {p.name: file_sha256(p) for p in project.iterdir()}
+    last = str(run_dir / "checkpoints" / "last.pt")
+    assert ckpt_cli.main(["convert", last, "--smp", str(project)]) == 2
+    err = capsys.readouterr().err
+    assert "holds files segadv-ckpt convert did not write (README.md, config.json)" in err and "--overwrite" in err
+    assert {p.name: file_sha256(p) for p in project.iterdir()} == before
+
+    out = tmp_path / "smp"
+    assert ckpt_cli.main(["convert", last, "--smp", str(out)]) == 0
+    assert ckpt_cli.main(["convert", last, "--smp", str(out)]) == 0  # its own files: rewritten
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~mask
+    assert ckpt_cli.main(["convert", last, "--smp", str(project), "--overwrite"]) == 0
+    assert (project / "model.safetensors").is_file()

@@ -151,8 +151,10 @@ def test_a_full_disk_at_the_second_save_stops_with_the_first_intact_and_resumabl
     with pytest.raises(WriteFailed) as raised:
         train(cfg)
     ckpt_dir = tmp_path / "disk" / "checkpoints"
+    # The final evaluation's best.pt (step 6) was written just before: the newest complete checkpoint.
     assert str(raised.value) == (f"cannot write {ckpt_dir / 'last.pt'}: No space left on device (ENOSPC); the last "
-                                 f"complete checkpoint is {ckpt_dir / 'last.pt'} (step 3; resume: --resume auto)")
+                                 f"complete checkpoint is {ckpt_dir / 'best.pt'} (step 6; resume: --resume "
+                                 f"{ckpt_dir / 'best.pt'})")
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["best.json", "best.pt", "last.pt", "step_3.pt"]  # no temp
     assert read_checkpoint(ckpt_dir / "last.pt")["step"] == 3
 
@@ -168,8 +170,9 @@ def test_cli_a_full_disk_is_one_message_and_exit_4(tmp_path, monkeypatch, capsys
                            "log.tensorboard=false", "checkpoint.every=1", "train.max_steps=3"])
     err = capsys.readouterr().err
     assert code == EXIT_WRITE_FAILED == 4
+    # best.pt of the evaluation at step 2 is the newest complete checkpoint, named by its path.
     assert re.search(r"^error: cannot write .*last\.pt: Input/output error \(EIO\); the last complete checkpoint is "
-                     r".*last\.pt \(step 1; resume: --resume auto\)$", err, re.M)
+                     r"(.*best\.pt) \(step 2; resume: --resume \1\)$", err, re.M), err
     assert "Traceback" not in err
 
 

@@ -261,3 +261,18 @@ def test_a_run_dir_in_use_is_refused_naming_its_holder_and_free_again_after(tmp_
             train(cfg)
     assert not (Path(cfg.run_dir) / "metrics.jsonl").exists()
     assert train(cfg).step == 1  # the holder has let go
+
+
+def test_a_finished_run_whose_last_pt_is_corrupt_ends_naming_the_step_file_it_fell_back_to(tmp_path, caplog):
+    """issue 40: the run-end line named last.pt (final) after a fallback from a corrupt last.pt;
+    now it names the step file, and nothing is moved or trained."""
+    cfg = resume_cfg(tmp_path, "fallback", "train.max_steps=4", "checkpoint.every=2")
+    train(cfg)
+    ckpt_dir = tmp_path / "fallback" / "checkpoints"
+    data = (ckpt_dir / "last.pt").read_bytes()
+    (ckpt_dir / "last.pt").write_bytes(data[: len(data) // 3])
+    with caplog.at_level("INFO"):
+        result = train(cfg, resume="auto")
+    assert result.step == 4 and result.val_metrics["mIoU"] == result.best["mIoU"]  # its final evaluation: the best
+    assert f"(checkpoint: {ckpt_dir / 'step_4.pt'})" in caplog.text and "nothing to train" in caplog.text
+    assert not (ckpt_dir / "abandoned").exists() and (ckpt_dir / "last.pt").read_bytes() == data[: len(data) // 3]

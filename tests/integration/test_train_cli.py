@@ -275,7 +275,7 @@ def test_a_start_that_fails_leaves_no_run_dir_and_checks_the_data_before_buildin
     assert not run_dir.exists()
     missing = tmp_path / "missing.pt"
     code = train_cli.main(["--run-dir", str(run_dir), *RUN_ARGS, f"init.generator.path={missing}"])
-    assert code == 2 and f"init.generator.path: file not found: {missing}" in capsys.readouterr().err
+    assert code == 2 and f"init.generator.path: checkpoint not found: {missing}" in capsys.readouterr().err
     assert not run_dir.exists()
 
 
