@@ -291,17 +291,22 @@ def resume_config(run_dir: Path, resume: str, overrides: list[str], trusted: boo
     return config_from_dict(config, overrides, source=f"the config stored in {checkpoint}")
 
 
-def stored_config(run_dir: Path, resume: str, trusted: bool = False) -> tuple[Path, dict[str, Any]] | None:
-    """``(checkpoint, its config)`` for the checkpoint ``resume`` loads ("auto": the newest that
-    loads in ``run_dir``), or None when there is none or it holds no config."""
+def checkpoint_to_resume(run_dir: Path, resume: str, trusted: bool = False) -> tuple[Path, dict[str, Any]] | None:
+    """``(path, checkpoint)`` that ``resume`` loads ("auto": the newest that loads in ``run_dir``,
+    None when there is none; else the file it names)."""
     from segadv.checkpoint.io import read_checkpoint
     from segadv.checkpoint.manager import CheckpointManager
 
     if resume == "auto":
-        found = CheckpointManager(run_dir, every=1).newest_loadable(trusted)
-    else:
-        path = user_path(resume, "--resume")
-        found = (path, read_checkpoint(path, trusted=trusted))
+        return CheckpointManager(run_dir, every=1).newest_loadable(trusted)
+    path = user_path(resume, "--resume")
+    return path, read_checkpoint(path, trusted=trusted)
+
+
+def stored_config(run_dir: Path, resume: str, trusted: bool = False) -> tuple[Path, dict[str, Any]] | None:
+    """``(checkpoint, its config)`` for the checkpoint ``resume`` loads, or None when there is
+    none or it holds no config."""
+    found = checkpoint_to_resume(run_dir, resume, trusted)
     if found is None or not isinstance(found[1].get("config"), dict) or not found[1]["config"]:
         return None
     return found[0], found[1]["config"]
@@ -347,17 +352,10 @@ def resume_point(run_dir: Path, resume: str | None, config: Mapping[str, Any],
     it restores the run; a config that does not fit never gets to write a file."""
     if resume is None:
         return None
-    from segadv.checkpoint.io import read_checkpoint
-    from segadv.checkpoint.manager import CheckpointManager
-
-    if resume == "auto":
-        found = CheckpointManager(run_dir, every=1).newest_loadable(trusted)
-        if found is None:
-            return None
-        path, ckpt = found
-    else:
-        path = user_path(resume, "--resume")
-        ckpt = read_checkpoint(path, trusted=trusted)
+    found = checkpoint_to_resume(run_dir, resume, trusted)
+    if found is None:
+        return None
+    path, ckpt = found
     if not isinstance(ckpt.get("step"), int):
         return None  # not a training state: the manager's restore says so
     check_resumed_config(ckpt.get("config"), config, path)
