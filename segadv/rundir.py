@@ -29,11 +29,13 @@ import yaml
 from segadv.config import Config, config_from_dict, load_config
 from segadv.errors import UserError
 from segadv.fsutil import unwritable, user_path
+from segadv.monitor.writer import read_records
 from segadv.parallel.distributed import DistEnv
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 # What segadv-train writes in a run dir; a fresh start refuses a dir holding any of them.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "tensorboard", "checkpoints", "data_split.json", "skipped.json",
@@ -359,6 +361,8 @@ def resume_point(run_dir: Path, resume: str | None, config: Mapping[str, Any],
     if not isinstance(ckpt.get("step"), int):
         return None  # not a training state: the manager's restore says so
     check_resumed_config(ckpt.get("config"), config, path)
+    if (run_dir / METRICS_FILE).is_file():
+        read_records(run_dir / METRICS_FILE)  # a garbled history is refused before anything is written
     return ResumePoint(path, ckpt["step"], ckpt.get("best"), ckpt.get("evaluation"))
 
 
@@ -371,16 +375,12 @@ def stored_evaluation(evaluation: dict[str, Any] | None, run_dir: Path, step: in
     if evaluation is not None and evaluation.get("step") == step:
         return evaluation
     try:
-        lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
+        records = read_records(run_dir / METRICS_FILE)
+    except UserError:
         return None
     found = None
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("step") == step and "val/mIoU" in record:
+    for _, record in records:
+        if record.get("step") == step and "val/mIoU" in record:
             found = {"step": step, "mIoU": record["val/mIoU"], "pixel_acc": record.get("val/pixel_acc")}
     return found
 

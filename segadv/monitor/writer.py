@@ -59,6 +59,31 @@ def guard_event_writer(summary_writer: object) -> GuardedRecords | None:
     return guard
 
 
+def read_records(path: Path) -> list[tuple[str, dict]]:
+    """Every record of a ``metrics.jsonl`` as ``(line, record)``. Only the last line may be cut
+    short (a crash mid-write): it is dropped. Anything else that is not a JSON record (binary
+    bytes, an edit) is a UserError naming the file and the line: the file is the run's history, so
+    it is never rewritten without it."""
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror or err}") from None
+    records = []
+    for number, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8")
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError(f"a JSON {type(record).__name__}, not a record")
+        except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            if number == len(lines) and _cut_short(raw):
+                continue
+            raise UserError(f"{path}: line {number} is not a metrics record ({err}): repair the file, or move it "
+                            "away to go on without the run's logged history") from None
+        records.append((line, record))
+    return records
+
+
 def _cut_short(raw: bytes) -> bool:
     """Whether a line that does not parse is the start of a record (what a crash leaves)."""
     return raw.startswith(b'{"step": ')
@@ -103,29 +128,10 @@ class MetricWriter:
             raise WriteFailed(path, err) from None
 
     def _drop_records_after(self, step: int) -> None:
-        """Keep the records up to ``step``. Only the last line may be cut short (a crash mid-write);
-        anything else that is not a JSON record (binary bytes, an edit) is a UserError naming the
-        file and the line: the file is the run's history, so it is never rewritten without it."""
         if not self.jsonl_path.is_file():
             return
-        try:
-            lines = self.jsonl_path.read_bytes().splitlines()
-        except OSError as err:
-            raise UserError(f"cannot read {self.jsonl_path}: {err.strerror or err}") from None
-        kept = []
-        for number, raw in enumerate(lines, 1):
-            try:
-                record = json.loads(raw.decode("utf-8"))
-                if not isinstance(record, dict):
-                    raise ValueError(f"a JSON {type(record).__name__}, not a record")
-            except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-                if number == len(lines) and _cut_short(raw):
-                    continue  # the last record, cut short by a crash
-                raise UserError(f"{self.jsonl_path}: line {number} is not a metrics record ({err}): repair the file, "
-                                "or move it away to go on without the run's logged history") from None
-            logged = record.get("step", 0)
-            if not isinstance(logged, (int, float)) or logged <= step:
-                kept.append(raw.decode("utf-8"))
+        kept = [line for line, record in read_records(self.jsonl_path)
+                if not isinstance(record.get("step", 0), (int, float)) or record.get("step", 0) <= step]
         atomic_write_text(self.jsonl_path, "".join(line + "\n" for line in kept))
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
