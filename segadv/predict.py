@@ -169,7 +169,8 @@ class CheckpointBackend(_TorchBackend):
 
     def __init__(self, checkpoint: str, config: Optional[str], overrides: Sequence[str], device: Optional[str],
                  trusted: bool) -> None:
-        from segadv.data import class_names, palette
+        from segadv.data import class_names
+        from segadv.palette import palette
         from segadv.checkpoint.inference import load_generator
         from segadv.export.wrapper import InferenceModel, export_metadata, size_divisor
 
@@ -338,7 +339,7 @@ def unreadable_error(problems: Sequence[str], written: int = 0) -> UserError:
 
 
 @dataclass
-class Plan:
+class TilePlan:
     """How one image becomes model inputs and how the outputs go back together."""
 
     height: int
@@ -370,32 +371,32 @@ def _starts(length: int, tile: int, stride: int) -> list[int]:
 
 
 def plan_image(image: np.ndarray, *, mode: str, max_size: int, overlap: float, divisor: int,
-               fixed: Optional[tuple[int, int]]) -> Plan:
+               fixed: Optional[tuple[int, int]]) -> TilePlan:
     h, w = image.shape[:2]
     chw = np.ascontiguousarray(image.transpose(2, 0, 1))
     limit = fixed or (max(divisor, max_size // divisor * divisor),) * 2
     if h <= limit[0] and w <= limit[1]:
         size = fixed or (_round_up(h, divisor), _round_up(w, divisor))
-        return Plan(h, w, _pad(chw, *size), [(0, 0)], size)
+        return TilePlan(h, w, _pad(chw, *size), [(0, 0)], size)
     if mode == "resize":
         scale = min(limit[0] / h, limit[1] / w)
         rh, rw = min(limit[0], max(1, round(h * scale))), min(limit[1], max(1, round(w * scale)))
         small = np.asarray(Image.fromarray(image).resize((rw, rh), Image.BILINEAR)).transpose(2, 0, 1)
         size = fixed or (_round_up(rh, divisor), _round_up(rw, divisor))
-        return Plan(h, w, _pad(np.ascontiguousarray(small), *size), [(0, 0)], size, scaled=(rh, rw))
+        return TilePlan(h, w, _pad(np.ascontiguousarray(small), *size), [(0, 0)], size, scaled=(rh, rw))
     tile = limit
     canvas = _pad(chw, max(h, tile[0]), max(w, tile[1]))
     strides = [max(divisor, int(t * (1.0 - overlap)) // divisor * divisor) for t in tile]
     ys = _starts(canvas.shape[1], tile[0], strides[0])
     xs = _starts(canvas.shape[2], tile[1], strides[1])
-    return Plan(h, w, canvas, [(y, x) for y in ys for x in xs], tile)
+    return TilePlan(h, w, canvas, [(y, x) for y in ys for x in xs], tile)
 
 
 def _resize_plane(plane: np.ndarray, height: int, width: int, resample: int) -> np.ndarray:
     return np.asarray(Image.fromarray(plane).resize((width, height), resample))
 
 
-def assemble(plan: Plan, class_ids: bool, num_classes: int) -> np.ndarray:
+def assemble(plan: TilePlan, class_ids: bool, num_classes: int) -> np.ndarray:
     """The ``H x W`` class-id map of one image from its window outputs."""
     th, tw = plan.tile
     hc, wc = plan.canvas.shape[1:]
@@ -429,12 +430,12 @@ def assemble(plan: Plan, class_ids: bool, num_classes: int) -> np.ndarray:
 # ----------------------------------------------------------------------------------- running
 
 
-def run_windows(backend: Backend, plans: Sequence[Plan], batch_size: int) -> None:
+def run_windows(backend: Backend, plans: Sequence[TilePlan], batch_size: int) -> None:
     """Run every window of ``plans``, batching windows of the same size together."""
     meta = backend.meta
     kind, dtype = meta["input"]["kind"], meta["input"]["dtype"]
     norm = meta["normalization"]
-    groups: dict[tuple[int, int], list[tuple[Plan, int]]] = defaultdict(list)
+    groups: dict[tuple[int, int], list[tuple[TilePlan, int]]] = defaultdict(list)
     for plan in plans:
         plan.outputs = [None] * len(plan.windows)  # type: ignore[list-item]
         for i in range(len(plan.windows)):

@@ -21,7 +21,7 @@ from segadv.build import Training, build_training, log_placement
 from segadv.checkpoint import CheckpointManager, NetworkWeights, Stateful, load_weights
 from segadv.config import Config, config_to_dict, flat_config, load_config
 from segadv.config.shipped import resolve_config
-from segadv.data import build_stream_loaders, build_val_loader, palette, pool_has_masks
+from segadv.data import build_stream_loaders, build_val_loader, pool_has_masks
 from segadv.data.batch_checks import check_last_batches
 from segadv.data.streams import Stream, Streams, close_loader
 from segadv.engine.evaluate import evaluate
@@ -37,6 +37,7 @@ from segadv.monitor.progress import Progress
 from segadv.monitor.status import RunRecord
 from segadv.monitor.writer import MetricWriter, NullWriter
 from segadv.parallel import DeviceMap, activate, parse_device_map
+from segadv.palette import palette
 from segadv.parallel.placement import for_inference
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv

@@ -79,7 +79,8 @@ def read_verified(path: str | Path, *, trusted: bool = False) -> tuple[dict[str,
 
 def _torch_load(path: Path, trusted: bool, legacy: bool) -> dict[str, Any]:
     try:
-        # map_location="cpu": a file saved on cuda:0 must not touch cuda:0 here (seed 004).
+        # map_location="cpu": a file saved on cuda:0 must not touch cuda:0 here (it may be absent, or
+        # another process's); every reader places the weights on its own devices afterwards.
         obj = torch.load(path, map_location="cpu", weights_only=not trusted)
     except pickle.UnpicklingError as err:
         raise _unpickling_error(path, err, legacy) from None

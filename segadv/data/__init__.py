@@ -7,7 +7,7 @@ from segadv.data.bundle import DataBundle, build_data, build_datasets, pool_has_
 from segadv.data.config_checks import check_config, class_names
 from segadv.data.loaders import build_dataloaders, build_stream_loaders, build_val_loader
 from segadv.data.streams import StreamSpec
-from segadv.data.synthetic import SHAPE_CLASSES, SyntheticShapes, palette
+from segadv.data.synthetic import SHAPE_CLASSES, SyntheticShapes
 
 __all__ = [
     "SHAPE_CLASSES",
@@ -23,6 +23,5 @@ __all__ = [
     "build_val_loader",
     "check_config",
     "class_names",
-    "palette",
     "pool_has_masks",
 ]

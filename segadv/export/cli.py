@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from segadv.cli_args import add_config_arguments, fraction, parse_args, path_argument, tolerance
-from segadv.data import class_names, palette
+from segadv.data import class_names
 from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.checkpoint.inference import LoadedGenerator, load_generator, read_files
@@ -29,6 +29,7 @@ from segadv.export.sidecar import sidecar_path, to_json, write_sidecar
 from segadv.fsutil import file_sha256, make_dir, refuse_overwriting, staged
 from segadv.export.verify import DEFAULT_TOLERANCES, format_report, make_input, verify
 from segadv.export.wrapper import InferenceModel, export_metadata, input_dtype, input_kind, output_name, size_divisor
+from segadv.palette import palette
 from segadv.runtime import setup_logging
 from segadv.signals import sigterm_unwinds
 

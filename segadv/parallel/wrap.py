@@ -28,8 +28,8 @@ class AutocastForward(nn.Module):
     """Runs a network's forward under autocast inside the forward itself.
 
     Autocast state is thread-local and DataParallel runs each replica in its own thread, so an
-    autocast block around the call does not reach the replicas (seed 001); this one travels
-    with every replica. Its ``module.`` prefix is removed by ``unwrap`` like any wrapper's.
+    autocast block around the call does not reach the replicas (they would run in float32 with
+    AMP on); this one travels with every replica. Its ``module.`` prefix is removed by ``unwrap`` like any wrapper's.
     """
 
     def __init__(self, module: nn.Module, device_type: str, dtype: torch.dtype) -> None:

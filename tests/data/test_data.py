@@ -18,10 +18,10 @@ from segadv.data import (
     build_stream_loaders,
     build_transform,
     class_names,
-    palette,
 )
 from segadv.data.augment import seed_transform
 from segadv.errors import UserError
+from segadv.palette import palette
 
 SIZE = 48  # small images keep the whole file fast; the generator is size-agnostic
 MEAN = [0.485, 0.456, 0.406]
@@ -115,14 +115,6 @@ def test_class_names_and_out_of_range_index():
     assert len(set(SHAPE_CLASSES)) == len(SHAPE_CLASSES) >= 6
     with pytest.raises(IndexError):
         ds.raw(64)
-
-
-def test_palette():
-    pal = palette(6)
-    assert pal.shape == (6, 3) and pal.dtype == np.uint8
-    assert (pal[0] == 0).all()
-    assert len({tuple(c) for c in pal}) == 6
-    np.testing.assert_array_equal(palette(6), pal)
 
 
 # --- augmentations ---------------------------------------------------------------------------

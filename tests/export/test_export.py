@@ -16,7 +16,8 @@ import torch
 
 from segadv import __version__
 from segadv.config import config_to_dict, dump_config, load_config
-from segadv.data import class_names, palette
+from segadv.data import class_names
+from segadv.palette import palette
 from segadv.export import cli
 from segadv.export.sidecar import prepare_input, sidecar_path
 from segadv.fsutil import file_sha256

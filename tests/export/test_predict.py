@@ -17,7 +17,8 @@ from PIL import Image
 
 from segadv import predict
 from segadv import train as train_cli
-from segadv.data import SyntheticShapes, palette
+from segadv.data import SyntheticShapes
+from segadv.palette import palette
 from segadv.export import cli as export_cli
 from segadv.export.sidecar import prepare_input, sidecar_path
 
