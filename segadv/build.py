@@ -22,14 +22,7 @@ from segadv.engine.amp_optimizer import AmpOptimizer, uses_float16
 from segadv.engine.network import Network
 from segadv.engine.optim import build_optimizer, build_poly_scheduler
 from segadv.errors import UserError
-from segadv.methods import (
-    Method,
-    build_method,
-    check_method_config,
-    has_aux_discriminator,
-    passes_generator_loss_through_discriminator,
-    stream_batch_sizes,
-)
+from segadv.methods import Method, method_class
 from segadv.models import build_discriminator, build_generator
 from segadv.models.discriminator import check_input_side
 from segadv.monitor.profile import PhaseTimer
@@ -95,13 +88,14 @@ def build_amp_optimizer(
 
 
 def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) -> Training:
-    check_method_config(cfg)
+    method_cls = method_class(cfg.method.name)
+    method_cls.check_config(cfg)
     roles = ["generator", "discriminator"]
-    if has_aux_discriminator(cfg):
+    if method_cls.has_aux_discriminator(cfg):
         roles.append("discriminator_aux")
     elif device_map.named_aux_discriminator_devices is not None:
         raise UserError(f"device map {device_map}: d_aux names a device, but this run has no aux discriminator "
-                        "(it needs model.generator.aux_head and method adaptsegnet or advent)")
+                        "(it needs model.generator.aux_head and a method that adapts each level with a D)")
     settings = {role: network_settings(cfg, role) for role in roles}
     devices = {role: role_devices(device_map, role) for role in roles}
     micro_batch = check_accumulation(cfg, replicas=len(devices["generator"]))
@@ -135,7 +129,7 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
     lr_multiplier = float(env.world_size) if cfg.train.lr_scaling == "linear" else 1.0
     # G's loss passes through a D's backward when an adversarial term is on: scale it if that D is fp16.
     g_loss_scaling = uses_float16(settings["generator"].amp) or (
-        passes_generator_loss_through_discriminator(cfg)
+        method_cls.passes_generator_loss_through_discriminator(cfg)
         and any(uses_float16(settings[role].amp) for role in roles if role != "generator"))
     networks = {}
     for role in roles:
@@ -151,7 +145,7 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
         networks[role] = Network(role, wrapped, opt, devices[role])
     g, d, d_aux = networks["generator"], networks["discriminator"], networks.get("discriminator_aux")
     phases = PhaseTimer(precise=cfg.train.profile)
-    method = build_method(cfg, g, d, d_aux, phases)
+    method = method_cls.from_config(cfg, g, d, d_aux, phases)
     step = Accumulation(method, list(networks.values()), cfg.train.accumulation_steps)
     return Training(g, d, d_aux, method, device_map, env, phases, step)
 
@@ -161,9 +155,10 @@ def check_accumulation(cfg: Config, replicas: int = 1) -> int:
     of G's ``replicas``' chunk of it) against BatchNorm where G cannot train on one sample; returns
     the labeled micro-batch's size."""
     steps = cfg.train.accumulation_steps
-    sizes = {"data.batch_size": cfg.data.batch_size}
-    for name, size in stream_batch_sizes(cfg).items():
-        sizes[f"method.{cfg.method.name}.{name}_batch_size"] = size
+    method_cls = method_class(cfg.method.name)
+    by_stream = method_cls.stream_batch_sizes(cfg)
+    sizes = {"data.batch_size": cfg.data.batch_size, **{spec.batch_size_key: by_stream[spec.name]
+                                                        for spec in method_cls.streams}}
     for key, size in sizes.items():
         if size % steps:
             raise UserError(f"train.accumulation_steps={steps} does not divide {key}={size}: each optimizer step "

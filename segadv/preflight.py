@@ -17,9 +17,9 @@ from segadv.fsutil import user_path
 def check_start(cfg: Config, resume: str | None, world_size: int = 1) -> None:
     """Every cheap check of a start, in the order a user would fix them."""
     from segadv.build import check_accumulation
-    from segadv.methods.registry import check_method_config
+    from segadv.methods import method_class
 
-    check_method_config(cfg)
+    method_class(cfg.method.name).check_config(cfg)
     check_accumulation(cfg)
     check_files(cfg, resume)
     check_data(cfg.data, "data", cfg.data.batch_size, world_size)

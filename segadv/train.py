@@ -27,7 +27,6 @@ from segadv.data.streams import Stream, Streams, close_loader
 from segadv.engine.evaluate import evaluate
 from segadv.engine.nonfinite import NonFiniteGuard
 from segadv.errors import Diverged, UserError, WriteFailed, cli_entry, input_shape_message
-from segadv.methods import stream_batch_sizes
 from segadv.data.augment import seed_transform
 from segadv.monitor.diagnostics import D_LOSSES, DWinsWatch, confidence_quality
 from segadv.monitor.images import confidence_panel, segmentation_panel
@@ -222,7 +221,7 @@ def build_data(cfg: Config, parts: Training, run_dir: Path) -> RunData:
     env, device_map = parts.env, parts.device_map
     loaders, val_loader = build_stream_loaders(
         cfg.data, parts.method.streams, seed=cfg.train.seed, pin_memory=device_map.generator.type != "cpu",
-        run_dir=run_dir, rank=env.rank, world_size=env.world_size, batch_sizes=stream_batch_sizes(cfg),
+        run_dir=run_dir, rank=env.rank, world_size=env.world_size, batch_sizes=parts.method.stream_batch_sizes(cfg),
         target=cfg.target_data,
     )
     keys = {spec.name: spec.batch_size_key for spec in parts.method.streams}

@@ -34,7 +34,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from segadv.config.schema import Config
+from segadv.config.schema import Config, Section
 from segadv.config.shipped import DEFAULT_CONFIG_PATH, resolve_config
 from segadv.errors import UserError
 from segadv.fsutil import atomic_write_text
@@ -388,6 +388,8 @@ def _model_at(loc: Sequence[Union[str, int]]) -> Optional[type[BaseModel]]:
         if model is None or not isinstance(part, str) or part not in model.model_fields:
             return None
         model = _model_class(model.model_fields[part].annotation)
+        if model is not None and issubclass(model, Section):
+            model = model.schema_model()
     return model
 
 

@@ -15,16 +15,34 @@ tests/config/test_schema_bounds.py tries every numeric and list field at its bou
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
+
+    @classmethod
+    def schema_model(cls) -> type[Section]:
+        """The model whose fields a config's section has: this one, except where they depend on
+        what is registered (``MethodConfig``)."""
+        return cls
 
 
 # Reusable ranges. Seeds feed numpy (below 2**32) after the rank is added, hence 2**31.
@@ -308,79 +326,73 @@ class LossConfig(Section):
     adv_warmup_steps: int = Field(0, ge=0, le=10**9, description="G's update ignores D until this many steps have run")
 
 
-class AdvSemiSegConfig(Section):
-    """AdvSemiSeg's semi-supervised part (Hung et al., 2018); defaults are the reference's."""
-
-    lambda_semi: Weight = Field(
-        0.1, description="self-training weight: CE of G on its argmax where D's confidence reaches the threshold")
-    mask_threshold: Probability = Field(0.2, description="D's confidence from which an unlabeled pixel is self-trained")
-    # Not the reference's: the mask then uses D's ranking of pixels whatever its calibration.
-    mask_quantile: Optional[float] = Field(
-        None, gt=0, lt=1,
-        description="if set, each batch's threshold is this quantile of D's confidence (mask_threshold unused)")
-    semi_start: int = Field(5000, ge=0, le=10**9, description="step from which self-training is on")
-    lambda_semi_adv: Weight = Field(
-        0.001, description="weight of the adversarial term on unlabeled predictions (G makes them look real)")
-    semi_start_adv: int = Field(0, ge=0, le=10**9, description="step from which the unlabeled adversarial term is on")
-    d_sees_unlabeled: bool = Field(True, description="D also takes G's unlabeled predictions as fake (the reference's --D-remain)")
-    unlabeled_batch_size: Optional[int] = Field(
-        None, gt=0, le=10**6, description="batch of the unlabeled stream; null: data.batch_size")
-
-
-class S4GanConfig(Section):
-    """s4GAN's terms (Mittal et al., TPAMI 2019); defaults are the reference's for VOC."""
-
-    lambda_fm: Weight = Field(
-        0.1, description="feature matching weight: L1 between D's mean features on real and on fake (G's adversarial term)")
-    lambda_st: Weight = Field(1.0, description="self-training weight: CE of G on its argmax over the images D scores above threshold")
-    threshold: Probability = Field(0.6, description="D's score above which a whole unlabeled image is self-trained (0.6 VOC, 0.7 Cityscapes)")
-    st_start: int = Field(1, ge=0, le=10**9, description="step from which self-training is on")
-    unlabeled_batch_size: Optional[int] = Field(
-        None, gt=0, le=10**6, description="batch of the unlabeled stream; null: data.batch_size")
-
-
-class DomainAdaptationConfig(Section):
-    """Unsupervised domain adaptation from the labeled source (``data``) to the unlabeled target
-    (``target_data``). Levels: main, and aux when ``model.generator.aux_head`` (multi-level).
-    Defaults: AdaptSegNet's multi-level weights (docs/methods.md "Domain adaptation")."""
-
-    lambda_seg_aux: Weight = Field(0.1, description="weight of the aux output's source CE")
-    lambda_adv_main: Weight = Field(0.001, description="weight of the main level's adversarial term (target made to look like source)")
-    lambda_adv_aux: Weight = Field(0.0002, description="weight of the aux level's adversarial term")
-    lambda_ent_main: Weight = Field(0.0, description="weight of the main level's mean normalised target entropy (MinEnt)")
-    lambda_ent_aux: Weight = Field(0.0, description="weight of the aux level's target entropy")
-    gan: Literal["bce", "ls"] = Field("bce", description="GAN loss: bce, or ls (least squares: MSE on D's logits)")
-    target_batch_size: Optional[int] = Field(
-        None, gt=0, le=10**6, description="batch of the target stream; null: data.batch_size")
-
-
-class MinEntConfig(DomainAdaptationConfig):
-    """ADVENT's MinEnt: no discriminator, the target's entropy minimised."""
-
-    lambda_adv_main: Weight = Field(0.0, description="weight of the main level's adversarial term (MinEnt: none)")
-    lambda_adv_aux: Weight = Field(0.0, description="weight of the aux level's adversarial term (MinEnt: none)")
-    lambda_ent_main: Weight = Field(0.001, description="weight of the main level's mean normalised target entropy")
-    lambda_ent_aux: Weight = Field(0.0002, description="weight of the aux level's target entropy")
-
-
 class MethodConfig(Section):
-    """What one training iteration does (docs/methods.md).
+    """What one training iteration does (docs/methods.md): ``name`` picks the method, and each
+    registered method with settings has its section under its name (``method.advsemiseg``).
 
-    supervised: CE + lambda_adv * adversarial on labeled images, D on G's maps vs the same batch's
-    labels (``loss.lambda_adv: 0`` is the CE-only baseline). advsemiseg: AdvSemiSeg's iteration
-    with three data streams (labeled, unlabeled, and a labeled batch D sees as real). s4gan:
-    s4GAN's iteration on the same three streams (an image-level D, ``model.discriminator.kind: image``).
-    adaptsegnet / advent / minent: domain adaptation, source and target streams (D on softmax
-    maps / on self-information maps / no D).
+    The methods are registered in ``segadv.methods.registry`` (a plugin adds its own there), and
+    each method's class holds its section's model: this section is validated against them. Every
+    registered method's section is kept, not only ``name``'s, so that a run can switch methods with
+    ``method.name=...`` over a config that sets another method's settings (an experiment grid's
+    rows). A validated ``MethodConfig`` is an instance of a subclass with one field per section
+    (``registered()``), so ``cfg.method.advsemiseg.semi_start`` reads as any other setting.
     """
 
-    name: Literal["supervised", "advsemiseg", "s4gan", "adaptsegnet", "advent", "minent"] = Field(
-        "supervised", description="the training iteration: supervised, advsemiseg, s4gan, adaptsegnet, advent or minent")
-    advsemiseg: AdvSemiSegConfig = Field(AdvSemiSegConfig(), description="method advsemiseg's settings")
-    s4gan: S4GanConfig = Field(S4GanConfig(), description="method s4gan's settings")
-    adaptsegnet: DomainAdaptationConfig = Field(DomainAdaptationConfig(), description="method adaptsegnet's settings")
-    advent: DomainAdaptationConfig = Field(DomainAdaptationConfig(), description="method advent's settings")
-    minent: MinEntConfig = Field(MinEntConfig(), description="method minent's settings")
+    name: str = Field("supervised", description="the method: what one training iteration does (a registered "
+                                                 "method's name; docs/methods.md)")
+
+    @field_validator("name")
+    @classmethod
+    def _registered_name(cls, name: str) -> str:
+        methods = registered_methods()
+        if name not in methods:  # reported as a Literal's mismatch is: the names it could be
+            *others, last = map(repr, methods)
+            expected = f"{', '.join(others)} or {last}" if others else last
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        return name
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _with_sections(cls, data: Any, handler: Any) -> Any:
+        if cls is not MethodConfig or isinstance(data, MethodConfig):
+            return handler(data)  # the registered subclass's own fields, or one already validated
+        return cls.registered().model_validate(data)
+
+    @classmethod
+    def schema_model(cls) -> type[MethodConfig]:
+        return cls.registered()
+
+    @classmethod
+    def registered(cls) -> type[MethodConfig]:
+        """The section as the registry stands: ``name`` and each registered method's settings."""
+        return _method_sections(tuple((name, method.config) for name, method in registered_methods().items()
+                                      if method.config is not None))
+
+    def __reduce__(self) -> tuple:
+        # The registered subclass is built at run time, so it is pickled as its values.
+        return _validated_method_config, (self.model_dump(),)
+
+
+# The method registry imports this module (each method's section is a Section and its class reads
+# a Config), so the schema finds the registry by its module name when it first validates a method
+# section, rather than importing it here.
+METHOD_REGISTRY = "segadv.methods.registry"
+
+
+def registered_methods() -> dict[str, Any]:
+    """``method.name`` -> the method's class (``segadv.methods.registry.METHODS``)."""
+    return importlib.import_module(METHOD_REGISTRY).METHODS
+
+
+@functools.lru_cache(maxsize=None)
+def _method_sections(sections: tuple[tuple[str, type[Section]], ...]) -> type[MethodConfig]:
+    return create_model("MethodConfig", __base__=MethodConfig, __module__=__name__,
+                        **{name: (model, Field(default_factory=model, description=f"method {name}'s settings"))
+                           for name, model in sections})
+
+
+def _validated_method_config(data: dict[str, Any]) -> MethodConfig:
+    return MethodConfig.model_validate(data)
 
 
 class NetworkAmpConfig(Section):
@@ -497,7 +509,8 @@ class Config(Section):
         None, description="domain adaptation's unlabeled target: its train images and the val split val/* is measured on")
     optim: OptimConfig = Field(OptimConfig(), description="optimizers and their schedules")
     loss: LossConfig = Field(LossConfig(), description="the supervised method's adversarial term")
-    method: MethodConfig = Field(MethodConfig(), description="what one training iteration does")
+    method: SerializeAsAny[MethodConfig] = Field(default_factory=lambda: MethodConfig.model_validate({}),
+                                                 description="what one training iteration does")
     amp: AmpConfig = Field(AmpConfig(), description="mixed precision per network")
     parallel: ParallelConfig = Field(ParallelConfig(), description="wrappers per network (DataParallel, DDP)")
     compile: CompileConfig = Field(CompileConfig(), description="torch.compile per network")

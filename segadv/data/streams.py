@@ -12,39 +12,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from itertools import count
-from typing import Any, Iterable, Iterator, Literal, Mapping, Optional, get_args
+from typing import Any, Iterable, Iterator, Mapping
 
 from torch.utils.data import DataLoader
 
 from segadv.errors import UserError
+from segadv.stream_spec import StreamSpec  # noqa: F401  (declared by the methods, built here)
 
 log = logging.getLogger(__name__)
-
-# What a stream draws: the labeled split (images and masks), the unlabeled pool (images only;
-# their masks are never read) or the domain adaptation target's train split (images only).
-Pool = Literal["labeled", "unlabeled", "target"]
-
-
-@dataclass(frozen=True)
-class StreamSpec:
-    """A stream as a method declares it.
-
-    ``seed_word``: the stream's shuffle and augmentation seed is the training seed itself (None)
-    or derived from it and this word; streams drawing the same pool need different words to be
-    independent. ``batch_size_key``: the config key that sets the stream's batch size, named when
-    it does not fit the pool.
-    """
-
-    name: str
-    pool: Pool
-    seed_word: Optional[int] = None
-    batch_size_key: str = "data.batch_size"
-
-    def __post_init__(self) -> None:
-        if self.pool not in get_args(Pool):
-            raise ValueError(f"stream {self.name!r}: unknown pool {self.pool!r}; pools: {', '.join(get_args(Pool))}")
 
 
 def iterate_epochs(loader: Iterable, start_step: int = 0) -> Iterator:

@@ -24,8 +24,7 @@ from typing import Mapping, Optional
 import torch
 import torch.nn.functional as F
 
-from segadv.config.schema import AdvSemiSegConfig
-from segadv.data.streams import Stream, StreamSpec
+from segadv.data.streams import Stream
 from segadv.engine.losses import masked_cross_entropy, pseudo_labels
 from segadv.engine.network import Network
 from segadv.methods.adversarial import (
@@ -40,20 +39,13 @@ from segadv.methods.adversarial import (
 )
 from segadv.methods.base import PanelMaps
 from segadv.methods.schedule import Schedule
+from segadv.methods.specs import AdvSemiSegConfig, AdvSemiSegSpec
 from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import for_inference, to_device
 
 
-class AdvSemiSeg(LabeledAdversarial):
-    # Seed words 1 and 2: each stream shuffles and augments independently of the others.
-    streams = (
-        StreamSpec("labeled", "labeled"),
-        StreamSpec("unlabeled", "unlabeled", seed_word=1, batch_size_key="method.advsemiseg.unlabeled_batch_size"),
-        StreamSpec("gt", "labeled", seed_word=2),
-    )
-    panel_stream = "unlabeled"
-
+class AdvSemiSeg(AdvSemiSegSpec, LabeledAdversarial):
     def __init__(
         self, g: Network, d: Network, phases: PhaseTimer, settings: AdvSemiSegConfig, *, num_classes: int,
         ignore_index: int, lambda_adv: float, adv_warmup_steps: int = 0,

@@ -29,8 +29,7 @@ from typing import Callable, Mapping, Optional
 import torch
 import torch.nn.functional as F
 
-from segadv.config.schema import DomainAdaptationConfig
-from segadv.data.streams import Stream, StreamSpec
+from segadv.data.streams import Stream
 from segadv.engine.network import Network
 from segadv.methods.adversarial import (
     SOURCE_REAL as LABELS,
@@ -43,11 +42,16 @@ from segadv.methods.adversarial import (
     hand_over,
     optimizer_step,
 )
-from segadv.methods.base import PanelMaps
 from segadv.methods.schedule import Schedule
+from segadv.methods.specs import AdaptSegNetSpec, AdventSpec, DomainAdaptationConfig, MinEntSpec
 from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import to_device
+
+
+def softmax_maps(logits: torch.Tensor) -> torch.Tensor:
+    """AdaptSegNet's D input: the class probabilities."""
+    return logits.softmax(dim=1)
 
 
 def self_information(logits: torch.Tensor) -> torch.Tensor:
@@ -79,12 +83,13 @@ class Level:
 
 
 class DomainAdaptation:
-    # The source stream is the labeled split as the supervised method draws it (same seed).
-    streams = (
-        StreamSpec("source", "labeled"),
-        StreamSpec("target", "target", seed_word=3, batch_size_key="method.<name>.target_batch_size"),
-    )
-    panel_stream = None
+    """The iteration the three methods share; each method's class (below) joins it to its
+    declaration (``segadv.methods.specs``) and gives the map its D sees."""
+
+    settings: DomainAdaptationConfig
+    has_discriminator: bool  # from the declaration
+    # The map D sees, from G's logits (a staticmethod); None without a D (MinEnt).
+    discriminator_input: Optional[Callable[[torch.Tensor], torch.Tensor]]
 
     def __init__(
         self,
@@ -93,21 +98,17 @@ class DomainAdaptation:
         d_aux: Optional[Network],
         phases: PhaseTimer,
         settings: DomainAdaptationConfig,
-        discriminator_input: Optional[Callable[[torch.Tensor], torch.Tensor]],
         *,
         ignore_index: int,
         multi_level: bool = False,
     ) -> None:
-        """``discriminator_input``: the map D sees, from G's logits (softmax for AdaptSegNet,
-        self-information for ADVENT); None: no D (MinEnt). ``d_aux``: the aux level's D
-        (multi-level with a D)."""
+        """``d_aux``: the aux level's D (multi-level with a D)."""
         self.g, self.phases = g, phases
         self.settings = settings
         self.schedule = Schedule()  # every term from the first step
-        self.discriminator_input = discriminator_input
         self.ignore_index = ignore_index
         self.multi_level = multi_level
-        if discriminator_input is None:  # MinEnt: entropy terms only
+        if not self.has_discriminator:  # MinEnt: entropy terms only
             self.levels = [Level("main", None, 0.0, settings.lambda_ent_main)]
             if multi_level:
                 self.levels.append(Level("aux", None, 0.0, settings.lambda_ent_aux))
@@ -193,5 +194,20 @@ class DomainAdaptation:
             maps = self.discriminator_input(logits)
         return hand_over(self.phases, maps, self.g, level.d)
 
-    def panel(self, images: torch.Tensor) -> Optional[PanelMaps]:
-        return None
+
+class AdaptSegNet(AdaptSegNetSpec, DomainAdaptation):
+    """AdaptSegNet's iteration: its Ds see the softmax maps."""
+
+    discriminator_input = staticmethod(softmax_maps)
+
+
+class Advent(AdventSpec, DomainAdaptation):
+    """ADVENT's AdvEnt iteration: its Ds see the weighted self-information maps."""
+
+    discriminator_input = staticmethod(self_information)
+
+
+class MinEnt(MinEntSpec, DomainAdaptation):
+    """ADVENT's MinEnt iteration: entropy terms only, no D."""
+
+    discriminator_input = None

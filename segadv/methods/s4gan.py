@@ -25,13 +25,12 @@ threshold contributes a zero self-training term (the same as the reference's, wi
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Mapping
 
 import torch
 import torch.nn.functional as F
 
-from segadv.config.schema import S4GanConfig
-from segadv.data.streams import Stream, StreamSpec
+from segadv.data.streams import Stream
 from segadv.engine.losses import masked_cross_entropy, one_hot_labels
 from segadv.engine.network import Network
 from segadv.methods.adversarial import (
@@ -44,8 +43,8 @@ from segadv.methods.adversarial import (
     hand_over,
     optimizer_step,
 )
-from segadv.methods.base import PanelMaps
 from segadv.methods.schedule import Schedule
+from segadv.methods.specs import S4GanConfig, S4GanSpec
 from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import to_device
@@ -72,15 +71,7 @@ def selected_pseudo_labels(logits: torch.Tensor, scores: torch.Tensor, threshold
     return torch.where(selected[:, None, None], labels, torch.full_like(labels, ignore_index)), selected
 
 
-class S4Gan:
-    # Seed words 1 and 2, as AdvSemiSeg's: each stream shuffles and augments independently.
-    streams = (
-        StreamSpec("labeled", "labeled"),
-        StreamSpec("unlabeled", "unlabeled", seed_word=1, batch_size_key="method.s4gan.unlabeled_batch_size"),
-        StreamSpec("gt", "labeled", seed_word=2),
-    )
-    panel_stream = None
-
+class S4Gan(S4GanSpec):
     def __init__(self, g: Network, d: Network, phases: PhaseTimer, settings: S4GanConfig, *, num_classes: int,
                  ignore_index: int) -> None:
         self.g, self.d, self.phases = g, d, phases
@@ -144,6 +135,3 @@ class S4Gan:
             "d_acc_real": d_accuracy(logits_real, LABELS.real),
             "d_acc_fake": d_accuracy(logits_fake, LABELS.fake),
         }
-
-    def panel(self, images: torch.Tensor) -> Optional[PanelMaps]:
-        return None

@@ -8,12 +8,12 @@ D's update:  BCE(D(onehot(y)), real) + BCE(D(softmax(G(x)).detach()), fake).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping
 
 import torch
 import torch.nn.functional as F
 
-from segadv.data.streams import Stream, StreamSpec
+from segadv.data.streams import Stream
 from segadv.methods.adversarial import (
     GROUND_TRUTH_REAL as LABELS,
     LabeledAdversarial,
@@ -23,7 +23,7 @@ from segadv.methods.adversarial import (
     hand_over,
     optimizer_step,
 )
-from segadv.methods.base import PanelMaps
+from segadv.methods.specs import SupervisedSpec
 from segadv.monitor.diagnostics import d_accuracy
 from segadv.parallel.placement import to_device
 
@@ -43,10 +43,7 @@ class StepLosses:
                 "d_acc_real": self.d_acc_real, "d_acc_fake": self.d_acc_fake}
 
 
-class Supervised(LabeledAdversarial):
-    streams = (StreamSpec("labeled", "labeled"),)
-    panel_stream = None
-
+class Supervised(SupervisedSpec, LabeledAdversarial):
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
         images, labels = streams["labeled"].next()
         return self.iteration(images, labels, step).as_dict()
@@ -83,6 +80,3 @@ class Supervised(LabeledAdversarial):
             self.g.opt.backward(loss)
         optimizer_step(self.phases, self.g)
         return probs_d.detach(), loss_seg.detach(), None if loss_adv is None else loss_adv.detach()
-
-    def panel(self, images: torch.Tensor) -> Optional[PanelMaps]:
-        return None

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 from segadv.config import Config, load_config
 from segadv.data.batch_checks import BatchTooSmall
-from segadv.methods import stream_batch_sizes
+from segadv.methods import method_class
 from segadv.plan.dry_run import IterationFails, Plan, dry_run
 
 log = logging.getLogger("segadv.plan")
@@ -55,7 +55,7 @@ def device_maps(gpus: int) -> list[str]:
 def accumulation_choices(cfg: Config) -> list[int]:
     """Micro-batch counts that keep every stream's batch whole and at least 2 samples per micro-batch
     where G cannot train on one (BatchNorm on batch statistics over the ASPP pooling's 1x1 maps)."""
-    sizes = [cfg.data.batch_size, *stream_batch_sizes(cfg).values()]
+    sizes = [cfg.data.batch_size, *method_class(cfg.method.name).stream_batch_sizes(cfg).values()]
     common = math.gcd(*sizes)
     least = 1 if cfg.model.generator.trains_on_one_sample else 2
     return [k for k in range(1, common + 1) if common % k == 0 and (k == 1 or min(sizes) // k >= least)]

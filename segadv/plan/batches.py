@@ -20,7 +20,7 @@ from segadv.config.schema import DataConfig
 from segadv.data.augment import build_transform
 from segadv.data.streams import StreamSpec
 from segadv.errors import UserError
-from segadv.methods import stream_batch_sizes
+from segadv.methods import method_class
 
 # Blank inputs of two unrelated sizes (H, W): a pipeline that ends in a fixed size maps both to it.
 PROBE_SIZES = ((375, 500), (1024, 2048))
@@ -64,7 +64,7 @@ def val_size(data: DataConfig) -> tuple[int, int]:
 
 
 def stream_shapes(cfg: Config, streams: tuple[StreamSpec, ...]) -> dict[str, BatchShape]:
-    sizes = stream_batch_sizes(cfg)
+    sizes = method_class(cfg.method.name).stream_batch_sizes(cfg)
     shapes = {}
     for spec in streams:
         data, key = (cfg.target_data, "target_data.train_transforms") if spec.pool == "target" else (

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from segadv.config.schema import AdvSemiSegConfig
 from segadv.engine.losses import masked_cross_entropy, pseudo_labels
 from segadv.methods.advsemiseg import AdvSemiSeg
+from segadv.methods.specs import AdvSemiSegConfig
 from segadv.models.discriminator import FCDiscriminator
 from segadv.monitor.profile import PhaseTimer
 from segadv.train import train

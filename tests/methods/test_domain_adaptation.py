@@ -21,12 +21,14 @@ from segadv.build import build_amp_optimizer, build_training
 from segadv.checkpoint import load_weights, read_checkpoint
 from segadv.checkpoint.loader import CheckpointMismatchError
 from segadv.config import load_config
-from segadv.config.schema import DomainAdaptationConfig, GeneratorConfig, MinEntConfig, NetworkAmpConfig, OptimizerConfig
+from segadv.config.schema import GeneratorConfig, NetworkAmpConfig, OptimizerConfig
 from segadv.engine.network import Network
 from segadv.errors import UserError
 from segadv.export import cli as export_cli
-from segadv.methods.domain_adaptation import DomainAdaptation, mean_entropy, self_information
-from segadv.methods.registry import DISCRIMINATOR_INPUTS
+from segadv.methods.domain_adaptation import AdaptSegNet, Advent, MinEnt, mean_entropy, self_information
+from segadv.methods.specs import DomainAdaptationConfig, MinEntConfig
+
+ITERATIONS = {cls.name: cls for cls in (AdaptSegNet, Advent, MinEnt)}
 from segadv.models import build_generator, build_generator_for_weights
 from segadv.models.discriminator import FCDiscriminator
 from segadv.monitor.profile import PhaseTimer
@@ -130,8 +132,7 @@ def make_adaptation(method, settings, multi_level=True, seed=0):
             for m, n in ((generator, "generator"), (d_main, "discriminator"), (d_aux, "discriminator_aux"))]
     g, d, d_aux = (Network(n, m, opt, (device,)) for m, n, opt in zip(
         (generator, d_main, d_aux), ("generator", "discriminator", "discriminator_aux"), opts))
-    return DomainAdaptation(g, d, d_aux, PhaseTimer(), settings, DISCRIMINATOR_INPUTS[method], ignore_index=255,
-                            multi_level=multi_level)
+    return ITERATIONS[method](g, d, d_aux, PhaseTimer(), settings, ignore_index=255, multi_level=multi_level)
 
 
 def make_streams(seed=1, n_s=2, n_t=3, size=32):
@@ -150,7 +151,7 @@ def expected_update(method, settings, multi_level, streams, lr=0.5):
         d_aux = copy.deepcopy(getattr(ref.levels[1].d, "module", None))
     x_s, y_s = streams["source"].batch
     x_t = streams["target"].batch
-    to_map = DISCRIMINATOR_INPUTS[method]
+    to_map = ITERATIONS[method].discriminator_input
 
     def gan(logits, label):
         target = torch.full_like(logits, label)

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from segadv.config import load_config
-from segadv.config.schema import S4GanConfig
 from segadv.errors import UserError
-from segadv.methods import check_method_config
+from segadv.methods import method_class
 from segadv.methods.s4gan import S4Gan
+from segadv.methods.specs import S4GanConfig
 from segadv.models.discriminator import ImageDiscriminator
 from segadv.monitor.profile import PhaseTimer
 from segadv.checkpoint import read_checkpoint
@@ -188,6 +188,10 @@ def test_d_sees_only_unlabeled_predictions_as_fake():
     assert torch.allclose(inputs[0][:, :C].sum(1), torch.ones(1))  # class maps: softmax
     images = inputs[0][:, C:].detach()
     assert float(images.amin()) == 0.0 and float(images.amax()) == 1.0  # images in [0, 1]
+
+
+def check_method_config(cfg):
+    method_class(cfg.method.name).check_config(cfg)
 
 
 def test_the_image_discriminator_is_s4gans_alone():

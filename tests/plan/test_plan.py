@@ -16,11 +16,17 @@ from segadv.errors import UserError
 from segadv.plan.accounting import PlacementError
 from segadv.plan.cli import MAX_BATCH_LIMIT, main
 from segadv.methods.advsemiseg import AdvSemiSeg
-from segadv.methods import has_aux_discriminator
+from segadv.methods import method_class
 from segadv.methods.supervised import Supervised
 from segadv.plan.dry_run import dry_run, measure
 
 SHIPPED = sorted(p.name for p in CONFIGS_DIR.glob("*.yaml"))
+
+
+def has_aux_discriminator(cfg):
+    return method_class(cfg.method.name).has_aux_discriminator(cfg)
+
+
 AUX_D = {name for name in SHIPPED if has_aux_discriminator(load_config(CONFIGS_DIR / name))}
 # The configs' own architectures on small crops (a few seconds a dry run; fake tensors cost per op,
 # not per pixel, so this is about the crop's effect on nothing but the figures).

@@ -1,0 +1,212 @@
+"""A method declares itself: a method defined here, in this file alone (its class and its config
+section), registers and trains through segadv-train's entry point; the registry refuses a class
+that leaves a declaration out; the built-ins declare what the run asks of them."""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping, Optional
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from pydantic import Field
+
+from segadv.config import load_config
+from segadv.config.schema import Section
+from segadv.data.streams import StreamSpec
+from segadv.engine.losses import one_hot_labels
+from segadv.errors import UserError
+from segadv.methods import Method, method_class, register_method
+from segadv.methods import registry
+from segadv.methods.adversarial import (
+    GROUND_TRUTH_REAL,
+    DiscriminatorBatch,
+    copy_in,
+    discriminator_backward,
+    generator_logits,
+    hand_over,
+    optimizer_step,
+)
+from segadv.methods.schedule import Schedule
+from segadv.train import main as train_main
+
+from conftest import TINY_OVERRIDES
+
+
+class ToyConfig(Section):
+    entropy_weight: float = Field(0.1, ge=0)
+    entropy_start: int = Field(1, ge=0)
+    extra_batch_size: Optional[int] = Field(None, gt=0)  # None: data.batch_size
+
+
+class Toy(Method):
+    """CE on the labeled stream plus the mean entropy of G on a second labeled stream (from
+    ``entropy_start``); D learns one-hot labels from G's maps, and nothing of D reaches G."""
+
+    name = "toy"
+    config = ToyConfig
+    streams = (StreamSpec("labeled", "labeled"),
+               StreamSpec("extra", "labeled", seed_word=7, batch_size_key="method.toy.extra_batch_size"))
+    seen: list[tuple[int, ...]] = []  # the extra stream's batch shapes, as drawn
+
+    def __init__(self, g, d, phases, settings: ToyConfig, num_classes: int, ignore_index: int) -> None:
+        self.g, self.d, self.phases, self.settings = g, d, phases, settings
+        self.num_classes, self.ignore_index = num_classes, ignore_index
+        self.schedule = Schedule(entropy=(settings.entropy_weight, settings.entropy_start))
+
+    @classmethod
+    def from_config(cls, cfg, g, d, d_aux, phases) -> Toy:
+        return cls(g, d, phases, cls.settings(cfg), cfg.data.num_classes, cfg.data.ignore_index)
+
+    @classmethod
+    def passes_generator_loss_through_discriminator(cls, cfg) -> bool:
+        return False
+
+    def __call__(self, streams: Mapping, step: int) -> dict[str, torch.Tensor]:
+        g, d = self.g, self.d
+        images, labels = streams["labeled"].next()
+        extra, _ = streams["extra"].next()
+        Toy.seen.append(tuple(extra.shape))
+        images, labels, extra = copy_in(self.phases, g.device, images, labels, extra)
+        g.module.train()
+        d.module.train()
+        with self.phases.phase("g_fwd_bwd", g.device):
+            logits = generator_logits(g, images)
+            loss_seg = F.cross_entropy(logits, labels, ignore_index=self.ignore_index)
+            g.opt.backward(loss_seg)
+            probs = generator_logits(g, extra).softmax(dim=1)
+            loss_ent = -(probs * probs.clamp_min(1e-12).log()).sum(dim=1).mean()
+            if self.schedule.active("entropy", step):
+                g.opt.backward(self.settings.entropy_weight * loss_ent)
+        optimizer_step(self.phases, g)
+        fake = hand_over(self.phases, logits.softmax(dim=1).detach(), g, d)
+        (labels_d,) = copy_in(self.phases, d.device, labels)
+        valid = labels_d != self.ignore_index
+        real = one_hot_labels(labels_d, self.num_classes, valid)
+        loss_d, _ = discriminator_backward(self.phases, d, [DiscriminatorBatch(fake, GROUND_TRUTH_REAL.fake, valid),
+                                                            DiscriminatorBatch(real, GROUND_TRUTH_REAL.real, valid)])
+        optimizer_step(self.phases, d)
+        return {"loss_seg": loss_seg.detach(), "loss_ent": loss_ent.detach(), "loss_d": loss_d}
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """Toy registered for this test only (a plugin would call register_method at its import)."""
+    monkeypatch.setattr(registry, "METHODS", dict(registry.METHODS))
+    monkeypatch.setattr(Toy, "seen", [])
+    return register_method(Toy)
+
+
+def test_a_method_defined_outside_the_package_trains_through_segadv_train(toy, tmp_path):
+    run = tmp_path / "run"
+    code = train_main(["--run-dir", str(run), "--device-map", "cpu", *TINY_OVERRIDES, "train.log_every=1",
+                       "method.name=toy", "method.toy.extra_batch_size=3", "method.toy.entropy_weight=0.5"])
+    assert code == 0
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if "train/loss_ent" in r] == [1, 2, 3, 4]
+    assert all({"train/loss_seg", "train/loss_d"} <= set(r) for r in logged if "train/loss_ent" in r)
+    assert Toy.seen == [(3, 3, 64, 64)] * 4  # the extra stream at its own batch size
+    saved = yaml.safe_load((run / "config.yaml").read_text())["method"]
+    assert saved["name"] == "toy"
+    assert saved["toy"] == {"entropy_weight": 0.5, "entropy_start": 1, "extra_batch_size": 3}
+    assert "advsemiseg" in saved  # the built-ins' sections stay
+
+
+def test_its_section_is_validated_as_a_built_in_section_is(toy, tmp_path, capsys):
+    with pytest.raises(UserError, match=r"method\.toy\.entropy_wieght: unknown key; did you mean "
+                                        r"'method\.toy\.entropy_weight'\?"):
+        load_config(None, ["method.name=toy", "method.toy.entropy_wieght=1"])
+    with pytest.raises(UserError, match=r"method\.toy\.extra_batch_size: must be greater than 0"):
+        load_config(None, ["method.name=toy", "method.toy.extra_batch_size=0"])
+    code = train_main(["--run-dir", str(tmp_path / "run"), *TINY_OVERRIDES, "method.name=toy",
+                       "method.toy.entropy_start=-1"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "method.toy.entropy_start" in err and "Traceback" not in err
+    # A batch size that no split fits names the method's own key.
+    assert train_main(["--run-dir", str(tmp_path / "big"), *TINY_OVERRIDES, "method.name=toy",
+                       "method.toy.extra_batch_size=99"]) == 2
+    assert "method.toy.extra_batch_size: 99 is larger than the extra set" in capsys.readouterr().err
+
+
+def test_an_unregistered_name_lists_the_registered_ones(toy):
+    with pytest.raises(UserError, match=r"method\.name: expected 'supervised', .*'minent' or 'toy', got str 'toyy'"):
+        load_config(None, ["method.name=toyy"])
+    with pytest.raises(KeyError, match="unknown method 'toyy'; methods: supervised, .*, toy"):
+        method_class("toyy")
+
+
+def test_registration_refuses_an_incomplete_declaration(toy):
+    class NoDiscriminatorAnswer(Method):
+        name = "no_answer"
+        streams = (StreamSpec("labeled", "labeled"),)
+
+        @classmethod
+        def from_config(cls, cfg, g, d, d_aux, phases):
+            raise AssertionError
+
+        def __call__(self, streams, step):
+            raise AssertionError
+
+    with pytest.raises(TypeError, match="leaves abstract: passes_generator_loss_through_discriminator"):
+        register_method(NoDiscriminatorAnswer)
+
+    class WrongKey(Toy):
+        name = "wrong_key"
+        streams = (StreamSpec("extra", "labeled", batch_size_key="method.<name>.extra_batch_size"),)
+
+    with pytest.raises(TypeError, match="neither data.batch_size nor a setting of method.wrong_key"):
+        register_method(WrongKey)
+
+    class Impostor(Toy):
+        pass
+
+    with pytest.raises(ValueError, match="'toy' is already registered"):
+        register_method(Impostor)
+    assert "no_answer" not in registry.METHODS and "wrong_key" not in registry.METHODS
+
+
+def test_another_methods_section_is_kept_when_name_switches_methods():
+    """An experiment grid's row switches with method.name over a config that sets another's section."""
+    cfg = load_config("semi", ["method.name=supervised"])
+    assert (cfg.method.name, cfg.method.advsemiseg.lambda_semi) == ("supervised", 1.0)
+    assert method_class("supervised").stream_batch_sizes(cfg) == {"labeled": cfg.data.batch_size}
+
+
+@pytest.mark.parametrize("overrides, passes", [
+    (["method.name=supervised"], True),
+    (["method.name=supervised", "loss.lambda_adv=0"], False),
+    (["method.name=advsemiseg", "loss.lambda_adv=0"], True),
+    (["method.name=advsemiseg", "loss.lambda_adv=0", "method.advsemiseg.lambda_semi_adv=0"], False),
+    (["method.name=s4gan", "loss.lambda_adv=0"], True),
+    (["method.name=s4gan", "method.s4gan.lambda_fm=0"], False),
+    (["method.name=adaptsegnet", "method.adaptsegnet.lambda_adv_main=0"], False),
+    (["method.name=adaptsegnet", "method.adaptsegnet.lambda_adv_main=0", "model.generator.aux_head=true"], True),
+    (["method.name=advent"], True),
+    (["method.name=minent", "method.minent.lambda_adv_main=1"], False),
+])
+def test_built_ins_say_whether_gs_loss_passes_through_a_d(overrides, passes):
+    cfg = load_config(None, overrides)
+    assert method_class(cfg.method.name).passes_generator_loss_through_discriminator(cfg) is passes
+
+
+def test_built_in_streams_name_their_own_batch_size_keys():
+    cfg = load_config(None, ["method.advent.target_batch_size=5", "method.advsemiseg.unlabeled_batch_size=3"])
+    keys = {name: {s.name: s.batch_size_key for s in cls.streams} for name, cls in registry.METHODS.items()}
+    assert keys["advent"]["target"] == "method.advent.target_batch_size"
+    assert keys["minent"]["target"] == "method.minent.target_batch_size"
+    assert keys["advsemiseg"]["unlabeled"] == "method.advsemiseg.unlabeled_batch_size"
+    assert method_class("advent").stream_batch_sizes(cfg) == {"source": cfg.data.batch_size, "target": 5}
+    assert method_class("adaptsegnet").stream_batch_sizes(cfg)["target"] == cfg.data.batch_size
+    assert method_class("advsemiseg").stream_batch_sizes(cfg)["unlabeled"] == 3
+
+
+@pytest.mark.parametrize("name", ["supervised", "advsemiseg", "s4gan", "adaptsegnet", "advent", "minent"])
+def test_a_built_ins_iteration_is_its_declaration_with_a_call(name):
+    declaration = method_class(name)
+    iteration = declaration.iteration_class()
+    assert issubclass(iteration, declaration) and iteration.name == name
+    assert any("__call__" in vars(c) for c in iteration.__mro__[:-1])  # it runs one
+    assert iteration.streams == declaration.streams and iteration.iteration_class() is iteration
