@@ -9,6 +9,7 @@ import pickle
 import re
 import struct
 import sys
+import traceback
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,12 @@ def _torch_load(path: Path, trusted: bool, legacy: bool) -> dict[str, Any]:
         raise CorruptCheckpoint(f"checkpoint {path} is truncated or corrupt: {_first_line(err)}") from None
     except (IndexError, KeyError, TypeError, AttributeError, struct.error, RecursionError, MemoryError) as err:
         # Garbage fed to the unpickler's opcodes (a pop from an empty stack, a memo key never
-        # set, a huge length): torch.load passes these through as they are.
+        # set, a huge length, a callable given the wrong arguments): torch.load passes these
+        # through as they are. A TypeError or AttributeError raised outside the unpickling (a
+        # torch whose load() takes other arguments or lacks an attribute) says nothing about the
+        # file: it propagates as the bug it is.
+        if isinstance(err, (TypeError, AttributeError)) and not raised_unpickling(err):
+            raise
         what = "not a readable pickle stream" if legacy else "its pickle data does not read"
         raise CorruptCheckpoint(f"checkpoint {path} is corrupt: {what} ({_first_line(err)})") from None
     if isinstance(obj, torch.nn.Module):  # a pickled model (trusted): its weights are what is wanted
@@ -97,6 +103,21 @@ def _torch_load(path: Path, trusted: bool, legacy: bool) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise UserError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict of tensors")
     return obj
+
+
+# The lines of torch.serialization and pickle that run a file's pickle stream: an error raised
+# below one of them (or in torch's weights-only unpickler) was raised by the stream's bytes.
+_UNPICKLING_CALL = re.compile(r"\b(?:unpickler|pickle_module|_unpickler|Unpickler\(.*\))\.load\(")
+_UNPICKLER_FILES = ("_weights_only_unpickler.py", "pickle.py")
+
+
+def raised_unpickling(err: BaseException) -> bool:
+    """Whether ``err`` was raised while the file's pickle stream was read (by the unpickler, or a
+    callable the stream names), rather than by torch's API around it."""
+    for frame in traceback.extract_tb(err.__traceback__):
+        if Path(frame.filename).name in _UNPICKLER_FILES or _UNPICKLING_CALL.search(frame.line or ""):
+            return True
+    return False
 
 
 _GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")

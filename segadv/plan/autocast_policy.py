@@ -16,7 +16,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-HEADER = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
+from segadv.plan.torch_surfaces import autocast_header
+
 LISTS = {
     "lower_precision_fp": "AT_FORALL_LOWER_PRECISION_FP",
     "fp32": "AT_FORALL_FP32",
@@ -28,8 +29,10 @@ _ENTRY = re.compile(r"_\(\s*(\w+)\s*(?:,\s*(\w+)\s*)?\)")
 _registered: dict[str, tuple[torch.library.Library, torch.library.Library]] = {}
 
 
-def read_policy(header: Path = HEADER) -> dict[str, list[tuple[str, str]]]:
-    """``{policy: [(op, overload), ...]}`` from the header (overload ``""``: the default one)."""
+def read_policy(header: Path | None = None) -> dict[str, list[tuple[str, str]]]:
+    """``{policy: [(op, overload), ...]}`` from the header (default: the installed torch's;
+    overload ``""``: the default one)."""
+    header = header or autocast_header()
     text = header.read_text()
     policy = {}
     for name, macro in LISTS.items():

@@ -24,6 +24,7 @@ from segadv.cli_args import add_config_arguments, parse_args
 from segadv.config import Config, load_config
 from segadv.data.batch_checks import BatchTooSmall
 from segadv.errors import UserError, cli_entry
+from segadv.plan import torch_surfaces
 from segadv.plan.advise import Option, advise
 from segadv.plan.dry_run import DevicePlan, IterationFails, Plan, dry_run, measure
 from segadv.runtime import setup_logging
@@ -233,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--gpu-memory: a finite size in GiB above 0, got {args.gpu_memory}")
     if args.max_batch and args.gpu_memory is None:
         raise UserError("--max-batch needs --gpu-memory (the budget to fit)")
+    # A torch the planner cannot run on is refused before any config is read or network built.
+    torch_surfaces.require(*torch_surfaces.PLAN, *(torch_surfaces.MEASURE if args.measure else ()))
     if args.advise:
         return advise_main(args)
     if args.gpus is not None:

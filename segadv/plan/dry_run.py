@@ -29,7 +29,7 @@ from segadv.engine.evaluate import evaluate
 from segadv.errors import UserError
 from segadv.parallel.compile import compile_enabled
 from segadv.parallel.device_map import DeviceMap, parse_device_map
-from segadv.plan import standin
+from segadv.plan import standin, torch_surfaces
 from segadv.plan.accounting import DryRunMode, PlacementError, segadv_line
 from segadv.plan.batches import BatchShape, FixedStream, make_batch, stream_shapes, val_size
 
@@ -138,7 +138,7 @@ class PlaceEmpty(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is torch.Tensor.to and args[0].is_meta:
-            device, dtype, _, memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
+            device, dtype, memory_format = torch_surfaces.parse_to(*args[1:], **kwargs)
             if device is not None and device.type != "meta":
                 tensor = args[0]
                 if memory_format is None or memory_format == torch.preserve_format:
@@ -395,9 +395,6 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
     planned = standin_map(real, device_type)
     cfg, notes = without_one_device_dp(cfg, real)
     notes.extend(compiled)
-    if device_type == "meta" and any(a.enabled for a in (cfg.amp.generator, cfg.amp.discriminator)):
-        notes.append("this torch has no Python backend registration: planned on meta devices, where autocast "
-                     "does nothing (an fp32 plan)")
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     tracker = DryRunMode(planned.devices)
     # The device activate() makes current on a GPU: the map's first CUDA device.
@@ -436,6 +433,7 @@ def measure(cfg: Config, plan: Plan, steps: int = 2) -> None:
     registered (a PrivateUse1 accelerator) cannot be unregistered, and with it in the process the
     autograd engine finds no stream for CUDA's backward nodes (an internal assert, seen on an H100
     with torch 2.11)."""
+    torch_surfaces.require(*torch_surfaces.MEASURE)
     cfg = plan_config(cfg)
     real = map_devices(cfg.device_map)
     missing = [d for d in real.devices if d.type == "cuda" and d.index >= torch.cuda.device_count()]
@@ -496,8 +494,7 @@ def _measured_peaks(cfg: Config, steps: int) -> tuple[dict[str, tuple[int, int]]
 
 def profiler_peak(prof: Any) -> int:
     """The CPU allocator's peak over the profiled span: its allocation events summed in order."""
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+    events = sorted(torch_surfaces.cpu_memory_events(prof))
     live = peak = 0
     for _, nbytes in events:
         live += nbytes

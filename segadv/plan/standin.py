@@ -3,8 +3,8 @@
 Under ``FakeTensorMode`` no kernel runs and no memory is allocated, but the autograd engine and
 autocast still treat the tensors as living on an accelerator: ``standin:1`` walks the branches
 ``cuda:1`` walks, on any CPU machine. ``torch.utils.backend_registration``'s Python backend is
-private and experimental; when it is missing (``available()`` is False) the plan runs on
-``meta:N`` devices instead, where autocast does nothing (an fp32 plan).
+private and experimental (torch 2.10 on): it is reached through segadv/plan/torch_surfaces.py,
+whose probe refuses a torch that lacks or changed it before anything is registered.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
 from segadv.parallel.device_map import MAX_CUDA_INDEX
+from segadv.plan import torch_surfaces
 
 NAME = "standin"
 # Every index a device map can name (0 to MAX_CUDA_INDEX) is a stand-in device.
@@ -95,22 +96,26 @@ FACADE = CudaFacade()
 
 
 def available() -> bool:
-    from torch.utils import backend_registration
+    """Whether this torch can register the stand-in (and cast under autocast as CUDA does)."""
+    try:
+        torch_surfaces.require(*torch_surfaces.PLAN)
+    except torch_surfaces.UnsupportedTorch:
+        return False
+    return True
 
-    return hasattr(backend_registration, "_setup_privateuseone_for_python_backend")
+
+def register() -> str:
+    """Register the stand-in backend (once per process) and CUDA's autocast policy for it; returns
+    the device type the plan uses. Refuses (``UnsupportedTorch``, exit 2) a torch without them."""
+    torch_surfaces.require(*torch_surfaces.PLAN)
+    return _register()
 
 
 @functools.cache
-def register() -> str:
-    """Register the stand-in backend (once per process) and CUDA's autocast policy for it; returns
-    the device type the plan uses: ``standin``, or ``meta`` where the API is missing."""
-    if not available():
-        return "meta"
-    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
-
+def _register() -> str:
     from segadv.plan.autocast_policy import register_cuda_policy
 
-    _setup_privateuseone_for_python_backend(NAME, backend_module=FACADE)
+    torch_surfaces.setup_python_backend(NAME, FACADE)
     register_cuda_policy("AutocastPrivateUse1")
     return NAME
 
@@ -131,8 +136,8 @@ class CudaAsStandIn(TorchFunctionMode):
     and the placement check judges that."""
 
     def __init__(self, device_type: str, current: int) -> None:
-        """``current``: the current device where the stand-in has no facade (``meta``); on the
-        stand-in it is the facade's, which ``activate()`` set."""
+        """``current``: the current device where ``device_type`` has no facade; on the stand-in it
+        is the facade's, which ``activate()`` set."""
         super().__init__()
         self.device_type = device_type
         self.fallback = current

@@ -194,3 +194,30 @@ def test_convert_to_an_smp_dir_seals_it_refuses_its_input_and_names_a_write_fail
     assert ckpt_cli.main(["convert", str(smp), "--smp", str(smp)]) == 2
     assert f"--smp {smp} is the checkpoint {smp}: nothing replaces an input" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in smp.iterdir()} == before
+
+
+@pytest.mark.parametrize("error", [TypeError("load() got an unexpected keyword argument 'weights_only'"),
+                                   AttributeError("module 'torch' has no attribute 'UntypedStorage'")])
+def test_a_torch_api_error_is_not_called_a_corrupt_file(tmp_path, monkeypatch, error):
+    """A TypeError or AttributeError from torch's API around the unpickling (a torch whose
+    ``load`` takes other arguments) says nothing about the file: it is not reported as corrupt."""
+    path = tmp_path / "good.pt"
+    torch.save({"w": torch.ones(2)}, path)
+
+    def changed_load(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(torch, "load", changed_load)
+    with pytest.raises(type(error)) as raised:
+        read_checkpoint(path)
+    assert not isinstance(raised.value, UserError)
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_a_type_error_from_the_stream_is_a_corrupt_checkpoint(tmp_path, trusted):
+    """A pickle stream that calls an allowed callable with the wrong arguments (OrderedDict(1, 2))
+    fails with a TypeError inside the unpickling: that one is the file's."""
+    path = tmp_path / "bad.pt"
+    path.write_bytes(b"\x80\x02ccollections\nOrderedDict\nK\x01K\x02\x86R.")
+    with pytest.raises(UserError, match=r"bad\.pt is corrupt: .*TypeError"):
+        read_checkpoint(path, trusted=trusted)

@@ -18,7 +18,7 @@ import sys
 import pytest
 import torch
 
-from conftest import TINY_OVERRIDES
+from conftest import TINY_OVERRIDES, needs_planner_torch
 from helpers import per_step_losses, resume_cfg
 from segadv import train as train_module
 from segadv.checkpoint import load_weights, read_checkpoint
@@ -104,6 +104,7 @@ def test_a_dataparallel_replica_set_is_refused_naming_the_setting():
     check_compile(cfg.compile.model_copy(update={"backend": "aot_eager"}), "generator", devices[:1], "dp")
 
 
+@needs_planner_torch
 def test_the_plan_of_a_compiled_run_is_the_eager_plan_with_a_note():
     from segadv.plan.dry_run import dry_run
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import segadv.methods.adversarial as step_module
+from conftest import needs_planner_torch
 from segadv.config import load_config
 from segadv.config import CONFIGS_DIR
 from segadv.errors import UserError
@@ -19,6 +20,8 @@ from segadv.methods.advsemiseg import AdvSemiSeg
 from segadv.methods import method_class
 from segadv.methods.supervised import Supervised
 from segadv.plan.dry_run import dry_run, measure
+
+pytestmark = needs_planner_torch
 
 SHIPPED = sorted(p.name for p in CONFIGS_DIR.glob("*.yaml"))
 

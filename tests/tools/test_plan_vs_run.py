@@ -2,11 +2,12 @@
 
 import pytest
 
-from conftest import TINY_OVERRIDES, load_tool
+from conftest import TINY_OVERRIDES, load_tool, needs_planner_torch
 
 RUN_KEYS = ("train.max_steps", "train.eval_every", "checkpoint.every")
 
 
+@needs_planner_torch
 @pytest.mark.parametrize("extra", [[], ["data.val_batch_size=16", "data.synthetic.val_size=32"]])  # the iterations, then the evaluation, set the peak
 def test_the_plan_predicts_a_real_runs_peak_within_one_percent(capsys, extra):
     tool = load_tool("plan_vs_run")
