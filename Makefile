@@ -1,14 +1,16 @@
-# The two commands of the README: `make demo` and `make test`. Both create .venv when missing.
+# The two commands of the README: `make demo` and `make test`. Both create .venv when missing, with
+# the newest releases pip finds; `make test-oldest` runs the fast subset on the floors instead.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.segadv-installed
 
-.PHONY: demo test test-fast install bench clean
+.PHONY: demo test test-fast test-oldest install bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,export]"
+	$(PY) -m pip check
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,6 +28,23 @@ test: $(STAMP)
 # The edit loop's subset (a few minutes): everything but the tests marked slow in tests/conftest.py.
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow"
+
+# The floors (docs/dependencies.md): a venv on the oldest Python declared with every dependency at
+# the release constraints/oldest.txt pins, then the fast subset there (about 7 minutes to install,
+# most of it torch's CUDA build from the registry, then the tests). .ci/run runs it after make test.
+OLDEST_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python3.10) python3.10)
+OLDEST_VENV ?= .venv-oldest
+OLDEST_STAMP := $(OLDEST_VENV)/.segadv-installed
+
+$(OLDEST_STAMP): pyproject.toml constraints/oldest.txt
+	test -x $(OLDEST_VENV)/bin/python || $(OLDEST_PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints/oldest.txt \
+		-e ".[dev,export,plot,experiment]"
+	$(OLDEST_VENV)/bin/python -m pip check
+	touch $(OLDEST_STAMP)
+
+test-oldest: $(OLDEST_STAMP)
+	SEGADV_FLOORS=1 OMP_NUM_THREADS=1 $(OLDEST_VENV)/bin/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 bench: $(STAMP)
 	$(PY) tools/bench.py

@@ -113,7 +113,7 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv())
     for role in roles:
         check_batch_for_replicas(micro_batch, len(devices[role]), role)
         if compiled[role]:
-            check_compile(cfg.compile, role, devices[role], modes[role])
+            check_compile(cfg.compile, role, devices[role], modes[role], checkpointing[role])
     if cfg.parallel.sync_bn:
         if cfg.model.generator.norm == "frozen":
             raise UserError("parallel.sync_bn with model.generator.norm=frozen: G's BatchNorm statistics are fixed, "

@@ -26,15 +26,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs two CUDA devices"))
 
 
-# segadv-plan's stand-in devices need a newer torch than the floor (docs/dependencies.md); below it
-# the planner exits 2 (tests/plan/test_torch_surfaces.py) and its tests are skipped.
-def _planner_torch() -> bool:
-    from segadv.plan.torch_surfaces import PLANNER_TORCH, torch_version
+# Features that need a newer torch than the floor (segadv/versions.py): below it they exit 2
+# (tests/test_versions.py, tests/plan/test_torch_surfaces.py) and their tests are skipped.
+def _needs_torch_for(feature: str):
+    from segadv.versions import TORCH_NEEDED, torch_supports
 
-    return torch_version() >= PLANNER_TORCH
+    (major, minor), _ = TORCH_NEEDED[feature]
+    return pytest.mark.skipif(not torch_supports(feature), reason=f"{feature} needs torch {major}.{minor} or newer")
 
 
-needs_planner_torch = pytest.mark.skipif(not _planner_torch(), reason="segadv-plan needs torch 2.10 or newer")
+needs_planner_torch = _needs_torch_for("segadv-plan")
+needs_compiled_checkpointing_torch = _needs_torch_for(
+    "compile.generator=true with model.generator.activation_checkpointing=true")
 
 # A few-second configuration: small images, a small encoder, a narrow D, few samples. G's
 # geometry and memory format are pinned so that retuning the demo (configs/default.yaml) never

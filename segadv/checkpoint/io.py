@@ -129,7 +129,7 @@ def _unpickling_error(path: Path, err: pickle.UnpicklingError, legacy: bool) -> 
     if match is None:  # not a refused global: the pickle stream itself is broken
         what = "not a readable pickle stream" if legacy else "its pickle data does not read"
         return CorruptCheckpoint(f"checkpoint {path} is corrupt: {what} ({_weights_unpickler_error(err)})")
-    name = match.group(1)
+    name = match.group(1).removeprefix("builtins.")  # torch 2.5 says builtins.print, 2.14 print
     module = _loaded_class(name)
     if module is not None and issubclass(module, torch.nn.Module):
         return UserError(
@@ -153,6 +153,11 @@ def _loaded_class(name: str) -> type | None:
 
 
 def _weights_unpickler_error(err: pickle.UnpicklingError) -> str:
+    """The unpickler's own words from torch's message, without its advice and documentation link
+    (which name weights_only, a setting the user of a damaged file has no reason to touch)."""
+    own = re.search(r"WeightsUnpickler error: *([^\n]+)", str(err))
+    if own is not None:
+        return own.group(1).strip()
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     for line in lines:
         if line.startswith(("Unsupported operand", "Unsupported")):

@@ -26,6 +26,7 @@ from torch import nn
 
 from segadv.config.schema import CompileConfig
 from segadv.errors import UserError
+from segadv.versions import require_torch
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,13 @@ def compile_enabled(cfg: CompileConfig, role: str) -> bool:
     return bool(getattr(cfg, role))
 
 
-def check_compile(cfg: CompileConfig, role: str, devices: tuple[torch.device, ...], parallel_mode: str) -> None:
+def check_compile(cfg: CompileConfig, role: str, devices: tuple[torch.device, ...], parallel_mode: str,
+                  activation_checkpointing: bool = False) -> None:
     """Refuse, with the setting named, a compile that cannot run here; before anything is built."""
     key = f"compile.{role}"
+    if activation_checkpointing:
+        require_torch("compile.generator=true with model.generator.activation_checkpointing=true",
+                      "upgrade torch, or set one of the two to false")
     if parallel_mode == "dp" and len(devices) > 1:
         # DataParallel's replicas are shallow copies whose compiled __call__ is still the
         # original's (bound to the module on the first device): every replica would run it.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -21,17 +20,10 @@ from typing import Any, Callable, Iterator
 import torch
 
 from segadv.errors import UserError
+from segadv.versions import TORCH_NEEDED, require_torch, torch_version
 
 # The first torch whose Python backend registration (the stand-in devices) exists.
-PLANNER_TORCH = (2, 10)
-
-
-def torch_version(version: str | None = None) -> tuple[int, int]:
-    """(major, minor) of ``version`` (default: the running torch's, local tags like +cpu ignored)."""
-    match = re.match(r"(\d+)\.(\d+)", version or torch.__version__)
-    if match is None:
-        raise ValueError(f"unreadable torch version {version or torch.__version__!r}")
-    return int(match.group(1)), int(match.group(2))
+PLANNER_TORCH = TORCH_NEEDED["segadv-plan"][0]
 
 
 class UnsupportedTorch(UserError):
@@ -160,12 +152,11 @@ def works(key: str) -> bool:
 
 def require(*keys: str) -> None:
     """Refuse (exit 2) on a torch older than the planner needs, or one where a surface changed."""
+    try:
+        require_torch("segadv-plan", "training, evaluation and export run on this torch (docs/dependencies.md)")
+    except UserError as err:
+        raise UnsupportedTorch(str(err)) from None
     running = torch_version()
-    if running < PLANNER_TORCH:
-        raise UnsupportedTorch(
-            f"segadv-plan needs torch {PLANNER_TORCH[0]}.{PLANNER_TORCH[1]} or newer for its stand-in devices "
-            f"({BACKEND}); this is torch {torch.__version__}. Training, evaluation and export run on this torch "
-            "(docs/dependencies.md)")
     for key in keys:
         err = _works(key)
         if err is not None:

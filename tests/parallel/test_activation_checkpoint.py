@@ -10,7 +10,7 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from conftest import TINY_OVERRIDES
+from conftest import TINY_OVERRIDES, needs_compiled_checkpointing_torch
 from helpers import FixedStream
 from segadv.build import build_training
 from segadv.config import load_config
@@ -53,6 +53,7 @@ def test_the_checkpointed_step_equals_the_plain_one_with_statistics_updated_once
     assert worst <= 1e-6, worst  # measured 0.0: the same kernels on the same values
 
 
+@needs_compiled_checkpointing_torch
 def test_compiled_checkpointing_updates_the_statistics_once_and_steps_as_the_plain_g():
     """compile.generator with checkpointing: the checkpoint is traced into G's graph (dynamo takes
     no context_fn), and the partitioner's recompute must not move the running statistics again.
