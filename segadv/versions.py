@@ -18,8 +18,8 @@ from segadv.errors import UserError
 TORCH_NEEDED: dict[str, tuple[tuple[int, int], str]] = {
     "segadv-plan": ((2, 10), "its stand-in devices need torch.utils.backend_registration's Python backend"),
     "compile.generator=true with model.generator.activation_checkpointing=true": (
-        (2, 7), "older releases recompute the checkpointed stages in the compiled graph wrongly (torch 2.5.1: "
-                "BatchNorm's running statistics updated twice; 2.4.1: other gradients)"),
+        (2, 9), "in older releases the compiled recompute of the checkpointed stages updates BatchNorm's running "
+                "statistics a second time (seen on 2.5.1, 2.7.1 and 2.8.0)"),
 }
 
 

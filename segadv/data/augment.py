@@ -17,12 +17,18 @@ import difflib
 import functools
 import inspect
 import logging
+import os
 import random
 import typing
 import warnings
 from typing import Any, Mapping, Optional, Sequence
 
-import albumentations as A
+# albumentations asks the package registry for a newer release when imported, and warns on stderr
+# where one exists: segadv makes no network calls of its own, and a user on an older release (the
+# floor) would see the warning before every command's output.
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+
+import albumentations as A  # noqa: E402 - after the variable it reads
 import numpy as np
 from albumentations.core.transforms_interface import BasicTransform
 from albumentations.pytorch import ToTensorV2
