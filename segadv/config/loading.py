@@ -371,7 +371,8 @@ def _format_loc(loc: Sequence[Union[str, int]]) -> str:
 
 def _model_class(annotation: Any) -> Optional[type[BaseModel]]:
     """The pydantic model inside an annotation (``Model`` or ``Optional[Model]``), if any."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    # get_origin first: Python 3.10 counts ``list[int]`` as a type, and issubclass refuses it.
+    if typing.get_origin(annotation) is None and isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     if typing.get_origin(annotation) in (Union, types.UnionType):
         for arg in typing.get_args(annotation):

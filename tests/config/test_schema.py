@@ -14,7 +14,7 @@ from segadv.config.schema import Config
 
 def _models(annotation: Any) -> Iterator[type[BaseModel]]:
     """The pydantic models anywhere inside an annotation (Optional, list, Annotated, unions)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if typing.get_origin(annotation) is None and isinstance(annotation, type) and issubclass(annotation, BaseModel):
         yield annotation.schema_model()  # the method section: with each registered method's settings
         return
     for arg in typing.get_args(annotation):

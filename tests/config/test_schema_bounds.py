@@ -75,7 +75,7 @@ def _fields(model: type[BaseModel], prefix: str, seen: set[type]) -> Iterator[tu
         annotation = info.annotation
         optional = _strip_optional(annotation) is not annotation
         inner = _base(_strip_optional(annotation))
-        if isinstance(inner, type) and issubclass(inner, BaseModel):
+        if typing.get_origin(inner) is None and isinstance(inner, type) and issubclass(inner, BaseModel):
             inner = inner.schema_model()  # the method section: with each registered method's settings
             if not optional and inner not in seen:
                 yield from _fields(inner, f"{key}.", seen)
