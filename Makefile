@@ -30,8 +30,9 @@ test-fast: $(STAMP)
 	$(PYTEST) -m "not slow"
 
 # The floors (docs/dependencies.md): a venv on the oldest Python declared with every dependency at
-# the release constraints/oldest.txt pins, then the fast subset there (about 7 minutes to install,
-# most of it torch's CUDA build from the registry, then the tests). .ci/run runs it after make test.
+# the release constraints/oldest.txt pins, then the fast subset there (installing downloads about
+# 3 GB, most of it torch's CUDA build; the tests take 6 to 11 minutes on 2 cores). .ci/run runs it
+# after make test.
 OLDEST_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python3.10) python3.10)
 OLDEST_VENV ?= .venv-oldest
 OLDEST_STAMP := $(OLDEST_VENV)/.segadv-installed
