@@ -9,6 +9,7 @@ Every OSError while writing is a :class:`segadv.errors.WriteFailed` naming the f
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 from pathlib import Path
@@ -68,6 +69,18 @@ def make_dir(path: PathLike) -> None:
         raise UserError(f"{directory} exists and is not a directory") from None
     except OSError as err:
         raise WriteFailed(directory, err) from None
+
+
+def check_parent(path: PathLike) -> None:
+    """Before any slow work: a file meant for ``path`` whose folder is, or lies under, an existing
+    file cannot be written; the folder is named as the OS would name it (:class:`WriteFailed`,
+    ENOTDIR, exit 4), the answer every command gives for it. Nothing is created."""
+    target = Path(path)
+    for folder in target.parents:
+        if folder.exists():
+            if not folder.is_dir():
+                raise WriteFailed(target.parent, OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)))
+            return
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -40,6 +40,10 @@ _CHUNK = 1 << 20
 # What sniff() tells apart.
 TORCH_ZIP, TORCHSCRIPT, SAFETENSORS, PICKLE, UNKNOWN = "torch zip", "TorchScript", "safetensors", "pickle", "unknown"
 
+# ONNX's ModelProto (onnx.proto): its top-level field numbers and their protobuf wire types
+# (0 varint, 2 length-delimited). torch.onnx and onnx.save write ir_version (field 1) first.
+_ONNX_FIELDS = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2}
+
 
 class CorruptCheckpoint(UserError):
     """The file is damaged: its bytes are not the ones written. Never a matter of trust."""
@@ -112,12 +116,50 @@ def _is_safetensors(path: Path, head: bytes) -> bool:
     return 2 <= size <= path.stat().st_size - 8
 
 
+def is_onnx(path: Path) -> bool:
+    """Whether ``path`` reads as an ONNX ModelProto: ir_version first, then only ModelProto's own
+    fields with their wire types, up to the end of the file (random bytes fail within a few bytes;
+    a length-delimited field such as the graph is skipped by a seek)."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        first = True
+        while fh.tell() < size:
+            tag = _varint(fh)
+            if tag is None:
+                return False
+            field, wire = tag >> 3, tag & 7
+            if _ONNX_FIELDS.get(field) != wire or (first and field != 1):
+                return False
+            value = _varint(fh)
+            if value is None:
+                return False
+            if wire == 2:
+                if fh.tell() + value > size:
+                    return False
+                fh.seek(value, io.SEEK_CUR)
+            first = False
+    return not first
+
+
+def _varint(fh) -> Optional[int]:
+    """A protobuf varint at ``fh``'s position, or None at the end of the file or past 10 bytes."""
+    value = 0
+    for shift in range(0, 70, 7):
+        byte = fh.read(1)
+        if not byte:
+            return None
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return value
+    return None
+
+
 def unknown_format(path: Path) -> UserError:
     """Why ``path`` (of no format :func:`sniff` knows) is no checkpoint: what it starts with, and
     what it may be."""
     if path.stat().st_size == 0:
         return CorruptCheckpoint(f"checkpoint {path} is empty (0 bytes): a write that never finished, or the wrong file")
-    if path.suffix.lower() == ".onnx":
+    if is_onnx(path):
         return UserError(f"checkpoint {path} is an ONNX model (segadv-export's output), not a checkpoint: "
                          f"segadv-predict --model {path} runs it")
     with open(path, "rb") as fh:

@@ -10,6 +10,7 @@ import re
 import struct
 import sys
 import traceback
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -80,9 +81,14 @@ def read_verified(path: str | Path, *, trusted: bool = False) -> tuple[dict[str,
 
 def _torch_load(path: Path, trusted: bool, legacy: bool) -> dict[str, Any]:
     try:
-        # map_location="cpu": a file saved on cuda:0 must not touch cuda:0 here (it may be absent, or
-        # another process's); every reader places the weights on its own devices afterwards.
-        obj = torch.load(path, map_location="cpu", weights_only=not trusted)
+        # torch warns about what it finds in the stream (e.g. "Detected pickle protocol 245" for
+        # random bytes after a 0x80) with a source line of its own; held until the file has read,
+        # so a corrupt file gets one error line and a good one the warning as a log line.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            # map_location="cpu": a file saved on cuda:0 must not touch cuda:0 here (it may be absent,
+            # or another process's); every reader places the weights on its own devices afterwards.
+            obj = torch.load(path, map_location="cpu", weights_only=not trusted)
     except pickle.UnpicklingError as err:
         raise _unpickling_error(path, err, legacy) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
@@ -97,6 +103,8 @@ def _torch_load(path: Path, trusted: bool, legacy: bool) -> dict[str, Any]:
             raise
         what = "not a readable pickle stream" if legacy else "its pickle data does not read"
         raise CorruptCheckpoint(f"checkpoint {path} is corrupt: {what} ({_first_line(err)})") from None
+    for warning in caught:
+        log.warning("%s: %s", path, warning.message)
     if isinstance(obj, torch.nn.Module):  # a pickled model (trusted): its weights are what is wanted
         log.info("%s holds a pickled %s: using its state_dict()", path, type(obj).__name__)
         return obj.state_dict()

@@ -26,7 +26,7 @@ from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.checkpoint.inference import LoadedGenerator, load_generator, read_files
 from segadv.export.sidecar import sidecar_path, to_json, write_sidecar
-from segadv.fsutil import file_sha256, make_dir, refuse_overwriting, staged
+from segadv.fsutil import check_parent, file_sha256, make_dir, refuse_overwriting, staged
 from segadv.export.verify import DEFAULT_TOLERANCES, format_report, make_input, verify
 from segadv.export.wrapper import InferenceModel, export_metadata, input_dtype, input_kind, output_name, size_divisor
 from segadv.palette import palette
@@ -175,6 +175,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     output = Path(args.output)
     if output.is_dir():
         raise UserError(f"--output {output} is a directory; name the file to write (e.g. {output / 'model.onnx'})")
+    check_parent(output)
     refuse_overwriting([("--output", output), ("its sidecar", sidecar_path(output))],
                        read_files(args.checkpoint, args.config))
     fmt = resolve_format(args.format, output)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import warnings
 
 import pytest
 import torch
@@ -129,6 +130,10 @@ def test_foreign_formats_and_payloads_get_their_own_message(tmp_path):
     cases["noise.pt"] = "noise.pt is corrupt: not a readable pickle stream"
     (tmp_path / "model.onnx").write_bytes(b"\x08\x07\x12\x07pytorch")
     cases["model.onnx"] = "is an ONNX model (segadv-export's output), not a checkpoint"
+    (tmp_path / "x.pt").write_bytes(b"\x08\x07\x12\x07pytorch")  # told from its bytes, not its name
+    cases["x.pt"] = "x.pt is an ONNX model (segadv-export's output), not a checkpoint"
+    (tmp_path / "x.onnx").write_bytes(b"\x08\x07\x12\x07pyt")  # cut short: not ONNX, whatever its name
+    cases["x.onnx"] = "x.onnx is truncated or corrupt, or of another format"
     (tmp_path / "empty.pt").write_bytes(b"")
     cases["empty.pt"] = "empty.pt is empty (0 bytes)"
     for name, message in cases.items():
@@ -221,3 +226,26 @@ def test_a_type_error_from_the_stream_is_a_corrupt_checkpoint(tmp_path, trusted)
     path.write_bytes(b"\x80\x02ccollections\nOrderedDict\nK\x01K\x02\x86R.")
     with pytest.raises(UserError, match=r"bad\.pt is corrupt: .*TypeError"):
         read_checkpoint(path, trusted=trusted)
+
+
+def test_an_onnx_model_under_a_checkpoint_name_is_told_from_its_bytes(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])])
+    onnx.save(helper.make_model(graph, producer_name="segadv-test"), tmp_path / "x.pt")
+    with pytest.raises(UserError, match=r"x\.pt is an ONNX model \(segadv-export's output\), not a checkpoint"):
+        read_checkpoint(tmp_path / "x.pt")
+
+
+def test_noise_after_a_pickle_header_warns_nothing_before_its_error(tmp_path):
+    """torch's "Detected pickle protocol N" UserWarning (with a source line of its own) is no
+    part of a corrupt file's answer: the error line is the only output."""
+    path = tmp_path / "noise.pt"
+    path.write_bytes(b"\x80\xf5" + random.Random(1).randbytes(4000))  # "protocol 245"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserError, match=r"noise\.pt is (truncated or )?corrupt: "):
+            read_checkpoint(path)

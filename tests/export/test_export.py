@@ -324,6 +324,10 @@ def test_export_write_failures_exit_4_naming_the_file(model, tmp_path, monkeypat
     assert cli.main(["--checkpoint", str(ckpt), "--output", str(out)]) == 4
     err = capsys.readouterr().err
     assert f"error: cannot write {out.parent}: Not a directory (ENOTDIR)" in err and "Traceback" not in err
+    beside = tmp_path / "a_file" / "m.onnx"  # the folder named is itself a file: as predict and convert answer
+    assert cli.main(["--checkpoint", str(ckpt), "--output", str(beside)]) == 4
+    err = capsys.readouterr().err
+    assert f"error: cannot write {beside.parent}: Not a directory (ENOTDIR)" in err and "Traceback" not in err
 
     from segadv import fsutil
 
