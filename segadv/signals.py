@@ -54,9 +54,20 @@ class StopRequests:
 
     def __init__(self, watch_parent: bool = False) -> None:
         self._requested: str | None = None
+        self.seen_after: int | None = None  # the step after which the loop first saw a request
         self.watch_parent = watch_parent
         self._launcher: int | None = None
         self._previous: dict[int, object] = {}
+
+    def seen(self, step: int) -> str | None:
+        """``requested``, read by the loop after ``step``; the first time it is set, logged with
+        that step: the stop lands after it (one process) or after the next step (the ranks'
+        agreement, one step late), wherever the step was when the signal came."""
+        requested = self.requested
+        if requested is not None and self.seen_after is None:
+            self.seen_after = step
+            log.warning("stop request (%s) seen after step %d", requested, step)
+        return requested
 
     @property
     def requested(self) -> str | None:

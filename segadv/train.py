@@ -335,12 +335,14 @@ def log_time_profile(writer: MetricWriter, profile: RunProfile, devices: list[to
 def stop_reason(stop: StopRequests, agreement: distributed.StepAgreement, step: int,
                 stop_at: int | None) -> str | None:
     """Why the run stops after ``step``, or None. A signal may reach one rank only: under DDP the
-    ranks agree on it every step (one step late, without waiting: ``StepAgreement``)."""
-    agreed = agreement.any(stop.requested is not None)
+    ranks agree on it every step (one step late, without waiting: ``StepAgreement``), so every
+    rank stops after the step following the first rank's ``seen``."""
+    requested = stop.seen(step)
+    agreed = agreement.any(requested is not None)
     if step == stop_at:
         return "stop_at"
     if agreed:
-        return stop.requested or "a signal on another rank"
+        return requested or "a signal on another rank"
     return None
 
 
