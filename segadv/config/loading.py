@@ -35,7 +35,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from segadv.config.schema import Config, Section
-from segadv.config.shipped import DEFAULT_CONFIG_PATH, resolve_config
+from segadv.config.shipped import DEFAULT_CONFIG_PATH, resolve_config, shipped_hint
 from segadv.errors import UserError
 from segadv.fsutil import atomic_write_text
 
@@ -170,7 +170,7 @@ def _read_yaml_file(path: Path, included_from: Optional[Path]) -> dict:
             raise UserError(f"config file {where}{via} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a config")
         text = raw.decode("utf-8")
     except FileNotFoundError as err:
-        raise UserError(f"config file not found: {where}{via}") from err
+        raise UserError(f"config file not found: {where}{via}{shipped_hint(path)}") from err
     except UnicodeDecodeError as err:
         raise UserError(f"config file {where}{via} is not UTF-8 text: {err}") from err
     except OSError as err:

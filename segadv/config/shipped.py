@@ -77,6 +77,15 @@ def resolve_config(ref: PathLike, relative_to: Optional[Path] = None, folder: Pa
                     f"shipped: {', '.join(config_names(folder))}")
 
 
+def shipped_hint(path: Path, folder: Path = CONFIGS_DIR) -> str:
+    """For a config file that is missing: "; ..." naming the shipped config of its name, which
+    works from any directory (a clone's ``configs/voc.yaml`` is ``voc`` after a wheel install),
+    or ""."""
+    if path.suffix.lower() in (".yaml", ".yml") and (folder / f"{path.stem}.yaml").is_file():
+        return f"; the shipped config of that name works from any directory: --config {path.stem} (or _base_: {path.stem})"
+    return ""
+
+
 def _summary(path: Path) -> str:
     """The first sentence of the file's header comment (its title), without a closing colon."""
     text = ""

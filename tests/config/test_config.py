@@ -196,6 +196,9 @@ def test_a_path_is_never_taken_for_a_name(tmp_path: Path, monkeypatch: pytest.Mo
     for ref in ("semi.yaml", "configs/semi.yaml"):
         msg = load_error(Path(ref))
         assert "config file not found" in msg and ref in msg
+        # the clone's path, run elsewhere (a wheel install): the shipped name is suggested
+        assert "the shipped config of that name works from any directory: --config semi" in msg
+    assert "shipped config" not in load_error(Path("configs/nothing_shipped.yaml"))
 
 
 def _cli_mains():
