@@ -18,6 +18,25 @@ from segadv.config.shipped import CONFIGS_DIR, config_listing
 from segadv.errors import UserError
 from segadv.fsutil import user_path
 
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def docs_dir() -> Path | None:
+    """The reference pages: shipped in the wheel as ``segadv/docs/`` (pyproject maps the
+    top-level ``docs/`` onto it), or a checkout's ``docs/`` beside ``segadv/``; None if neither."""
+    for folder in (_PACKAGE_DIR / "docs", _PACKAGE_DIR.parent / "docs"):
+        if (folder / "training.md").is_file():
+            return folder
+    return None
+
+
+def docs_epilog(*pages: str) -> str:
+    """``--help``'s last lines: where the pages of ``pages`` (e.g. "training.md") are on this
+    machine, which a wheel install carries too."""
+    folder = docs_dir()
+    where = [str(folder / page) if folder is not None else f"docs/{page} of the segadv source" for page in pages]
+    return "documentation: " + ", ".join(where)
+
 
 class ListShipped(argparse.Action):
     """``--list-configs``: print the configs shipped in ``folder`` (name and title) and exit 0,
@@ -45,7 +64,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, help: str) -> None:
     """``--config`` (``help`` says what its default is) and ``--list-configs``."""
     parser.add_argument("--config", metavar="FILE|NAME",
                         help=f"YAML config file, or the name of a shipped one (--list-configs); {help}")
-    parser.add_argument("--list-configs", action=ListShipped, help="list the shipped configs and exit")
+    parser.add_argument("--list-configs", action=ListShipped, help="list the shipped configs (names for --config) and exit")
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:

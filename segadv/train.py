@@ -1,6 +1,9 @@
 """segadv-train: train G against D on the configured data.
 
     segadv-train [--config FILE] [--device-map MAP] [--run-dir DIR] [--resume auto|PATH] [key=value ...]
+
+Its command line (and what it answers without a run: --help, --print-config, --help-config) is
+segadv/train_cli.py, which imports this module only when a run starts.
 """
 
 from __future__ import annotations
@@ -16,17 +19,16 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from segadv.cli_args import add_config_arguments, parse_args, path_argument
 from segadv.build import Training, build_training, log_placement
 from segadv.checkpoint import CheckpointManager, NetworkWeights, Stateful, load_weights
-from segadv.config import Config, config_to_dict, flat_config, load_config
+from segadv.config import Config, config_to_dict, flat_config
 from segadv.config.shipped import resolve_config
 from segadv.data import build_stream_loaders, build_val_loader, pool_has_masks
 from segadv.data.batch_checks import check_last_batches
 from segadv.data.streams import Stream, Streams, close_loader
 from segadv.engine.evaluate import evaluate
 from segadv.engine.nonfinite import NonFiniteGuard
-from segadv.errors import Diverged, UserError, WriteFailed, cli_entry, input_shape_message
+from segadv.errors import Diverged, UserError, WriteFailed, input_shape_message
 from segadv.data.augment import seed_transform
 from segadv.monitor.diagnostics import D_LOSSES, DWinsWatch, confidence_quality
 from segadv.monitor.images import confidence_panel, segmentation_panel
@@ -44,6 +46,8 @@ from segadv import preflight, rundir
 from segadv.run_lock import RunDirLock
 from segadv.runtime import RankRNGs, seed_everything, setup_logging
 from segadv.signals import StopRequests
+
+from segadv.train_cli import main, resolved_config  # noqa: F401 (main: segadv-train; python -m segadv.train)
 
 log = logging.getLogger("segadv.train")
 
@@ -486,30 +490,8 @@ def class_names_for(cfg: Config) -> list[str]:
     return list(class_names(cfg.data))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="segadv-train",
-        description="Train a DeepLab generator against a fully convolutional discriminator.",
-    )
-    add_config_arguments(parser, "default: default, the embedded demo; when resuming, RUN_DIR/config.yaml")
-    parser.add_argument("--device-map", help="where each network runs, e.g. g:1,d:0 or g:cuda:0,d:cpu")
-    parser.add_argument("--run-dir", type=path_argument, help="output directory (default: runs/<config>-<time>)")
-    parser.add_argument("--resume", type=path_argument, metavar="auto|PATH",
-                        help="continue from the newest complete checkpoint in the run dir (auto) or from PATH")
-    parser.add_argument("--trust-checkpoint", action="store_true",
-                        help="allow checkpoints that need arbitrary pickled code (off: weights only)")
-    parser.add_argument("--force", action="store_true",
-                        help="start even if the run dir looks too small for the checkpoints the run keeps")
-    parser.add_argument("--nproc-per-node", type=int, metavar="N",
-                        help="launch N processes on this node through torchrun (DDP)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
-    return parser
-
-
-@cli_entry
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(build_parser(), argv)
+def run_command(args: argparse.Namespace, argv: list[str]) -> int:
+    """segadv-train's run, its arguments parsed by segadv/train_cli.py (``main``)."""
     if args.nproc_per_node is not None:
         # Re-launch this command through torchrun (torch.distributed.run), one process per rank.
         from segadv.parallel.launch import launch_with_torchrun
@@ -518,15 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         return launch_with_torchrun(args.nproc_per_node, argv)
     env = distributed.env_from()
     setup_logging(env=env)
-    if args.config is None and args.resume is not None and args.run_dir is not None:
-        # A resume without --config runs with the run's own config (segadv/rundir.py).
-        cfg = rundir.resume_config(Path(args.run_dir), args.resume, args.overrides, trusted=args.trust_checkpoint)
-    else:
-        cfg = load_config(args.config, args.overrides)
-    if args.device_map is not None:
-        cfg.device_map = args.device_map
-    if args.run_dir is not None:
-        cfg.run_dir = args.run_dir
+    cfg = resolved_config(args)
     name = Path(args.config).stem if args.config else "default"
     config_path = resolve_config(args.config) if args.config else None
     together = False  # every rank ends at the same point: a finished or stopped run, an agreed divergence

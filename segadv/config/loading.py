@@ -501,7 +501,11 @@ def flat_config(cfg: Config) -> dict[str, Any]:
     return flat
 
 
+def config_yaml(cfg: Config) -> str:
+    """``cfg`` as YAML in schema order: what ``config.yaml`` holds and ``--print-config`` prints."""
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
+
+
 def dump_config(cfg: Config, path: PathLike) -> None:
     """Write ``cfg`` as YAML (schema order), atomically, so a crash never leaves half a file."""
-    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
-    atomic_write_text(path, text)
+    atomic_write_text(path, config_yaml(cfg))

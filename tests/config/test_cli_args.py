@@ -12,7 +12,7 @@ def parser_of(module_name):
 
 
 @pytest.mark.parametrize("module, argv, expected", [
-    ("segadv.train", ["--run-dir", "R", "train.max_steps=20", "--resume", "auto", "checkpoint.every=5"],
+    ("segadv.train_cli", ["--run-dir", "R", "train.max_steps=20", "--resume", "auto", "checkpoint.every=5"],
      {"run_dir": "R", "resume": "auto", "overrides": ["train.max_steps=20", "checkpoint.every=5"]}),
     ("segadv.eval", ["a=1", "--checkpoint", "C", "b=2", "--json"],
      {"checkpoint": "C", "json": True, "overrides": ["a=1", "b=2"]}),
