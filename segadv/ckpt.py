@@ -18,25 +18,20 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-import torch
-import yaml
-
-from segadv.cli_args import add_config_arguments, parse_args, path_argument
-from segadv.checkpoint.inference import load_generator, read_files
-from segadv.checkpoint.integrity import seal_safetensors
-from segadv.checkpoint.io import checkpoint_bytes, read_verified
-from segadv.checkpoint.loader import WRAPPER_SEGMENTS, describe_weights, find_state_dict
-from segadv.checkpoint.run_checkpoint import checkpoint_of_run
-from segadv.checkpoint.smp_dir import CONFIG_FILE, SAVE_PRETRAINED_FILES, WEIGHTS_FILE, foreign_files, read_smp_config, save_smp_dir
-from segadv.checkpoint.state import is_segadv_checkpoint
+from segadv.cli_args import add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import UserError, cli_entry
 from segadv.fsutil import atomic_write_bytes, refuse_overwriting
-from segadv.runtime import setup_logging
+
+# segadv.checkpoint and torch are imported where a command runs: --help answers without them.
 
 log = logging.getLogger("segadv.ckpt")
 
 
 def detect_format(obj: Mapping[str, Any]) -> str:
+    import torch
+
+    from segadv.checkpoint.state import is_segadv_checkpoint
+
     if is_segadv_checkpoint(obj):
         return f"segadv training checkpoint (format version {obj.get('format_version')})"
     if all(isinstance(v, torch.Tensor) for v in obj.values()):
@@ -50,6 +45,8 @@ def detect_format(obj: Mapping[str, Any]) -> str:
 
 def wrapper_prefixes(keys: list[str]) -> Counter[str]:
     """Leading wrapper/network segments of the keys, e.g. {'module.': 120, 'generator.module.': 8}."""
+    from segadv.checkpoint.loader import WRAPPER_SEGMENTS
+
     found: Counter[str] = Counter()
     for key in keys:
         parts = key.split(".")
@@ -64,6 +61,14 @@ def wrapper_prefixes(keys: list[str]) -> Counter[str]:
 
 
 def inspect(path: str, trusted: bool) -> str:
+    import yaml
+
+    from segadv.checkpoint.io import read_verified
+    from segadv.checkpoint.loader import describe_weights, find_state_dict
+    from segadv.checkpoint.run_checkpoint import checkpoint_of_run
+    from segadv.checkpoint.smp_dir import CONFIG_FILE, WEIGHTS_FILE, read_smp_config
+    from segadv.checkpoint.state import is_segadv_checkpoint
+
     in_run = checkpoint_of_run(path)
     if in_run is not None:
         log.info("%s", in_run.note)
@@ -101,6 +106,10 @@ def inspect(path: str, trusted: bool) -> str:
 def convert(path: str, output: str, as_safetensors: bool, config: str | None, overrides: list[str], trusted: bool) -> str:
     """Load the generator strictly into a fresh model, then save its bare state dict (sealed with
     its sha256, segadv/checkpoint/integrity.py)."""
+    from segadv.checkpoint.inference import load_generator, read_files
+    from segadv.checkpoint.integrity import seal_safetensors
+    from segadv.checkpoint.io import checkpoint_bytes
+
     refuse_overwriting([("--output", output)], read_files(path, config, name="the checkpoint"))
     if Path(output).is_dir():
         raise UserError(f"--output {output} is a directory; name the weights file to write")
@@ -124,6 +133,9 @@ def convert_to_smp(path: str, directory: str, config: str | None, overrides: lis
     """Load the generator strictly into a fresh model, then write it as an smp directory. Like
     segadv-predict's --output, a folder holding files convert did not write is refused without
     ``overwrite``; an input never is replaced."""
+    from segadv.checkpoint.inference import load_generator, read_files
+    from segadv.checkpoint.smp_dir import SAVE_PRETRAINED_FILES, foreign_files, save_smp_dir
+
     outputs = [("--smp", directory)] + [(f"--smp {name}", str(Path(directory) / name))
                                         for name in SAVE_PRETRAINED_FILES]
     refuse_overwriting(outputs, read_files(path, config, name="the checkpoint"))
@@ -139,11 +151,12 @@ def convert_to_smp(path: str, directory: str, config: str | None, overrides: lis
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="segadv-ckpt", description="Inspect or convert checkpoints.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="segadv-ckpt", description="Inspect or convert checkpoints.",
+                                     epilog=docs_epilog("checkpoints.md"))
+    sub = parser.add_subparsers(dest="command", required=True, help="inspect or convert (COMMAND --help: its options)")
     p_inspect = sub.add_parser("inspect", help="format, wrapper prefixes, parameter counts, step, config")
-    p_inspect.add_argument("file", type=path_argument, help="a checkpoint or weights file, an smp directory, or a run dir (its best "
-                                        "checkpoint)")
+    p_inspect.add_argument("file", type=path_argument, help="a checkpoint or weights file (any format segadv reads), "
+                           "an smp save_pretrained directory, or a run dir (its best checkpoint)")
     p_convert = sub.add_parser("convert", help="write a clean generator-only weights file, or an smp directory")
     p_convert.add_argument("file", type=path_argument, help="segadv checkpoint, raw state dict (needs --config) or smp directory")
     target = p_convert.add_mutually_exclusive_group(required=True)
@@ -155,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "replaced)")
     p_convert.add_argument("--safetensors", action="store_true", help="write safetensors instead of torch.save")
     add_config_arguments(p_convert, "says which generator the file holds (raw state dicts)")
-    p_convert.add_argument("overrides", nargs="*", metavar="key=value")
+    p_convert.add_argument("overrides", nargs="*", metavar="key=value",
+                           help="dotted config overrides of the generator's config")
     for p in (p_inspect, p_convert):
         p.add_argument("--trust-checkpoint", action="store_true", help="allow pickled code (off: weights only)")
     return parser
@@ -164,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
+    from segadv.runtime import setup_logging
+
     setup_logging()
     if args.command == "inspect":
         print(inspect(args.file, args.trust_checkpoint))

@@ -73,11 +73,13 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
     argv = sys.argv[1:] if argv is None else list(argv)
     sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
     if sub is None:
-        return parser.parse_intermixed_args(argv)
-    if not argv or argv[0] not in sub.choices:
+        args = parser.parse_intermixed_args(argv)
+    elif not argv or argv[0] not in sub.choices:
         return parser.parse_args(argv)  # help, or argparse's own message naming the commands
-    args = sub.choices[argv[0]].parse_intermixed_args(argv[1:])
-    setattr(args, sub.dest, argv[0])
+    else:
+        args = sub.choices[argv[0]].parse_intermixed_args(argv[1:])
+        setattr(args, sub.dest, argv[0])
+    check_no_expanded_glob(getattr(args, "overrides", None) or [])
     return args
 
 
@@ -122,3 +124,15 @@ def _number(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def check_no_expanded_glob(overrides: Sequence[str]) -> None:
+    """A ``key=value`` slot holding existing paths is a glob the shell expanded (``--input
+    dir/*.png`` arrives as ``--input dir/a.png dir/b.png ...``): a UserError saying so, before any
+    message about overrides would mislead."""
+    paths = [item for item in overrides if "=" not in item and Path(item).exists()]
+    if paths:
+        more = f" and {len(paths) - 1} more" if len(paths) > 1 else ""
+        raise UserError(f"{paths[0]!r}{more} stand where key=value overrides go: the shell expanded an unquoted "
+                        "glob into several paths, and an option takes one. Quote the glob so that segadv gets it "
+                        "whole, e.g. --input 'dir/*.png'")

@@ -16,22 +16,16 @@ import json
 import logging
 import sys
 
-from segadv.cli_args import add_config_arguments, parse_args, path_argument
-from segadv.checkpoint.inference import load_generator
-from segadv.checkpoint.run_checkpoint import checkpoint_of_run
-from segadv.data import build_val_loader, class_names
-from segadv.data.files import absent_classes_note
-from segadv.data.loaders import left_out
-from segadv.engine.evaluate import evaluate
+from segadv.cli_args import add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import cli_entry
-from segadv.parallel import activate, parse_device_map
-from segadv.runtime import setup_logging
 
 log = logging.getLogger("segadv.eval")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="segadv-eval", description="Evaluate a generator checkpoint.")
+    parser = argparse.ArgumentParser(prog="segadv-eval", epilog=docs_epilog("inference.md"),
+                                     description="Evaluate a generator checkpoint on its config's val split: "
+                                                 "mIoU, per-class IoU and pixel accuracy.")
     parser.add_argument("--checkpoint", type=path_argument, required=True, help="segadv checkpoint (e.g. RUN/checkpoints/last.pt), "
                         "a run dir (its best checkpoint), raw state dict (needs --config) or smp save_pretrained "
                         "directory")
@@ -39,13 +33,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", help="cpu, cuda:N or N (default: cuda:0 if available, else cpu)")
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     parser.add_argument("--trust-checkpoint", action="store_true", help="allow pickled code (off: weights only)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted config overrides, e.g. data.root=/data/VOC2012 (the keys: segadv-train --help-config)")
     return parser
 
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
+    # torch and the data pipeline load here, once --help has had its answer
+    from segadv.checkpoint.inference import load_generator
+    from segadv.checkpoint.run_checkpoint import checkpoint_of_run
+    from segadv.data import build_val_loader, class_names
+    from segadv.data.files import absent_classes_note
+    from segadv.data.loaders import left_out
+    from segadv.engine.evaluate import evaluate
+    from segadv.monitor.progress import evaluation_progress
+    from segadv.parallel import activate, parse_device_map
+    from segadv.runtime import setup_logging
+
     setup_logging()
     device_map = parse_device_map(None if args.device is None else f"g:{args.device}")
     activate(device_map)
@@ -59,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     # The split training measured val/* on: the target's with domain adaptation, else data's.
     val_data = cfg.target_data if cfg.target_data is not None else cfg.data
     val_loader = build_val_loader(val_data, seed=cfg.train.seed, pin_memory=False)  # no train split needed
-    result = evaluate(generator, val_loader, device_map.generator, cfg.data.num_classes)
+    result = evaluate(generator, val_loader, device_map.generator, cfg.data.num_classes, track=evaluation_progress)
     metrics, skipped = result.metrics, left_out(val_loader)
     names = class_names(val_data)
     absent = absent_classes_note(names, result.absent_classes, val_data.ignore_index, "val")

@@ -47,7 +47,7 @@ import numpy as np
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from segadv.cli_args import add_config_arguments, parse_args, path_argument
+from segadv.cli_args import add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.export.sidecar import EMBED_FILE, EMBED_KEY, parse_metadata, prepare_input, read_sidecar, sidecar_path
@@ -488,12 +488,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="segadv-predict",
         description="Segment images with a checkpoint (PyTorch) or an exported model (ONNX / TorchScript).",
+        epilog=docs_epilog("inference.md"),
     )
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", type=path_argument, help="segadv checkpoint, raw generator state dict or smp save_pretrained "
                         "directory (runs PyTorch eager)")
     source.add_argument("--model", type=path_argument, help="a segadv-export file: .onnx (onnxruntime, no torch) or TorchScript")
-    p.add_argument("--input", required=True, help="an image, a folder of images or a quoted glob")
+    p.add_argument("--input", required=True, help="an image, a folder of images or a quoted glob ('dir/*.png')")
     p.add_argument("--output", type=path_argument, required=True, help="folder for the masks (created if missing)")
     add_config_arguments(p, "for a raw state dict (--checkpoint only)")
     p.add_argument("--batch-size", type=int, default=4, help="images (or windows) per forward pass (default 4)")
@@ -513,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "never replaced)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow a checkpoint that needs arbitrary pickled code (only for a file you trust)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (--checkpoint only)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides (--checkpoint only; the keys: segadv-train --help-config)")
     return p
 
 

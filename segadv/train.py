@@ -402,7 +402,7 @@ def run_evaluation(
     (``perf/train_seconds``: accuracy against time, segadv-curves)."""
     result = evaluate(
         generator_for_evaluation(parts), loader, parts.device_map.generator, cfg.data.num_classes,
-        autocast=parts.g.opt.autocast, num_samples=num_samples,
+        autocast=parts.g.opt.autocast, num_samples=num_samples, track=progress.evaluation,
     )
     metrics = result.metrics
     scalars = {f"{prefix}/mIoU": metrics["mIoU"], f"{prefix}/pixel_acc": metrics["pixel_acc"], **(extra or {})}

@@ -1,13 +1,33 @@
 """Data: dataset kinds (synthetic, folder, voc, cityscapes, gta5), config-driven augmentations
 and loaders. docs/datasets.md documents each layout."""
 
-from segadv.data.augment import build_transform
-from segadv.data.files import SampleError
-from segadv.data.bundle import DataBundle, build_data, build_datasets, pool_has_masks
-from segadv.data.config_checks import check_config, class_names
-from segadv.data.loaders import build_dataloaders, build_stream_loaders, build_val_loader
-from segadv.data.streams import StreamSpec
-from segadv.data.synthetic import SHAPE_CLASSES, SyntheticShapes
+import importlib
+import importlib.util
+from typing import Any
+
+# Each name from its module on first use (PEP 562): the loaders and datasets import torch, and
+# segadv-data's --help (segadv/data/check.py lives in this package) answers without it.
+_HOMES = {
+    "build_transform": "augment",
+    "SampleError": "files",
+    "DataBundle": "bundle", "build_data": "bundle", "build_datasets": "bundle", "pool_has_masks": "bundle",
+    "check_config": "config_checks", "class_names": "config_checks",
+    "build_dataloaders": "loaders", "build_stream_loaders": "loaders", "build_val_loader": "loaders",
+    "StreamSpec": "streams",
+    "SHAPE_CLASSES": "synthetic", "SyntheticShapes": "synthetic",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule: segadv.data.loaders
+            return importlib.import_module(f"{__name__}.{name}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # once
+    return value
+
 
 __all__ = [
     "SHAPE_CLASSES",

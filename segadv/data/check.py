@@ -25,18 +25,15 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from segadv.cli_args import add_config_arguments, count, parse_args
+from segadv.cli_args import add_config_arguments, count, docs_epilog, parse_args
 from segadv.config import load_config
 from segadv.config.schema import DataConfig
-from segadv.data.augment import build_transform
-from segadv.data.config_checks import check_config, class_names
-from segadv.data.dataset import load_pair
 from segadv.data.files import Problem, Sample, SampleError, absent_classes_note, display, image_note, read_image
-from segadv.data.listing import collect, empty_split_message
 from segadv.data.splits import split_labeled
-from segadv.data.synthetic import SyntheticShapes
 from segadv.errors import UserError, cli_entry
-from segadv.runtime import setup_logging
+
+# The readers that import torch (datasets, listings, transforms) are imported where the check
+# runs: --help answers without them.
 
 log = logging.getLogger("segadv.data.check")
 
@@ -88,6 +85,8 @@ class Report:
 
 
 def _scan(samples: list[Sample], split: str, labeled: bool, spec, report: SplitReport, workers: int) -> None:
+    from segadv.data.dataset import load_pair
+
     def one(sample: Sample):
         try:
             note = image_note(sample.image)
@@ -114,6 +113,9 @@ def _scan(samples: list[Sample], split: str, labeled: bool, spec, report: SplitR
 
 
 def check_files(cfg: DataConfig, workers: int) -> Report:
+    from segadv.data.config_checks import class_names
+    from segadv.data.listing import collect, empty_split_message
+
     found = collect(cfg)
     train = SplitReport("train", labeled=len(found.labeled), unlabeled=len(found.unlabeled))
     val = SplitReport("val", labeled=len(found.val.samples))
@@ -130,6 +132,9 @@ def check_files(cfg: DataConfig, workers: int) -> Report:
 
 
 def check_synthetic(cfg: DataConfig) -> Report:
+    from segadv.data.config_checks import class_names
+    from segadv.data.synthetic import SyntheticShapes
+
     syn = cfg.synthetic
     train_ds = SyntheticShapes("train", syn.train_size, syn.image_size, cfg.num_classes, syn.seed)
     val_ds = SyntheticShapes("val", syn.val_size, syn.image_size, cfg.num_classes, syn.seed)
@@ -203,23 +208,30 @@ MAX_WORKERS = 256  # reader threads: far more than any disk serves in parallel
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="segadv-data", description="Dataset tools.")
+    parser = argparse.ArgumentParser(prog="segadv-data", description="Dataset tools.",
+                                     epilog=docs_epilog("datasets.md"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     check = sub.add_parser(
         "check", help="scan the configured dataset and report every problem (exit 0 clean, 2 not)",
         description="Scan the configured dataset: counts per split, image sizes, class pixel "
                     "histogram and every problem found. Exit 0 when clean, 2 when not.",
+        epilog=docs_epilog("datasets.md"),
     )
     add_config_arguments(check, "default: default")
     check.add_argument("--workers", type=count(1, MAX_WORKERS), default=min(4, os.cpu_count() or 1),
                        help="reader threads, 1 or more (default: %(default)s)")
-    check.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    check.add_argument("overrides", nargs="*", metavar="key=value",
+                       help="dotted config overrides, e.g. data.root=/data/VOC2012 (the keys: segadv-train --help-config)")
     return parser
 
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
+    from segadv.data.augment import build_transform
+    from segadv.data.config_checks import check_config
+    from segadv.runtime import setup_logging
+
     setup_logging(logging.WARNING)
     cfg = load_config(args.config, args.overrides).data
     check_config(cfg)

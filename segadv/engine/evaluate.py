@@ -75,13 +75,15 @@ def evaluate(
     num_classes: int,
     autocast: Callable[[], AbstractContextManager] = nullcontext,
     num_samples: int = 0,
+    track: Callable[[Iterable], Iterable] | None = None,
 ) -> EvalResult:
+    """``track``: wraps the loader (a progress bar, segadv/monitor/progress.py)."""
     was_training = generator.training
     generator.eval()
     confmat = ConfusionMatrix(num_classes, device)
     samples = None
     try:
-        for images, labels in loader:
+        for images, labels in (loader if track is None else track(loader)):
             images, labels = to_device(images, device), to_device(labels, device)
             with autocast():
                 logits = generator(images)

@@ -15,23 +15,21 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-import numpy as np
-import torch
-
-from segadv.cli_args import add_config_arguments, fraction, parse_args, path_argument, tolerance
-from segadv.data import class_names
+from segadv.cli_args import add_config_arguments, docs_epilog, fraction, parse_args, path_argument, tolerance
 from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
-from segadv.checkpoint.inference import LoadedGenerator, load_generator, read_files
 from segadv.export.sidecar import sidecar_path, to_json, write_sidecar
 from segadv.fsutil import check_parent, file_sha256, make_dir, refuse_overwriting, staged
-from segadv.export.verify import DEFAULT_TOLERANCES, format_report, make_input, verify
-from segadv.export.wrapper import InferenceModel, export_metadata, input_dtype, input_kind, output_name, size_divisor
 from segadv.palette import palette
-from segadv.runtime import setup_logging
 from segadv.signals import sigterm_unwinds
+
+if TYPE_CHECKING:  # torch and numpy load when an export runs: --help answers without them
+    import numpy as np
+    import torch
+
+    from segadv.checkpoint.inference import LoadedGenerator
 
 log = logging.getLogger("segadv.export")
 
@@ -52,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="segadv-export",
         description="Export a checkpoint's generator to ONNX or TorchScript and verify it against PyTorch.",
+        epilog=docs_epilog("inference.md", "failures.md"),
     )
     p.add_argument("--checkpoint", type=path_argument, required=True,
                    help="segadv checkpoint, raw generator state dict (any wrapper prefix) or smp "
@@ -68,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="normalise in the graph: the model takes uint8 0..255 (default) or 'unit' float 0..1 RGB")
     p.add_argument("--with-argmax", action="store_true", help="output int64 class ids N x H x W instead of logits")
     p.add_argument("--half", action="store_true",
-                   help="float16 weights and compute (see docs/inference.md for CPU caveats)")
+                   help="float16 weights and compute (on a CPU onnxruntime computes in float32: see the docs)")
     p.add_argument("--atol", type=tolerance, help="absolute tolerance (default 1e-4 float32, 1e-2 float16)")
     p.add_argument("--rtol", type=tolerance, help="tolerance relative to max|eager| (default 1e-4 float32, 1e-2 float16)")
     p.add_argument("--min-agreement", type=fraction,
@@ -77,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a verification size (repeat; default: the input size and a larger non-square one)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow a checkpoint that needs arbitrary pickled code (only for a file you trust)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="dotted config overrides of the generator's config (the keys: segadv-train --help-config)")
     return p
 
 
@@ -133,6 +133,8 @@ def verification_shapes(args: argparse.Namespace, dynamic: bool, h: int, w: int,
 
 
 def make_runner(fmt: str, path: Path) -> tuple[Callable[[np.ndarray], np.ndarray], str]:
+    import torch
+
     if fmt == "onnx":
         ort = import_extra("onnxruntime", "verifying an ONNX export")
 
@@ -154,6 +156,8 @@ def make_runner(fmt: str, path: Path) -> tuple[Callable[[np.ndarray], np.ndarray
 
 def write_export(fmt: str, model: torch.nn.Module, example: torch.Tensor, path: Path, args: argparse.Namespace,
                  embed: str, opset: int) -> dict:
+    from segadv.export.wrapper import output_name
+
     if fmt == "onnx":
         from segadv.export.onnx_export import export_onnx
 
@@ -171,6 +175,15 @@ def size_text(path: Path) -> str:
 @cli_entry
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(build_parser(), argv)
+    import numpy as np
+    import torch
+
+    from segadv.checkpoint.inference import load_generator, read_files
+    from segadv.data import class_names
+    from segadv.export.verify import DEFAULT_TOLERANCES, format_report, make_input, verify
+    from segadv.export.wrapper import InferenceModel, export_metadata, input_dtype, input_kind, size_divisor
+    from segadv.runtime import setup_logging
+
     setup_logging()
     output = Path(args.output)
     if output.is_dir():

@@ -20,14 +20,16 @@ import sys
 from dataclasses import asdict
 from typing import Any, Callable
 
-from segadv.cli_args import add_config_arguments, parse_args
+from typing import TYPE_CHECKING
+
+from segadv.cli_args import add_config_arguments, docs_epilog, parse_args
 from segadv.config import Config, load_config
 from segadv.data.batch_checks import BatchTooSmall
 from segadv.errors import UserError, cli_entry
-from segadv.plan import torch_surfaces
-from segadv.plan.advise import Option, advise
-from segadv.plan.dry_run import DevicePlan, IterationFails, Plan, dry_run, measure
-from segadv.runtime import setup_logging
+
+if TYPE_CHECKING:  # the dry run imports torch when it runs: --help answers without it
+    from segadv.plan.advise import Option
+    from segadv.plan.dry_run import DevicePlan, Plan
 
 log = logging.getLogger("segadv.plan")
 
@@ -83,6 +85,8 @@ def largest_batch(cfg: Config, steps: int, budget: int) -> tuple[int | None, Pla
     bracket), and the search ends when
     those are neighbours or the fit reaches ``MAX_BATCH_LIMIT``. With ``train.accumulation_steps``
     K, the batches searched are multiples of K (the search counts in K-sample units)."""
+    from segadv.plan.dry_run import IterationFails, dry_run
+
     unit = cfg.train.accumulation_steps
     plans: dict[int, Plan] = {}
     excess: dict[int, int] = {}
@@ -206,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="segadv-plan",
         description="Dry-run segadv's own training iteration on stand-in devices: placement checked, peak "
-                    "memory per device, before the GPUs exist (docs/planning.md).")
+                    "memory per device, before the GPUs exist.",
+        epilog=docs_epilog("planning.md"))
     add_config_arguments(parser, "default: default, the embedded demo")
     parser.add_argument("--device-map", help="the map to plan, e.g. g:1,d:0 (CUDA indices 0-127, none need exist) or cpu")
     parser.add_argument("--steps", type=int, default=2, metavar="N", help="iterations to run (default 2)")
@@ -220,13 +225,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "activation checkpointing, gradient accumulation; the batch kept), best first")
     parser.add_argument("--gpus", type=int, metavar="N", help="with --advise: how many GPUs there are")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted config overrides (the keys: segadv-train --help-config)")
     return parser
 
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), sys.argv[1:] if argv is None else argv)
+    from segadv.plan import torch_surfaces
+    from segadv.plan.dry_run import dry_run, measure
+    from segadv.runtime import setup_logging
+
     setup_logging(level=logging.WARNING if args.json else logging.INFO)
     if args.steps < 1:
         raise UserError(f"--steps: at least 1, got {args.steps}")
@@ -279,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def advise_main(args: argparse.Namespace) -> int:
     """--advise: plan the candidate settings, print those that fit, best first; 3 when none does."""
+    from segadv.plan.advise import advise
+
     if args.gpus is None or args.gpus < 1:
         raise UserError(f"--advise needs --gpus N (at least 1), got {args.gpus}")
     if args.gpu_memory is None:

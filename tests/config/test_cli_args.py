@@ -71,3 +71,41 @@ def test_run_dir_in_a_config_expands_tilde_and_refuses_an_empty_path(monkeypatch
     assert load_config(None, ["run_dir=~/x"]).run_dir == str(tmp_path / "x")
     with pytest.raises(UserError, match=r"run_dir: .*the path is empty"):
         load_config(None, ["run_dir=''"])
+
+
+CLIS = ["segadv.train_cli", "segadv.eval", "segadv.ckpt", "segadv.predict", "segadv.export.cli",
+        "segadv.data.check", "segadv.plan.cli"]
+
+
+def test_every_commands_help_answers_without_importing_torch():
+    """torch takes seconds to import: --help (and --list-configs) of every console script answers
+    without it, and names where its documentation is."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, io, sys, contextlib\n"
+            f"for name in {CLIS!r}:\n"
+            "    out = io.StringIO()\n"
+            "    with contextlib.redirect_stdout(out):\n"
+            "        try:\n            importlib.import_module(name).main(['--help'])\n"
+            "        except SystemExit:\n            pass\n"
+            "    assert 'documentation: ' in out.getvalue() and '.md' in out.getvalue(), name\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("segadv.predict", ["--model", "m.onnx", "--input", "{d}/a.png", "{d}/b.png", "{d}/c.png", "--output", "o"]),
+    ("segadv.predict", ["--checkpoint", "c.pt", "--input", "{d}/a.png", "{d}/b.png", "--output", "o"]),
+])
+def test_a_glob_the_shell_expanded_is_named_as_such(module, argv, tmp_path, capsys):
+    import importlib
+
+    for name in ("a.png", "b.png", "c.png"):
+        (tmp_path / name).write_bytes(b"")
+    code = importlib.import_module(module).main([a.format(d=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2 and f"'{tmp_path}/b.png'" in err and "the shell expanded an unquoted glob" in err
+    assert "--checkpoint only" not in err and "invalid override" not in err

@@ -174,10 +174,14 @@ def test_advise_exits_3_when_nothing_fits_and_refuses_what_it_chooses_itself(cap
         assert main(args) == 2, args
 
 
-def test_measure_on_cpu_agrees_with_the_plan():
+def test_measure_on_cpu_agrees_with_the_plan(capfd, monkeypatch):
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
     cfg = load_config(None, ["device_map=cpu"])
     plan = dry_run(cfg, steps=2)
+    capfd.readouterr()
     measure(cfg, plan, steps=2)
+    err = capfd.readouterr().err  # the profiler's C++ log (fd 2) too: no ERROR line on a CPU machine
+    assert "ERROR" not in err and "gpuGetDeviceCount" not in err and "profiler_start" not in err, err
     row = plan.devices["cpu"]
     assert abs(row.measured_peak_bytes - row.peak_bytes) <= 0.02 * row.peak_bytes
     # The allocator holds a little more than the tensors (its own rounding, CPU kernels' scratch).
