@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from segadv.cli_args import add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import UserError, cli_entry
-from segadv.fsutil import atomic_write_bytes, refuse_overwriting
+from segadv.fsutil import atomic_write_bytes, file_sha256, refuse_overwriting
 
 # segadv.checkpoint and torch are imported where a command runs: --help answers without them.
 
@@ -78,11 +78,12 @@ def inspect(path: str, trusted: bool) -> str:
         return "\n".join([inspect(str(Path(path) / WEIGHTS_FILE), trusted), f"{CONFIG_FILE}:",
                           *(f"  {key}: {value}" for key, value in config.items())])
     obj, integrity = read_verified(path, trusted=trusted)
-    lines = [f"file:      {path}", f"format:    {detect_format(obj)}"]
-    if integrity.recorded is not None:
-        lines.append(f"sha256:    {integrity.recorded} ({integrity.checked})")
-    else:
-        lines.append(f"sha256:    {integrity.checked}")
+    # One sha256 per file wherever segadv shows one (here, segadv-export's output and sidecar):
+    # the whole file's, as sha256sum prints it. The seal inside the file hashes the bytes before
+    # it (integrity.py), so it is checked here, not shown as a second hash.
+    lines = [f"file:      {path}", f"format:    {detect_format(obj)}",
+             f"sha256:    {file_sha256(path)} (the file's, as sha256sum prints it)",
+             f"integrity: {integrity.checked}"]
     if is_segadv_checkpoint(obj):
         lines.append(f"step:      {obj.get('step')}")
         lines.append(f"segadv:    {obj.get('segadv_version')}")

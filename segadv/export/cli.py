@@ -262,7 +262,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     src = loaded.source_info()
     axes = ", ".join(meta["input"]["dynamic_axes"]) or "none (static)"
     print(f"checkpoint {src['checkpoint']} ({src['kind']}{', step ' + str(src['step']) if src['step'] is not None else ''}; "
-          f"sha256 {src['sha256'][:12]})")
+          f"sha256 {src['sha256'][:12]}..., the file's)")
     extra = f", opset {opset}" if fmt == "onnx" else f", {meta['torchscript']['method']}"
     print(f"exported   {fmt} {output} ({size_text(output)}{extra}, {precision})")
     print(f"input      {meta['input']['name']}: {dtype} NCHW RGB, {kind}; dynamic axes: {axes}; "

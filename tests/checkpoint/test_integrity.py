@@ -66,8 +66,9 @@ def test_a_checkpoint_carries_its_sha256_and_loads_exactly(checkpoints, capsys):
                                                state["generator"]["segmentation_head.0.weight"])
     assert ckpt_cli.main(["inspect", str(good)]) == 0
     out = capsys.readouterr().out
-    recorded = data[-64:].decode()
-    assert f"sha256:    {recorded} (sha256 sealed in the file: matches)" in out
+    # one sha256 shown for a file everywhere: the whole file's (segadv-export's sidecar names it too)
+    assert f"sha256:    {file_sha256(good)} (the file's, as sha256sum prints it)" in out
+    assert "integrity: sha256 sealed in the file: matches" in out and data[-64:].decode() not in out
 
 
 def test_64_flipped_bytes_are_refused_by_eval_export_inspect_and_resume(checkpoints, tmp_path, capsys):
