@@ -471,8 +471,12 @@ def palette_png(labels: np.ndarray, palette: np.ndarray) -> bytes:
 
 
 def overlay_png(image: np.ndarray, labels: np.ndarray, palette: np.ndarray, alpha: float) -> bytes:
+    """The image with each pixel's class colour blended in at ``alpha``, except where that colour
+    is black (the palette's class 0, background in VOC and the synthetic data): blending with
+    black only darkens, so there the image keeps its own brightness."""
     colours = palette[labels]
-    blended = (image.astype(np.float32) * (1.0 - alpha) + colours.astype(np.float32) * alpha)
+    weight = np.where(colours.any(axis=-1, keepdims=True), np.float32(alpha), np.float32(0.0))
+    blended = image.astype(np.float32) * (1.0 - weight) + colours.astype(np.float32) * weight
     return _png(Image.fromarray(np.clip(blended + 0.5, 0, 255).astype(np.uint8)))
 
 
@@ -499,7 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(p, "for a raw state dict (--checkpoint only)")
     p.add_argument("--batch-size", type=int, default=4, help="images (or windows) per forward pass (default 4)")
     p.add_argument("--device", help="cpu, cuda, cuda:N or N (default: cuda:0 when available, else cpu)")
-    p.add_argument("--overlay", action="store_true", help=f"also write {OVERLAY_DIR}/<stem>.png: image blended with the mask")
+    p.add_argument("--overlay", action="store_true", help=f"also write {OVERLAY_DIR}/<stem>.png: the image with the mask's class colours blended in "
+                   "(background, black in the palette, left as it is)")
     p.add_argument("--alpha", type=float, default=0.5, help="mask weight in overlays (default 0.5)")
     p.add_argument("--mode", choices=MODES, default="slide",
                    help="images larger than --max-size: slide overlapping windows (default) or resize to fit")

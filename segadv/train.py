@@ -411,7 +411,8 @@ def run_evaluation(
     scalars.update({f"{prefix}/IoU/{name}": iou for name, iou in zip(names, metrics["iou"]) if iou == iou})
     writer.scalars(step, scalars)
     if result.samples is not None:
-        panel = segmentation_panel(*result.samples, palette(cfg.data.num_classes), cfg.data.mean, cfg.data.std)
+        panel = segmentation_panel(*result.samples, palette(cfg.data.num_classes), cfg.data.mean, cfg.data.std,
+                                   names)
         writer.image(step, f"{prefix}/input_gt_pred", panel)
     progress.write(f"step {step}: {prefix} mIoU {metrics['mIoU']:.4f}, pixel accuracy {metrics['pixel_acc']:.4f}{notes}")
     return metrics
@@ -471,7 +472,8 @@ def log_method_panel(cfg: Config, parts: Training, images: torch.Tensor, writer:
     of the panel's images (``diag/d_confidence_<panel stream>``)."""
     maps = parts.method.panel(images)
     if maps is not None:
-        panel = confidence_panel(maps, palette(cfg.data.num_classes), cfg.data.mean, cfg.data.std)
+        panel = confidence_panel(maps, palette(cfg.data.num_classes), cfg.data.mean, cfg.data.std,
+                                 class_names_for(cfg))
         writer.image(step, maps.tag, panel)
         writer.histogram(step, f"diag/d_confidence_{parts.method.panel_stream}", maps.confidence)
 

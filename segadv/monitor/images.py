@@ -1,12 +1,20 @@
-"""Image panels for TensorBoard: input, ground truth and prediction side by side."""
+"""Image panels for TensorBoard: input, ground truth and prediction side by side, each column
+titled, with the classes' colours named below (Pillow's ImageDraw and its built-in font)."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import torch
+from PIL import Image, ImageDraw, ImageFont
 from torchvision.utils import make_grid
 
 IGNORE_COLOUR = (255, 255, 255)
+PADDING, PAD_VALUE = 2, 128
+_BACKGROUND, _TEXT = (32, 32, 32), (235, 235, 235)
+_LINE = 14  # px per line of Pillow's built-in font, with its gap
+_SWATCH = 10
 
 
 def colorize(mask: torch.Tensor, palette: np.ndarray) -> torch.Tensor:
@@ -33,19 +41,77 @@ def segmentation_panel(
     palette: np.ndarray,
     mean: list[float],
     std: list[float],
+    class_names: Sequence[str] = (),
 ) -> torch.Tensor:
-    """One row per sample: input | ground truth | prediction, as a (3,H,W) uint8 grid."""
+    """One row per sample: input | ground truth | prediction, as a (3,H,W) uint8 grid, titled,
+    with a legend of ``class_names`` (and white for ignored pixels) below."""
     tiles = []
     for image, label, pred in zip(images, labels, preds):
         tiles += [denormalize(image, mean, std), colorize(label, palette), colorize(pred, palette)]
-    return make_grid(torch.stack(tiles), nrow=3, padding=2, pad_value=128)
+    grid = make_grid(torch.stack(tiles), nrow=3, padding=PADDING, pad_value=PAD_VALUE)
+    return annotate(grid, ["input", "ground truth", "prediction"], tiles[0].shape[-1],
+                    legend(palette, class_names, ignore=True))
 
 
-def confidence_panel(maps, palette: np.ndarray, mean: list[float], std: list[float]) -> torch.Tensor:
+def confidence_panel(maps, palette: np.ndarray, mean: list[float], std: list[float],
+                     class_names: Sequence[str] = ()) -> torch.Tensor:
     """One row per sample: input | G's prediction | D's confidence (grey, white = 1) | pseudo
-    labels (``PanelMaps``; pixels below the confidence threshold white), as a (3,H,W) uint8 grid."""
+    labels (``PanelMaps``; pixels below the confidence threshold white), as a (3,H,W) uint8 grid,
+    titled, with the legend below."""
     tiles = []
     for image, pred, conf, pseudo in zip(maps.images, maps.preds, maps.confidence, maps.pseudo_labels):
         grey = (conf.float().clamp(0, 1) * 255).to(torch.uint8).expand(3, *conf.shape)
         tiles += [denormalize(image, mean, std), colorize(pred, palette), grey, colorize(pseudo, palette)]
-    return make_grid(torch.stack(tiles), nrow=4, padding=2, pad_value=128)
+    grid = make_grid(torch.stack(tiles), nrow=4, padding=PADDING, pad_value=PAD_VALUE)
+    return annotate(grid, ["input", "prediction", "D confidence", "pseudo labels"], tiles[0].shape[-1],
+                    legend(palette, class_names, ignore=True, ignore_name="below threshold"))
+
+
+def legend(palette: np.ndarray, class_names: Sequence[str], ignore: bool = False,
+           ignore_name: str = "ignored") -> list[tuple[tuple[int, int, int], str]]:
+    """(colour, name) per class (``class_N`` where no name is given), then white for ``ignore``."""
+    names = list(class_names) + [f"class_{i}" for i in range(len(class_names), len(palette))]
+    entries = [(tuple(int(c) for c in palette[i]), names[i]) for i in range(len(palette))]
+    return entries + ([(IGNORE_COLOUR, ignore_name)] if ignore else [])
+
+
+def annotate(grid: torch.Tensor, titles: Sequence[str], tile_width: int,
+             entries: Sequence[tuple[tuple[int, int, int], str]]) -> torch.Tensor:
+    """``grid`` (3,H,W uint8, columns of ``tile_width`` + padding) with a title above each column
+    and the legend's swatches and names below, wrapped to the grid's width."""
+    font = ImageFont.load_default()
+    width = grid.shape[-1]
+    pieces, row, x = [], [], PADDING  # the legend in lines of (x, colour, name)
+    for colour, name in entries:
+        size = _SWATCH + 4 + int(font.getlength(name)) + 10
+        if row and x + size > width:
+            pieces.append(row)
+            row, x = [], PADDING
+        row.append((x, colour, name))
+        x += size
+    if row:
+        pieces.append(row)
+    header, footer = _LINE + 2, _LINE * len(pieces) + 2
+    canvas = Image.new("RGB", (width, header + grid.shape[1] + footer), _BACKGROUND)
+    canvas.paste(Image.fromarray(grid.permute(1, 2, 0).numpy()), (0, header))
+    draw = ImageDraw.Draw(canvas)
+    for column, title in enumerate(titles):
+        left = PADDING + column * (tile_width + PADDING)
+        text = _fit(title, font, tile_width)
+        draw.text((left + (tile_width - font.getlength(text)) / 2, 2), text, fill=_TEXT, font=font)
+    top = header + grid.shape[1] + 2
+    for line, row in enumerate(pieces):
+        y = top + line * _LINE
+        for x, colour, name in row:
+            draw.rectangle([x, y + 1, x + _SWATCH - 1, y + _SWATCH], fill=colour, outline=_TEXT)
+            draw.text((x + _SWATCH + 4, y), name, fill=_TEXT, font=font)
+    return torch.from_numpy(np.asarray(canvas).copy()).permute(2, 0, 1)
+
+
+def _fit(text: str, font: ImageFont.ImageFont, width: int) -> str:
+    """``text``, cut (with "...") to fit ``width`` pixels: a title never runs into the next column."""
+    if font.getlength(text) <= width:
+        return text
+    while text and font.getlength(text + "...") > width:
+        text = text[:-1]
+    return text + "..." if text else ""

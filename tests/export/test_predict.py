@@ -375,3 +375,25 @@ def test_input_folder_that_cannot_be_listed_is_named(tmp_path, monkeypatch):
     # a pattern whose folder cannot be listed names the folder, not "no files match"
     with pytest.raises(predict.UserError, match="cannot list the directory"):
         predict.find_images(str(folder / "*.png"))
+
+
+def test_an_overlay_keeps_the_images_brightness_where_the_mask_is_background():
+    """Class 0 is black in the palette: blending with it would halve the image's brightness."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from segadv.data.synthetic import palette
+    from segadv.predict import overlay_png
+
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    labels = np.zeros((16, 16), dtype=np.int64)
+    labels[4:8, 4:8] = 1
+    colours = palette(3)
+    out = np.asarray(Image.open(io.BytesIO(overlay_png(image, labels, colours, 0.5))))
+    background = labels == 0
+    assert np.array_equal(out[background], image[background])
+    expected = np.clip(image[~background] * 0.5 + colours[1] * 0.5 + 0.5, 0, 255).astype(np.uint8)
+    assert np.array_equal(out[~background], expected)

@@ -1,0 +1,50 @@
+"""Image panels: titled columns and a legend naming each class colour."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from segadv.data.synthetic import palette
+from segadv.monitor.images import PADDING, confidence_panel, segmentation_panel
+
+
+def test_the_panel_titles_its_columns_and_names_each_class_colour():
+    colours = palette(5)
+    images = torch.zeros(2, 3, 64, 64)
+    labels = torch.zeros(2, 64, 64, dtype=torch.long)
+    labels[:, 10:30, 10:30] = 2
+    preds = labels.clone()
+    names = ["background", "circle", "square", "triangle", "ring"]
+    panel = segmentation_panel(images, labels, preds, colours, [0.5] * 3, [0.5] * 3, names)
+    grid_height = 2 * (64 + PADDING) + PADDING
+    assert panel.dtype == torch.uint8 and panel.shape[0] == 3 and panel.shape[2] == 3 * (64 + PADDING) + PADDING
+    header = panel.shape[1] - grid_height - legend_height(panel, grid_height)
+    assert header > 0
+    # text in the header above each of the three columns
+    top = panel[:, :header].numpy()
+    for column in range(3):
+        left = PADDING + column * (64 + PADDING)
+        assert (top[:, :, left:left + 64] > 200).any(), column
+    # every class colour (and white for ignored pixels) has a swatch in the legend
+    bottom = panel[:, -legend_height(panel, grid_height):].permute(1, 2, 0).reshape(-1, 3).numpy()
+    found = {tuple(c) for c in np.unique(bottom, axis=0)}
+    assert {tuple(int(v) for v in c) for c in colours} | {(255, 255, 255)} <= found
+
+
+def legend_height(panel, grid_height):
+    """Rows below the grid: the legend (the grid's last row is padding, grey 128)."""
+    column = panel[:, :, 0].numpy().T  # the left padding column, top to bottom
+    grey = [i for i in range(column.shape[0]) if (column[i] == 128).all()]
+    return panel.shape[1] - (grey[-1] + 1)
+
+
+def test_the_confidence_panel_is_titled_too():
+    class Maps:
+        images = torch.zeros(1, 3, 32, 32)
+        preds = torch.ones(1, 32, 32, dtype=torch.long)
+        confidence = torch.full((1, 32, 32), 0.5)
+        pseudo_labels = torch.full((1, 32, 32), 255, dtype=torch.long)
+
+    panel = confidence_panel(Maps(), palette(3), [0.5] * 3, [0.5] * 3, ["a", "b", "c"])
+    assert panel.shape[1] > 32 + 2 * PADDING and panel.shape[2] == 4 * (32 + PADDING) + PADDING
