@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-from segadv.cli_args import add_config_arguments, docs_epilog, parse_args, path_argument
+from segadv.cli_args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import UserError, cli_entry
 from segadv.fsutil import atomic_write_bytes, file_sha256, refuse_overwriting
 
@@ -152,7 +152,8 @@ def convert_to_smp(path: str, directory: str, config: str | None, overrides: lis
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="segadv-ckpt", description="Inspect or convert checkpoints.",
+    parser = argparse.ArgumentParser(prog="segadv-ckpt", formatter_class=HelpFormatter,
+                                     description="Inspect or convert checkpoints.",
                                      epilog=docs_epilog("checkpoints.md"))
     sub = parser.add_subparsers(dest="command", required=True, help="inspect or convert (COMMAND --help: its options)")
     p_inspect = sub.add_parser("inspect", help="format, wrapper prefixes, parameter counts, step, config")

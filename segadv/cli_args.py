@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -28,6 +29,19 @@ def docs_dir() -> Path | None:
         if (folder / "training.md").is_file():
             return folder
     return None
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, without breaking a word at a hyphen or for length: a path in the help
+    (``site-packages/segadv/docs/training.md``) stays one piece a terminal can open."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width,
+                             break_on_hyphens=False, break_long_words=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(self._whitespace_matcher.sub(" ", text).strip(), width, initial_indent=indent,
+                             subsequent_indent=indent, break_on_hyphens=False, break_long_words=False)
 
 
 def docs_epilog(*pages: str) -> str:
@@ -64,7 +78,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, help: str) -> None:
     """``--config`` (``help`` says what its default is) and ``--list-configs``."""
     parser.add_argument("--config", metavar="FILE|NAME",
                         help=f"YAML config file, or the name of a shipped one (--list-configs); {help}")
-    parser.add_argument("--list-configs", action=ListShipped, help="list the shipped configs (names for --config) and exit")
+    parser.add_argument("--list-configs", action=ListShipped,
+                        help="list the shipped configs (names for --config) and exit")
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -16,14 +16,15 @@ import json
 import logging
 import sys
 
-from segadv.cli_args import add_config_arguments, docs_epilog, parse_args, path_argument
+from segadv.cli_args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import cli_entry
 
 log = logging.getLogger("segadv.eval")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="segadv-eval", epilog=docs_epilog("inference.md"),
+    parser = argparse.ArgumentParser(prog="segadv-eval", formatter_class=HelpFormatter,
+                                     epilog=docs_epilog("inference.md"),
                                      description="Evaluate a generator checkpoint on its config's val split: "
                                                  "mIoU, per-class IoU and pixel accuracy.")
     parser.add_argument("--checkpoint", type=path_argument, required=True, help="segadv checkpoint (e.g. RUN/checkpoints/last.pt), "
@@ -34,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     parser.add_argument("--trust-checkpoint", action="store_true", help="allow pickled code (off: weights only)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="dotted config overrides, e.g. data.root=/data/VOC2012 (the keys: segadv-train --help-config)")
+                        help="dotted config overrides, e.g. data.root=/data/VOC2012 "
+                             "(the keys: segadv-train --help-config)")
     return parser
 
 

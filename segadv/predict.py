@@ -47,7 +47,7 @@ import numpy as np
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from segadv.cli_args import add_config_arguments, docs_epilog, parse_args, path_argument
+from segadv.cli_args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.export.sidecar import EMBED_FILE, EMBED_KEY, parse_metadata, prepare_input, read_sidecar, sidecar_path
@@ -490,7 +490,7 @@ def chunks(items: Sequence[Path], size: int) -> Iterator[Sequence[Path]]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="segadv-predict",
+        prog="segadv-predict", formatter_class=HelpFormatter,
         description="Segment images with a checkpoint (PyTorch) or an exported model (ONNX / TorchScript).",
         epilog=docs_epilog("inference.md"),
     )
@@ -503,7 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(p, "for a raw state dict (--checkpoint only)")
     p.add_argument("--batch-size", type=int, default=4, help="images (or windows) per forward pass (default 4)")
     p.add_argument("--device", help="cpu, cuda, cuda:N or N (default: cuda:0 when available, else cpu)")
-    p.add_argument("--overlay", action="store_true", help=f"also write {OVERLAY_DIR}/<stem>.png: the image with the mask's class colours blended in "
+    p.add_argument("--overlay", action="store_true",
+                   help=f"also write {OVERLAY_DIR}/<stem>.png: the image with the mask's class colours blended in "
                    "(background, black in the palette, left as it is)")
     p.add_argument("--alpha", type=float, default=0.5, help="mask weight in overlays (default 0.5)")
     p.add_argument("--mode", choices=MODES, default="slide",

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from segadv.cli_args import add_config_arguments, docs_epilog, parse_args, path_argument
+from segadv.cli_args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import cli_entry
 
 
@@ -39,7 +39,7 @@ class HelpConfig(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="segadv-train",
+        prog="segadv-train", formatter_class=HelpFormatter,
         description="Train a DeepLab generator (G) against a fully convolutional discriminator (D). The config "
                     "is built from --config, then the key=value overrides; a run writes its checkpoints, "
                     "metrics and TensorBoard logs to its run dir.",

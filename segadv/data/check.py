@@ -25,7 +25,6 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from segadv.cli_args import add_config_arguments, count, docs_epilog, parse_args
 from segadv.config import load_config
 from segadv.config.schema import DataConfig
 from segadv.data.files import Problem, Sample, SampleError, absent_classes_note, display, image_note, read_image
@@ -208,11 +207,13 @@ MAX_WORKERS = 256  # reader threads: far more than any disk serves in parallel
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="segadv-data", description="Dataset tools.",
+    parser = argparse.ArgumentParser(prog="segadv-data", formatter_class=HelpFormatter, description="Dataset tools.",
                                      epilog=docs_epilog("datasets.md"))
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="check (COMMAND --help: its options)")
     check = sub.add_parser(
-        "check", help="scan the configured dataset and report every problem (exit 0 clean, 2 not)",
+        "check", formatter_class=HelpFormatter,
+        help="scan the configured dataset and report every problem (exit 0 clean, 2 not)",
         description="Scan the configured dataset: counts per split, image sizes, class pixel "
                     "histogram and every problem found. Exit 0 when clean, 2 when not.",
         epilog=docs_epilog("datasets.md"),
@@ -221,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--workers", type=count(1, MAX_WORKERS), default=min(4, os.cpu_count() or 1),
                        help="reader threads, 1 or more (default: %(default)s)")
     check.add_argument("overrides", nargs="*", metavar="key=value",
-                       help="dotted config overrides, e.g. data.root=/data/VOC2012 (the keys: segadv-train --help-config)")
+                       help="dotted config overrides, e.g. data.root=/data/VOC2012 "
+                            "(the keys: segadv-train --help-config)")
     return parser
 
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from segadv.cli_args import add_config_arguments, docs_epilog, fraction, parse_args, path_argument, tolerance
+from segadv.cli_args import HelpFormatter, add_config_arguments, docs_epilog, fraction, parse_args, path_argument, tolerance
 from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.export.sidecar import sidecar_path, to_json, write_sidecar
@@ -48,7 +48,7 @@ CPU_HALF_NOTE = (
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="segadv-export",
+        prog="segadv-export", formatter_class=HelpFormatter,
         description="Export a checkpoint's generator to ONNX or TorchScript and verify it against PyTorch.",
         epilog=docs_epilog("inference.md", "failures.md"),
     )

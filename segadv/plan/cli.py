@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from typing import TYPE_CHECKING
 
-from segadv.cli_args import add_config_arguments, docs_epilog, parse_args
+from segadv.cli_args import HelpFormatter, add_config_arguments, docs_epilog, parse_args
 from segadv.config import Config, load_config
 from segadv.data.batch_checks import BatchTooSmall
 from segadv.errors import UserError, cli_entry
@@ -208,7 +208,7 @@ def _measured(value: int | None, row: DevicePlan, fmt: Callable[[int], str]) -> 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="segadv-plan",
+        prog="segadv-plan", formatter_class=HelpFormatter,
         description="Dry-run segadv's own training iteration on stand-in devices: placement checked, peak "
                     "memory per device, before the GPUs exist.",
         epilog=docs_epilog("planning.md"))

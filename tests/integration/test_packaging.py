@@ -38,7 +38,7 @@ def run(command: list, cwd: Path, timeout: float = 600) -> subprocess.CompletedP
 def source_copy(dest: Path) -> Path:
     """What the package is built from (no build/ or egg-info left in the checkout)."""
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("segadv", "configs"):
+    for name in ("segadv", "configs", "docs"):
         shutil.copytree(ROOT / name, dest / name, ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, dest / name)
@@ -79,6 +79,8 @@ def test_wheel_holds_every_module_and_every_shipped_config(wheel: Path) -> None:
     scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "segadv-experiment = segadv.experiment.cli:main" in scripts
     assert "segadv-curves = segadv.experiment.curves:main" in scripts
+    docs = {f"segadv/docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}  # what every --help points to
+    assert "segadv/docs/training.md" in docs and docs - names == set()
 
 
 def test_installed_wheel_trains_from_an_empty_directory(wheel: Path, tmp_path: Path) -> None:
@@ -96,6 +98,15 @@ def test_installed_wheel_trains_from_an_empty_directory(wheel: Path, tmp_path: P
     train = tmp_path / "venv" / "bin" / "segadv-train"
     listed = run([train, "--list-configs"], cwd=empty).stdout.splitlines()
     assert [line.split()[0] for line in listed] == sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
+
+    # --help names pages that exist in the install; the clone's config path hints at the name
+    pages = run([train, "--help"], cwd=empty).stdout.split("documentation:")[1].replace("\n", " ").split(",")
+    assert pages and all(Path(p.strip()).is_file() and Path(p.strip()).is_relative_to(package) for p in pages)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    wrong = subprocess.run([train, "--config", "configs/voc.yaml", "--print-config"], cwd=empty,
+                           capture_output=True, text=True, env=env)
+    assert wrong.returncode == 2 and "--config voc" in wrong.stderr
+    assert "kind: voc" in run([train, "--config", "voc", "--print-config"], cwd=empty).stdout
 
     run([train, *RUN], cwd=empty)  # the embedded default
     run([train, "--config", "semi", "--run-dir", "runs/semi", *RUN, "data.labeled_fraction=0.5"], cwd=empty)
