@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
+from segadv.cli_args import HelpFormatter, docs_epilog
 from segadv.errors import UserError, cli_entry
 from segadv.experiment.runs import METRICS_FILE, metrics_records
 from segadv.fsutil import atomic_write_bytes, make_dir
@@ -92,7 +93,8 @@ def plot(plt: ModuleType, curves: list[Curve], threshold: float, png: Path, titl
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="segadv-curves", description=__doc__.splitlines()[0].partition(": ")[2])
+    parser = argparse.ArgumentParser(prog="segadv-curves", description=__doc__.splitlines()[0].partition(": ")[2],
+                                     formatter_class=HelpFormatter, epilog=docs_epilog("experiments.md"))
     parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories")
     parser.add_argument("--threshold", type=float, default=0.80, help="the val mIoU to time (default 0.80)")
     parser.add_argument("--png", type=Path, help="write the curves here (needs the plot extra: matplotlib)")

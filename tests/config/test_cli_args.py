@@ -74,7 +74,7 @@ def test_run_dir_in_a_config_expands_tilde_and_refuses_an_empty_path(monkeypatch
 
 
 CLIS = ["segadv.train_cli", "segadv.eval", "segadv.ckpt", "segadv.predict", "segadv.export.cli",
-        "segadv.data.check", "segadv.plan.cli"]
+        "segadv.data.check", "segadv.plan.cli", "segadv.experiment.cli", "segadv.experiment.curves"]
 
 
 def test_every_commands_help_answers_without_importing_torch():
