@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from conftest import TINY_OVERRIDES
-from segadv import train as train_cli
+from segadv import train_cli
 from segadv.config import dump_config, load_config
 from segadv.experiment import cli as experiment
 from segadv.experiment import launcher
