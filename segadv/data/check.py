@@ -25,6 +25,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+from segadv.cli_args import HelpFormatter, add_config_arguments, count, docs_epilog, parse_args
 from segadv.config import load_config
 from segadv.config.schema import DataConfig
 from segadv.data.files import Problem, Sample, SampleError, absent_classes_note, display, image_note, read_image
