@@ -364,7 +364,7 @@ def test_sigterm_during_verification_removes_the_temp_file(model, tmp_path, monk
         os.kill(os.getpid(), signal.SIGTERM)  # delivered to this (main) thread before the call returns
         raise AssertionError("SIGTERM did not stop the export")
 
-    monkeypatch.setattr(cli, "verify", terminated_mid_check)
+    monkeypatch.setattr("segadv.export.verify.verify", terminated_mid_check)  # what cli.main imports when it runs
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as stop:
         cli.main(["--checkpoint", str(ckpt), "--output", str(tmp_path / "m.onnx")])
