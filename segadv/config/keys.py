@@ -108,7 +108,9 @@ def keys(model: type[BaseModel] = Config) -> Iterator[Key]:
 
     def walk(cls: type[BaseModel], prefix: str, instance: Optional[BaseModel]) -> Iterator[Key]:
         # Defaults come from the enclosing section's default instance where there is one:
-        # data.folder.train.images is "train/images" there, "images" in its class.
+        # data.folder.train.images is "train/images" there, "images" in its class. A section
+        # whose fields depend on what is registered (method) lists them as registered now.
+        cls = cls.schema_model() if hasattr(cls, "schema_model") else cls
         for name, field in cls.model_fields.items():
             key = f"{prefix}{name}"
             value = getattr(instance, name) if instance is not None else PydanticUndefined

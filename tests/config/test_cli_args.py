@@ -37,8 +37,8 @@ def test_an_unknown_subcommand_still_gets_argparses_message(capsys):
 
 
 @pytest.mark.parametrize("module, argv, dest", [
-    ("segadv.train", ["--run-dir", "~/runs/a"], "run_dir"),
-    ("segadv.train", ["--resume", "~/runs/a/checkpoints/step_2.pt"], "resume"),
+    ("segadv.train_cli", ["--run-dir", "~/runs/a"], "run_dir"),
+    ("segadv.train_cli", ["--resume", "~/runs/a/checkpoints/step_2.pt"], "resume"),
     ("segadv.predict", ["--checkpoint", "c.pt", "--input", "x.png", "--output", "~/masks"], "output"),
     ("segadv.export.cli", ["--checkpoint", "~/c.pt", "--output", "~/m.onnx"], "output"),
     ("segadv.eval", ["--checkpoint", "~/c.pt"], "checkpoint"),
@@ -55,7 +55,7 @@ def test_every_path_option_expands_tilde(module, argv, dest, monkeypatch, tmp_pa
 def test_path_options_refuse_an_empty_path(capsys):
     import importlib
 
-    for module, argv in (("segadv.train", ["--run-dir", ""]), ("segadv.ckpt", ["convert", "f.pt", "--smp", ""])):
+    for module, argv in (("segadv.train_cli", ["--run-dir", ""]), ("segadv.ckpt", ["convert", "f.pt", "--smp", ""])):
         with pytest.raises(SystemExit) as raised:
             parse_args(importlib.import_module(module).build_parser(), argv)
         assert raised.value.code == 2 and "empty path" in capsys.readouterr().err

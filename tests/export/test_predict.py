@@ -384,7 +384,7 @@ def test_an_overlay_keeps_the_images_brightness_where_the_mask_is_background():
     import numpy as np
     from PIL import Image
 
-    from segadv.data.synthetic import palette
+    from segadv.palette import palette
     from segadv.predict import overlay_png
 
     rng = np.random.default_rng(0)
