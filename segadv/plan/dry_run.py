@@ -458,11 +458,7 @@ def _measured_peaks(cfg: Config, steps: int) -> tuple[dict[str, tuple[int, int]]
     """{device: (the real tensors' peak, the allocator's peak)} over the plan's iterations run for
     real on the loader's own batches (the stand-in batches where the data cannot be read here),
     and which batches they were."""
-    # kineto (the profiler's C++ side) logs to stderr on its own: "profiler_start" / "profiler_stop"
-    # lines, and on a machine without CUDA "ERROR ... gpuGetDeviceCount failed" from probing the
-    # GPUs it was not asked to trace. Only its memory events are read here; its log is off unless
-    # the user set a level (it reads KINETO_LOG_LEVEL when the profiler starts).
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    torch_surfaces.quiet_kineto()
     from torch.profiler import ProfilerActivity, profile
 
     from segadv.train import build_data

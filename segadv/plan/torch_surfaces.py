@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -85,7 +86,16 @@ def cpu_memory_events(prof: Any) -> Iterator[tuple[int, int]]:
             yield event.start_ns(), event.nbytes()
 
 
+def quiet_kineto() -> None:
+    """kineto (the profiler's C++ side) logs to stderr on its own: "profiler_start" /
+    "profiler_stop" lines, and on a machine without CUDA "ERROR ... gpuGetDeviceCount failed" from
+    probing the GPUs it was not asked to trace. Only its memory events are read here, so its log
+    is off unless the user set a level; it reads KINETO_LOG_LEVEL when a profiler first starts."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+
 def _probe_kineto() -> None:
+    quiet_kineto()
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
