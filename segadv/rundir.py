@@ -2,8 +2,8 @@
 (docs/checkpoints.md "The run dir").
 
 - A run dir's identity is its checkpoint: a resume compares the config it is given with the one
-  stored in the checkpoint it loads, and any difference outside :data:`RESUME_MAY_CHANGE` is
-  refused naming the key. Without ``--config``, a resume reads ``config.yaml``; a missing or empty
+  stored in the checkpoint it loads, and any difference outside ``RESUME_MAY_CHANGE``
+  (``segadv/config/resume.py``) is refused naming the key. Without ``--config``, a resume reads ``config.yaml``; a missing or empty
   one is rebuilt from the checkpoint, an unreadable one set aside.
 - A fresh start needs a run dir holding none of a run's files (:data:`RUN_FILES`): a second run
   never appends to the first one's metrics or TensorBoard, nor replaces its ``config.yaml``.
@@ -14,8 +14,6 @@
 
 from __future__ import annotations
 
-import fnmatch
-import json
 import logging
 import os
 import shutil
@@ -27,6 +25,7 @@ from typing import Any, Mapping
 import yaml
 
 from segadv.config import Config, config_from_dict, load_config
+from segadv.config.resume import check_resumed_config
 from segadv.errors import UserError
 from segadv.fsutil import unwritable, user_path
 from segadv.monitor.writer import read_records
@@ -40,95 +39,6 @@ CHECKPOINT_DIR = "checkpoints"
 # What segadv-train writes in a run dir; a fresh start refuses a dir holding any of them.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "tensorboard", "checkpoints", "data_split.json", "skipped.json",
              "status.json")
-
-# What a resumed run may set differently from the checkpoint it continues (flat config keys,
-# ``*`` matching any part), each with why it is safe. docs/checkpoints.md lists the same.
-RESUME_MAY_CHANGE: dict[str, str] = {
-    "run_dir": "where the run is",
-    "device_map": "where the networks run",
-    "train.max_steps": "the poly schedule follows the new horizon",
-    "optim.*.lr": "the optimizer's values from the step resumed at",
-    "optim.*.weight_decay": "the optimizer's values from the step resumed at",
-    "optim.*.betas": "the optimizer's values from the step resumed at",
-    "optim.*.momentum": "the optimizer's values from the step resumed at",
-    "train.lr_scaling": "the optimizer's values from the step resumed at",
-    "amp.*": "a GradScaler switched on starts fresh",
-    "parallel.*": "how a network is wrapped, not what it computes",
-    "compile.*": "how a network is wrapped, not what it computes",
-    "model.generator.activation_checkpointing": "how G's forward is run, not what it computes",
-    "train.channels_last": "a memory format",
-    "train.deterministic": "which kernels run",
-    "train.profile": "timing only",
-    "train.on_nonfinite": "what happens to a non-finite step from now on",
-    "train.log_every": "when the run reports",
-    "train.eval_every": "when the run reports",
-    "train.eval_source": "what the run reports",
-    "checkpoint.*": "when and how many checkpoints are kept",
-    "log.*": "what the run reports",
-    "data.num_workers": "how batches are loaded (the order is the sampler's)",
-    "data.pin_memory": "how batches are loaded",
-    "data.persistent_workers": "how batches are loaded",
-    "data.prefetch_factor": "how batches are loaded",
-    "data.val_batch_size": "evaluation is scored in same-size groups: the mIoU of batch size 1",
-    "init.*": "ignored at resume: the checkpoint brings every weight",
-}
-
-
-def may_change_at_resume(key: str) -> bool:
-    return any(fnmatch.fnmatchcase(key, pattern) for pattern in RESUME_MAY_CHANGE)
-
-
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"optim.generator.lr": 0.002, ...}``: every leaf of a (nested) config dict; lists and
-    empty or null sections are leaves."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten(value, name))
-        else:
-            flat[name] = value
-    return flat
-
-
-def config_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(key, saved value, value now)`` for each leaf that differs and a resume may not change."""
-    old, new = flatten(saved), flatten(now)
-    missing = object()
-    found = []
-    for key in [*old, *(k for k in new if k not in old)]:
-        before, after = old.get(key, missing), new.get(key, missing)
-        if before != after and not may_change_at_resume(key):
-            found.append((key, None if before is missing else before, None if after is missing else after))
-    return found
-
-
-def check_resumed_config(saved: Mapping[str, Any] | None, now: Mapping[str, Any], checkpoint: Path) -> None:
-    """The config a run resumes with against the one stored in ``checkpoint``: UserError naming
-    every key that differs and is not in :data:`RESUME_MAY_CHANGE`. A checkpoint without a config
-    (not written by segadv-train) is not compared."""
-    if not saved:
-        log.warning("%s holds no config: the run's config cannot be compared with the one it was saved with",
-                    checkpoint)
-        return
-    differ = config_differences(saved, now)
-    if not differ:
-        return
-    shown = "; ".join(f"{key} differs from the checkpoint's ({_short(old)} then, {_short(new)} now)"
-                      for key, old, new in differ[:6])
-    more = f" (and {len(differ) - 6} more)" if len(differ) > 6 else ""
-    key, old, _ = differ[0]
-    raise UserError(
-        f"{shown}{more}: a resume continues the run {checkpoint} was saved by and may change only what "
-        f"docs/checkpoints.md lists (train.max_steps, learning rates, amp, logging, ...); resume with "
-        f"{key}={_short(old)} (without --config a resume uses the run's own config.yaml), or start a new run dir "
-        f"from its weights (init.generator.path={checkpoint} init.discriminator.path={checkpoint})")
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
-
 
 def check_steps(step: int, max_steps: int, checkpoint: Path | None) -> None:
     """A resume at ``step`` with ``train.max_steps``: below it nothing could train."""

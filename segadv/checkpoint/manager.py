@@ -29,7 +29,7 @@ from segadv.errors import Diverged, UserError, WriteFailed
 from segadv.fsutil import atomic_write_text, unwritable
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
-from segadv.rundir import check_resumed_config
+from segadv.config.resume import check_resumed_config
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,106 @@
+"""What a resumed run may change from the config stored in the checkpoint it continues.
+
+The checkpoint manager checks every resume against it, and the run-dir rule
+(``segadv/rundir.py``) before anything is written; it lives below both so that neither imports
+the other for it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+from segadv.errors import UserError
+
+log = logging.getLogger(__name__)
+
+# What a resumed run may set differently from the checkpoint it continues (flat config keys,
+# ``*`` matching any part), each with why it is safe. docs/checkpoints.md lists the same.
+RESUME_MAY_CHANGE: dict[str, str] = {
+    "run_dir": "where the run is",
+    "device_map": "where the networks run",
+    "train.max_steps": "the poly schedule follows the new horizon",
+    "optim.*.lr": "the optimizer's values from the step resumed at",
+    "optim.*.weight_decay": "the optimizer's values from the step resumed at",
+    "optim.*.betas": "the optimizer's values from the step resumed at",
+    "optim.*.momentum": "the optimizer's values from the step resumed at",
+    "train.lr_scaling": "the optimizer's values from the step resumed at",
+    "amp.*": "a GradScaler switched on starts fresh",
+    "parallel.*": "how a network is wrapped, not what it computes",
+    "compile.*": "how a network is wrapped, not what it computes",
+    "model.generator.activation_checkpointing": "how G's forward is run, not what it computes",
+    "train.channels_last": "a memory format",
+    "train.deterministic": "which kernels run",
+    "train.profile": "timing only",
+    "train.on_nonfinite": "what happens to a non-finite step from now on",
+    "train.log_every": "when the run reports",
+    "train.eval_every": "when the run reports",
+    "train.eval_source": "what the run reports",
+    "checkpoint.*": "when and how many checkpoints are kept",
+    "log.*": "what the run reports",
+    "data.num_workers": "how batches are loaded (the order is the sampler's)",
+    "data.pin_memory": "how batches are loaded",
+    "data.persistent_workers": "how batches are loaded",
+    "data.prefetch_factor": "how batches are loaded",
+    "data.val_batch_size": "evaluation is scored in same-size groups: the mIoU of batch size 1",
+    "init.*": "ignored at resume: the checkpoint brings every weight",
+}
+
+
+def may_change_at_resume(key: str) -> bool:
+    return any(fnmatch.fnmatchcase(key, pattern) for pattern in RESUME_MAY_CHANGE)
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optim.generator.lr": 0.002, ...}``: every leaf of a (nested) config dict; lists and
+    empty or null sections are leaves."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def config_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(key, saved value, value now)`` for each leaf that differs and a resume may not change."""
+    old, new = flatten(saved), flatten(now)
+    missing = object()
+    found = []
+    for key in [*old, *(k for k in new if k not in old)]:
+        before, after = old.get(key, missing), new.get(key, missing)
+        if before != after and not may_change_at_resume(key):
+            found.append((key, None if before is missing else before, None if after is missing else after))
+    return found
+
+
+def check_resumed_config(saved: Mapping[str, Any] | None, now: Mapping[str, Any], checkpoint: Path) -> None:
+    """The config a run resumes with against the one stored in ``checkpoint``: UserError naming
+    every key that differs and is not in :data:`RESUME_MAY_CHANGE`. A checkpoint without a config
+    (not written by segadv-train) is not compared."""
+    if not saved:
+        log.warning("%s holds no config: the run's config cannot be compared with the one it was saved with",
+                    checkpoint)
+        return
+    differ = config_differences(saved, now)
+    if not differ:
+        return
+    shown = "; ".join(f"{key} differs from the checkpoint's ({_short(old)} then, {_short(new)} now)"
+                      for key, old, new in differ[:6])
+    more = f" (and {len(differ) - 6} more)" if len(differ) > 6 else ""
+    key, old, _ = differ[0]
+    raise UserError(
+        f"{shown}{more}: a resume continues the run {checkpoint} was saved by and may change only what "
+        f"docs/checkpoints.md lists (train.max_steps, learning rates, amp, logging, ...); resume with "
+        f"{key}={_short(old)} (without --config a resume uses the run's own config.yaml), or start a new run dir "
+        f"from its weights (init.generator.path={checkpoint} init.discriminator.path={checkpoint})")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
