@@ -16,7 +16,6 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-from segadv.plan.torch_surfaces import autocast_header
 
 LISTS = {
     "lower_precision_fp": "AT_FORALL_LOWER_PRECISION_FP",
@@ -29,10 +28,9 @@ _ENTRY = re.compile(r"_\(\s*(\w+)\s*(?:,\s*(\w+)\s*)?\)")
 _registered: dict[str, tuple[torch.library.Library, torch.library.Library]] = {}
 
 
-def read_policy(header: Path | None = None) -> dict[str, list[tuple[str, str]]]:
-    """``{policy: [(op, overload), ...]}`` from the header (default: the installed torch's;
-    overload ``""``: the default one)."""
-    header = header or autocast_header()
+def read_policy(header: Path) -> dict[str, list[tuple[str, str]]]:
+    """``{policy: [(op, overload), ...]}`` from the header (the installed torch's is
+    ``torch_surfaces.autocast_header()``; overload ``""``: the default one)."""
     text = header.read_text()
     policy = {}
     for name, macro in LISTS.items():
@@ -85,8 +83,9 @@ def _widest(dtypes: list[torch.dtype]) -> torch.dtype | None:
     return widest
 
 
-def register_cuda_policy(dispatch_key: str) -> None:
-    """Register CUDA's policy for ``dispatch_key`` (e.g. ``AutocastPrivateUse1``), once."""
+def register_cuda_policy(dispatch_key: str, header: Path) -> None:
+    """Register CUDA's policy, as ``header`` (torch's ATen/autocast_mode.h) lists it, for
+    ``dispatch_key`` (e.g. ``AutocastPrivateUse1``), once."""
     if dispatch_key in _registered:
         return
     key = getattr(torch._C.DispatchKey, dispatch_key)
@@ -94,7 +93,7 @@ def register_cuda_policy(dispatch_key: str) -> None:
     fallthrough = torch.library.Library("_", "IMPL")
     fallthrough.fallback(torch.library.fallthrough_kernel, dispatch_key)
     lib = torch.library.Library("aten", "IMPL")
-    for policy, ops in read_policy().items():
+    for policy, ops in read_policy(header).items():
         for name, overload in ops:
             packet = getattr(torch.ops.aten, name, None)
             op = None if packet is None else getattr(packet, overload or "default", None)

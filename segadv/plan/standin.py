@@ -116,7 +116,7 @@ def _register() -> str:
     from segadv.plan.autocast_policy import register_cuda_policy
 
     torch_surfaces.setup_python_backend(NAME, FACADE)
-    register_cuda_policy("AutocastPrivateUse1")
+    register_cuda_policy("AutocastPrivateUse1", torch_surfaces.autocast_header())
     return NAME
 
 
