@@ -8,13 +8,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
 
 from segadv.checkpoint import load_encoder_weights
 from segadv.config import Config
-from segadv.config.schema import DiscriminatorConfig, GeneratorConfig, NetworkAmpConfig, OptimizerConfig
+from segadv.config.schema import (
+    DiscriminatorConfig,
+    GeneratorConfig,
+    InitSource,
+    NetworkAmpConfig,
+    OptimizerConfig,
+)
 from segadv.data.batch_checks import check_micro_batches
 from segadv.data.config_checks import training_side
 from segadv.engine.accumulation import Accumulation
@@ -28,27 +35,12 @@ from segadv.models.discriminator import check_input_side
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel import DeviceMap, place_networks
 from segadv.parallel.compile import check_compile, compile_enabled
+from segadv.parallel.device_map import SHORT_NAMES
 from segadv.parallel.distributed import DistEnv
 from segadv.parallel.report import gather_rows, network_row, placement_table
 from segadv.parallel.wrap import check_batch_for_replicas, parallelize_network, resolve_mode
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Training:
-    g: Network
-    d: Network
-    d_aux: Network | None  # the aux output's D (multi-level domain adaptation), else None
-    method: Method  # what one training iteration does (cfg.method)
-    device_map: DeviceMap
-    env: DistEnv
-    phases: PhaseTimer  # per-phase time of the iteration (segadv/monitor/profile.py)
-    step: Accumulation  # one optimizer step: the method over train.accumulation_steps micro-batches
-
-    def networks(self) -> list[Network]:
-        """Every network trained: G, D, then the aux D if any."""
-        return [self.g, self.d] + ([] if self.d_aux is None else [self.d_aux])
 
 
 @dataclass(frozen=True)
@@ -59,22 +51,130 @@ class NetworkSettings:
     optim: OptimizerConfig
     amp: NetworkAmpConfig
     parallel: str
+    init: InitSource | None  # weights to start from (init.<role>), or None
+
+
+@dataclass(frozen=True)
+class Role:
+    """One network of the run and everything decided for it before it is built: the one place
+    where the generator and the discriminators differ (``network_roles``). The rest of the package
+    loops over a run's roles and asks them."""
+
+    name: str  # generator | discriminator | discriminator_aux: its config key and checkpoint keys
+    short: str  # g | d | d_aux: the device map's name, and its scalars' (train/lr_g, amp/scale_d_aux)
+    settings: NetworkSettings
+    devices: tuple[torch.device, ...]  # devices[0]: where its parameters live and its output is gathered
+    mode: str  # its wrapper: none, dp or ddp
+    checkpointing: bool  # activation checkpointing of its blocks
+    compiled: bool  # torch.compile of its forward
+    build: Callable[[GeneratorConfig | DiscriminatorConfig, int], nn.Module]  # (model settings, classes) -> network
+    # Under DDP: G's BatchNorm statistics follow rank 0, so every rank evaluates (and could save)
+    # the same model; a D has no buffers, so there is nothing to broadcast.
+    broadcast_buffers: bool
+    loss_scaling: bool | None  # scale its loss whatever its own AMP says (None: as its AMP says)
+    sync_bn: bool  # its BatchNorm layers synchronised across ranks
+
+
+@dataclass
+class Training:
+    roles: tuple[Role, ...]  # G first, then D, then the aux D where the run has one
+    nets: tuple[Network, ...]  # one per role, in the same order
+    method: Method  # what one training iteration does (cfg.method)
+    device_map: DeviceMap
+    env: DistEnv
+    phases: PhaseTimer  # per-phase time of the iteration (segadv/monitor/profile.py)
+    step: Accumulation  # one optimizer step: the method over train.accumulation_steps micro-batches
+
+    def networks(self) -> list[Network]:
+        """Every network trained: G, D, then the aux D if any."""
+        return list(self.nets)
+
+    def members(self) -> Iterator[tuple[Role, Network]]:
+        """Each role with its network, G first."""
+        return zip(self.roles, self.nets)
+
+    def network(self, role: str) -> Network | None:
+        """The network of ``role`` (a role name), or None where the run has no such network."""
+        return next((net for net in self.nets if net.role == role), None)
+
+    @property
+    def g(self) -> Network:
+        return self.network("generator")
+
+    @property
+    def d(self) -> Network:
+        return self.network("discriminator")
+
+    @property
+    def d_aux(self) -> Network | None:
+        """The aux output's D (multi-level domain adaptation), else None."""
+        return self.network("discriminator_aux")
+
+
+def run_role_names(cfg: Config) -> tuple[str, ...]:
+    """The roles of the networks ``cfg`` trains: G, D, and the aux output's D where the method
+    adapts at two levels."""
+    aux = method_class(cfg.method.name).has_aux_discriminator(cfg)
+    return ("generator", "discriminator") + (("discriminator_aux",) if aux else ())
 
 
 def network_settings(cfg: Config, role: str) -> NetworkSettings:
-    """``role``'s model, optimizer, AMP and parallel settings; the aux D's that are not given are
-    the main D's (each network still gets its own instances: optimizer, GradScaler, wrapper)."""
+    """``role``'s model, optimizer, AMP, parallel and init settings; the aux D's that are not given
+    are the main D's (each network still gets its own instances: optimizer, GradScaler, wrapper),
+    and it has no ``init`` key: it starts from its own initialisation."""
 
     def own(section):
         value = getattr(section, role)
         return section.discriminator if value is None and role == "discriminator_aux" else value
 
-    return NetworkSettings(own(cfg.model), own(cfg.optim), own(cfg.amp), own(cfg.parallel))
+    return NetworkSettings(own(cfg.model), own(cfg.optim), own(cfg.amp), own(cfg.parallel),
+                           getattr(cfg.init, role, None))
 
 
-def role_devices(device_map: DeviceMap, role: str) -> tuple[torch.device, ...]:
-    return {"generator": device_map.generator_devices, "discriminator": device_map.discriminator_devices,
-            "discriminator_aux": device_map.aux_discriminator_devices}[role]
+def network_roles(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) -> tuple[Role, ...]:
+    """The run's roles, G first, each checked against the device map and the launch."""
+    names = run_role_names(cfg)
+    if "discriminator_aux" not in names and device_map.named_aux_discriminator_devices is not None:
+        raise UserError(f"device map {device_map}: d_aux names a device, but this run has no aux discriminator "
+                        "(it needs model.generator.aux_head and a method that adapts each level with a D)")
+    settings = [network_settings(cfg, name) for name in names]
+    micro_batch = check_accumulation(cfg, replicas=len(device_map.devices_of("generator")))
+    # G's loss passes through a D's backward when an adversarial term is on: scale it if that D is fp16.
+    through_float16 = method_class(cfg.method.name).passes_generator_loss_through_discriminator(cfg) and any(
+        uses_float16(own.amp) for name, own in zip(names, settings) if name != "generator")
+    roles = []
+    for name, own in zip(names, settings):
+        generator = name == "generator"
+        if not generator:
+            check_discriminator_input(cfg, own.model, f"model.{name}")
+        devices = device_map.devices_of(name)
+        mode = resolve_mode(own.parallel, name, devices, env)
+        checkpointing = generator and cfg.model.generator.activation_checkpointing
+        compiled = compile_enabled(cfg.compile, name)
+        check_batch_for_replicas(micro_batch, len(devices), name)
+        if compiled:
+            check_compile(cfg.compile, name, devices, mode, checkpointing)
+        sync_bn = generator and cfg.parallel.sync_bn
+        if sync_bn and cfg.model.generator.norm == "frozen":
+            raise UserError("parallel.sync_bn with model.generator.norm=frozen: G's BatchNorm statistics are fixed, "
+                            "there are none to synchronise")
+        if sync_bn and mode != "ddp":
+            raise UserError("parallel.sync_bn needs the generator under DDP (a multi-process launch)")
+        if sync_bn and devices[0].type != "cuda":
+            raise UserError("parallel.sync_bn needs the generator on CUDA (SyncBatchNorm has no CPU kernel)")
+        roles.append(Role(
+            name, SHORT_NAMES[name], own, devices, mode,
+            checkpointing=checkpointing, compiled=compiled,
+            build=generator_model if generator else build_discriminator, broadcast_buffers=generator,
+            loss_scaling=(uses_float16(own.amp) or through_float16) if generator else None, sync_bn=sync_bn))
+    return tuple(roles)
+
+
+def generator_model(cfg: GeneratorConfig, num_classes: int) -> nn.Module:
+    """G, with the local encoder weights file ``model.generator.encoder_weights`` names, if any."""
+    model = build_generator(cfg, num_classes)
+    load_encoder_weights(model, cfg)
+    return model
 
 
 def build_amp_optimizer(
@@ -90,66 +190,33 @@ def build_amp_optimizer(
 def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) -> Training:
     method_cls = method_class(cfg.method.name)
     method_cls.check_config(cfg)
-    roles = ["generator", "discriminator"]
-    if method_cls.has_aux_discriminator(cfg):
-        roles.append("discriminator_aux")
-    elif device_map.named_aux_discriminator_devices is not None:
-        raise UserError(f"device map {device_map}: d_aux names a device, but this run has no aux discriminator "
-                        "(it needs model.generator.aux_head and a method that adapts each level with a D)")
-    settings = {role: network_settings(cfg, role) for role in roles}
-    devices = {role: role_devices(device_map, role) for role in roles}
-    micro_batch = check_accumulation(cfg, replicas=len(devices["generator"]))
-    check_discriminator_input(cfg, roles)
-    num_classes = cfg.data.num_classes
-    models = {role: (build_generator if role == "generator" else build_discriminator)(settings[role].model, num_classes)
-              for role in roles}
-    load_encoder_weights(models["generator"], cfg.model.generator)  # a local encoder weights file, if any
-    place_networks(models["generator"], models["discriminator"], device_map, channels_last=cfg.train.channels_last,
-                   aux_discriminator=models.get("discriminator_aux"))
-
-    modes = {role: resolve_mode(settings[role].parallel, role, devices[role], env) for role in roles}
-    checkpointing = {role: role == "generator" and cfg.model.generator.activation_checkpointing for role in roles}
-    compiled = {role: compile_enabled(cfg.compile, role) for role in roles}
-    for role in roles:
-        check_batch_for_replicas(micro_batch, len(devices[role]), role)
-        if compiled[role]:
-            check_compile(cfg.compile, role, devices[role], modes[role], checkpointing[role])
-    if cfg.parallel.sync_bn:
-        if cfg.model.generator.norm == "frozen":
-            raise UserError("parallel.sync_bn with model.generator.norm=frozen: G's BatchNorm statistics are fixed, "
-                            "there are none to synchronise")
-        if modes["generator"] != "ddp":
-            raise UserError("parallel.sync_bn needs the generator under DDP (a multi-process launch)")
-        if device_map.generator.type != "cuda":
-            raise UserError("parallel.sync_bn needs the generator on CUDA (SyncBatchNorm has no CPU kernel)")
-        models["generator"] = nn.SyncBatchNorm.convert_sync_batchnorm(models["generator"])
-
-    max_steps = cfg.train.max_steps
-    skip = cfg.train.on_nonfinite == "skip_step"
-    lr_multiplier = float(env.world_size) if cfg.train.lr_scaling == "linear" else 1.0
-    # G's loss passes through a D's backward when an adversarial term is on: scale it if that D is fp16.
-    g_loss_scaling = uses_float16(settings["generator"].amp) or (
-        method_cls.passes_generator_loss_through_discriminator(cfg)
-        and any(uses_float16(settings[role].amp) for role in roles if role != "generator"))
-    networks = {}
-    for role in roles:
-        model, own = models[role], settings[role]
-        # broadcast_buffers: G's BatchNorm statistics follow rank 0, so every rank evaluates (and
-        # could save) the same model; a D has no buffers, so there is nothing to broadcast.
-        wrapped = parallelize_network(model, modes[role], devices[role], own.amp, broadcast_buffers=role == "generator",
-                                      activation_checkpointing=checkpointing[role],
-                                      compile_config=cfg.compile if compiled[role] else None, role=role)
-        opt = build_amp_optimizer(model, own.optim, own.amp, devices[role][0], max_steps, lr_multiplier,
-                                  loss_scaling=g_loss_scaling if role == "generator" else None, name=role,
-                                  skip_nonfinite=skip, accumulation_steps=cfg.train.accumulation_steps)
-        networks[role] = Network(role, wrapped, opt, devices[role])
-    g, d, d_aux = networks["generator"], networks["discriminator"], networks.get("discriminator_aux")
+    roles = network_roles(cfg, device_map, env)
+    models = [role.build(role.settings.model, cfg.data.num_classes) for role in roles]
+    place_networks([(role.name, model, role.devices[0]) for role, model in zip(roles, models)], device_map,
+                   channels_last=cfg.train.channels_last)
+    nets = tuple(build_network(cfg, env, role, model) for role, model in zip(roles, models))
     phases = PhaseTimer(precise=cfg.train.profile)
-    method = method_cls.from_config(cfg, g, d, d_aux, phases)
-    step = Accumulation(method, list(networks.values()), cfg.train.accumulation_steps)
-    return Training(g, d, d_aux, method, device_map, env, phases, step)
+    by_role = {net.role: net for net in nets}
+    method = method_cls.from_config(cfg, by_role["generator"], by_role["discriminator"],
+                                    by_role.get("discriminator_aux"), phases)
+    step = Accumulation(method, list(nets), cfg.train.accumulation_steps)
+    return Training(roles, nets, method, device_map, env, phases, step)
 
 
+def build_network(cfg: Config, env: DistEnv, role: Role, model: nn.Module) -> Network:
+    """``role``'s placed network made ready to train (wrappers, optimizer, scaler, schedule)."""
+    if role.sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    own = role.settings
+    wrapped = parallelize_network(model, role.mode, role.devices, own.amp, broadcast_buffers=role.broadcast_buffers,
+                                  activation_checkpointing=role.checkpointing,
+                                  compile_config=cfg.compile if role.compiled else None, role=role.name)
+    lr_multiplier = float(env.world_size) if cfg.train.lr_scaling == "linear" else 1.0
+    opt = build_amp_optimizer(model, own.optim, own.amp, role.devices[0], cfg.train.max_steps, lr_multiplier,
+                              loss_scaling=role.loss_scaling, name=role.name,
+                              skip_nonfinite=cfg.train.on_nonfinite == "skip_step",
+                              accumulation_steps=cfg.train.accumulation_steps)
+    return Network(role.name, wrapped, opt, role.devices)
 def check_accumulation(cfg: Config, replicas: int = 1) -> int:
     """``train.accumulation_steps`` against every stream's batch size, and each micro-batch (each
     of G's ``replicas``' chunk of it) against BatchNorm where G cannot train on one sample; returns
@@ -168,18 +235,15 @@ def check_accumulation(cfg: Config, replicas: int = 1) -> int:
     return cfg.data.batch_size // steps
 
 
-def check_discriminator_input(cfg: Config, roles: list[str]) -> None:
-    """Each D's depth against the smallest training side it is given (G's maps are at the input's
-    size): the source's, and the target's under domain adaptation, where the config says it."""
+def check_discriminator_input(cfg: Config, model: DiscriminatorConfig, key: str) -> None:
+    """A D's depth (``model``, at config ``key``) against the smallest training side it is given
+    (G's maps are at the input's size): the source's, and the target's under domain adaptation,
+    where the config says it."""
     sides = [training_side(cfg.data)]
     if cfg.target_data is not None:
         sides.append(training_side(cfg.target_data, "target_data"))
-    sides = [side for side in sides if side is not None]
-    for role in roles:
-        if role == "generator":
-            continue
-        for side, source in sides:
-            check_input_side(network_settings(cfg, role).model, side, f"model.{role}", source)
+    for side, source in (side for side in sides if side is not None):
+        check_input_side(model, side, key, source)
 
 
 def log_placement(parts: Training) -> None:

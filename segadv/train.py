@@ -120,7 +120,7 @@ def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, record:
     log.info("run dir: %s; device map: %s", run_dir, device_map)
     parts = build_training(cfg, device_map, env)
     data = build_data(cfg, parts, run_dir)
-    initialise_weights(cfg, parts, trusted)
+    initialise_weights(parts, trusted)
     log_placement(parts)
     checkpoints = CheckpointManager(run_dir, run_state(parts, data.streams), every=cfg.checkpoint.every,
                                     keep_last=cfg.checkpoint.keep_last, config=config_to_dict(cfg), env=env)
@@ -350,12 +350,12 @@ def stop_reason(stop: StopRequests, agreement: distributed.StepAgreement, step: 
     return None
 
 
-def initialise_weights(cfg: Config, parts: Training, trusted: bool) -> None:
-    """``init.generator`` / ``init.discriminator``: start from given weights (strict unless excluded)."""
-    for role, module in (("generator", parts.g.module), ("discriminator", parts.d.module)):
-        source = getattr(cfg.init, role)
+def initialise_weights(parts: Training, trusted: bool) -> None:
+    """``init.<role>``: each network starts from the given weights (strict unless excluded)."""
+    for role, net in parts.members():
+        source = role.settings.init
         if source is not None:
-            load_weights(source.path, module, role=role, exclude=source.exclude, trusted=trusted)
+            load_weights(source.path, net.module, role=role.name, exclude=source.exclude, trusted=trusted)
 
 
 def log_training(
@@ -365,15 +365,9 @@ def log_training(
     """Logs the losses (averaged over ranks) and the optimizers' state; returns those losses."""
     losses = distributed.mean_over_ranks(losses, parts.device_map.generator)
     scalars = {f"train/{name}": value for name, value in losses.items()}
-    scalars.update({
-        "train/lr_g": parts.g.opt.lr,
-        "train/lr_d": parts.d.opt.lr,
-        "amp/scale_g": parts.g.opt.loss_scale(),
-        "amp/scale_d": parts.d.opt.loss_scale(),
-        **perf,
-    })
-    if parts.d_aux is not None:
-        scalars.update({"train/lr_d_aux": parts.d_aux.opt.lr, "amp/scale_d_aux": parts.d_aux.opt.loss_scale()})
+    for net in parts.networks():
+        scalars.update({f"train/lr_{net.short}": net.opt.lr, f"amp/scale_{net.short}": net.opt.loss_scale()})
+    scalars.update(perf)
     writer.scalars(step, scalars)
     progress.update(step, losses)
     return losses

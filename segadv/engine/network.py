@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from segadv.engine.amp_optimizer import AmpOptimizer
+from segadv.parallel.device_map import SHORT_NAMES
 from segadv.parallel.placement import unwrap
 
 
@@ -18,6 +19,11 @@ class Network:
     module: nn.Module  # as trained: bare, DataParallel- or DDP-wrapped
     opt: AmpOptimizer  # optimizer with its GradScaler, LR schedule and autocast
     devices: tuple[torch.device, ...]  # devices[0]: where its parameters live and its output is gathered
+
+    @property
+    def short(self) -> str:
+        """The role's short name (g, d, d_aux): the device map's, and its scalars' (train/lr_g)."""
+        return SHORT_NAMES[self.role]
 
     @property
     def device(self) -> torch.device:

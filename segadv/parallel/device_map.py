@@ -59,6 +59,13 @@ class DeviceMap:
     def aux_discriminator(self) -> torch.device:
         return self.aux_discriminator_devices[0]
 
+    def devices_of(self, role: str) -> tuple[torch.device, ...]:
+        """``role``'s devices (generator, discriminator or discriminator_aux)."""
+        if role not in SHORT_NAMES:
+            raise KeyError(f"no role {role!r}; roles are {', '.join(SHORT_NAMES)}")
+        return {"generator": self.generator_devices, "discriminator": self.discriminator_devices,
+                "discriminator_aux": self.aux_discriminator_devices}[role]
+
     @property
     def devices(self) -> tuple[torch.device, ...]:
         """Every distinct device named, generator's first."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -43,21 +44,17 @@ def activate(device_map: DeviceMap) -> None:
 
 
 def place_networks(
-    generator: nn.Module, discriminator: nn.Module, device_map: DeviceMap, channels_last: bool = False,
-    aux_discriminator: nn.Module | None = None,
+    networks: Sequence[tuple[str, nn.Module, torch.device]], device_map: DeviceMap, channels_last: bool = False,
 ) -> None:
-    """``channels_last``: 4-D weights in NHWC order, so convolutions take and give NHWC
-    activations (faster convolutions on recent GPUs and oneDNN CPUs; inputs convert on the way in).
-    ``aux_discriminator``: the aux output's D (multi-level domain adaptation), on ``d_aux``'s device."""
+    """Each ``(role, network, device)`` onto its device, the map's first accelerator made current.
+    ``channels_last``: 4-D weights in NHWC order, so convolutions take and give NHWC activations
+    (faster convolutions on recent GPUs and oneDNN CPUs; inputs convert on the way in)."""
     activate(device_map)
     memory_format = torch.channels_last if channels_last else torch.preserve_format
-    placed = [("G", generator, device_map.generator), ("D", discriminator, device_map.discriminator)]
-    if aux_discriminator is not None:
-        placed.append(("aux D", aux_discriminator, device_map.aux_discriminator))
-    for _, network, device in placed:
+    for _, network, device in networks:
         network.to(device, memory_format=memory_format)
-    log.info("placement: %s", ", ".join(f"{label} on {shown(device)} ({count_parameters(network):,} params)"
-                                        for label, network, device in placed))
+    log.info("placement: %s", ", ".join(f"{role} on {shown(device)} ({count_parameters(network):,} params)"
+                                        for role, network, device in networks))
 
 
 def unwrap(module: nn.Module) -> nn.Module:

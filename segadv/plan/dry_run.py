@@ -23,13 +23,13 @@ from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.overrides import TorchFunctionMode
 
-from segadv.build import Training, build_training
+from segadv.build import Training, build_training, network_settings, run_role_names
 from segadv.config import Config
 from segadv.data import pool_has_masks
 from segadv.engine.evaluate import evaluate
 from segadv.errors import UserError
 from segadv.parallel.compile import compile_enabled
-from segadv.parallel.device_map import DeviceMap, parse_device_map
+from segadv.parallel.device_map import SHORT_NAMES, DeviceMap, parse_device_map
 from segadv.plan import standin, torch_surfaces
 from segadv.plan.accounting import DryRunMode, PlacementError, segadv_line
 from segadv.plan.batches import BatchShape, FixedStream, make_batch, stream_shapes, val_size
@@ -83,7 +83,7 @@ def compile_note(cfg: Config) -> list[str]:
     compiled graphs run the same convolutions on the same tensors, and inductor's partitioner
     usually saves fewer intermediate tensors for the backward than eager autograd does (it
     recomputes cheap pointwise ops); docs/planning.md "Compiled networks"."""
-    roles = [role for role in ("generator", "discriminator") if compile_enabled(cfg.compile, role)]
+    roles = [role for role in run_role_names(cfg) if compile_enabled(cfg.compile, role)]
     if not roles:
         return []
     return [f"compile.{' and compile.'.join(roles)}: planned eager (compiled graphs usually save fewer "
@@ -95,12 +95,12 @@ def map_devices(spec: str | None) -> DeviceMap:
     device_map = parse_device_map(spec, cuda_device_count=standin.DEVICE_COUNT)
     if spec is None or not spec.strip():
         raise UserError("segadv-plan: give the device map to plan (--device-map g:1,d:0, or cpu)")
-    for role, devices in (("g", device_map.generator_devices), ("d", device_map.discriminator_devices),
-                          ("d_aux", device_map.named_aux_discriminator_devices or ())):
+    for role, short in SHORT_NAMES.items():
+        devices = device_map.devices_of(role)
         if len(devices) > 1:
             names = "+".join(str(d) for d in devices)
-            raise UserError(f"device map {spec!r}: {role}:{names} is a DataParallel replica set, which segadv-plan "
-                            f"does not dry-run; plan one replica ({role}:{devices[0]}) with data.batch_size divided "
+            raise UserError(f"device map {spec!r}: {short}:{names} is a DataParallel replica set, which segadv-plan "
+                            f"does not dry-run; plan one replica ({short}:{devices[0]}) with data.batch_size divided "
                             f"by {len(devices)}: each replica holds that, the first also the gathered outputs")
     return device_map
 
@@ -110,10 +110,9 @@ def without_one_device_dp(cfg: Config, device_map: DeviceMap) -> tuple[Config, l
     itself there (its scatter onto the same device copies nothing), so it is planned unwrapped,
     with a note. (On the stand-in, DataParallel would look for replicas of its own.)"""
     parallel, notes = cfg.parallel, []
-    roles = {"generator": device_map.generator_devices, "discriminator": device_map.discriminator_devices,
-             "discriminator_aux": device_map.aux_discriminator_devices}
-    for role, devices in roles.items():
-        if getattr(parallel, role) == "dp" and len(devices) == 1:
+    for role in run_role_names(cfg):
+        devices = device_map.devices_of(role)
+        if network_settings(cfg, role).parallel == "dp" and len(devices) == 1:
             parallel = parallel.model_copy(update={role: "none"})
             notes.append(f"parallel.{role}=dp on one device ({devices[0]}): DataParallel runs the network itself "
                          "there; planned without the wrapper (same memory)")
