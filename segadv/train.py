@@ -16,20 +16,14 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from segadv.build import Training, build_training, log_placement
-from segadv.checkpoint import CheckpointManager, NetworkWeights, Stateful, load_weights
+from segadv.checkpoint import CheckpointManager, load_weights
 from segadv.config import Config, config_to_dict, flat_config
 from segadv.config.shipped import resolve_config
-from segadv.data import build_stream_loaders, build_val_loader, pool_has_masks
-from segadv.data.batch_checks import check_last_batches
-from segadv.data.streams import Stream, Streams, close_loader
-from segadv.engine.evaluate import evaluate
+from segadv.data.streams import Streams
 from segadv.engine.nonfinite import NonFiniteGuard
 from segadv.errors import Diverged, UserError, WriteFailed, input_shape_message
-from segadv.data.augment import seed_transform
 from segadv.monitor.diagnostics import D_LOSSES, DWinsWatch, confidence_quality
 from segadv.monitor.images import confidence_panel, segmentation_panel
 from segadv.monitor.meters import LossAverager, StepTimer
@@ -39,12 +33,12 @@ from segadv.monitor.status import RunRecord
 from segadv.monitor.writer import MetricWriter, NullWriter
 from segadv.parallel import DeviceMap, activate, parse_device_map
 from segadv.palette import palette
-from segadv.parallel.placement import for_inference
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
 from segadv import preflight, rundir
 from segadv.run_lock import RunDirLock
-from segadv.runtime import RankRNGs, seed_everything, setup_logging
+from segadv.run import RunData, build_data, evaluate_generator, run_state
+from segadv.runtime import seed_everything, setup_logging
 from segadv.signals import StopRequests
 
 from segadv.train_cli import main, resolved_config  # noqa: F401 (main: segadv-train; python -m segadv.train)
@@ -59,22 +53,6 @@ class TrainResult:
     val_metrics: dict[str, object]
     stopped_by: str | None = None  # the signal that ended the run early, if any
     best: dict[str, float] | None = None  # the best evaluation: {"mIoU", "step"} (checkpoints/best.pt)
-
-
-@dataclass
-class RunData:
-    streams: Streams  # what the method draws from
-    val_loader: Iterable  # val/* (the target's under domain adaptation)
-    source_val_loader: Iterable | None  # val_source/* (train.eval_source), else None
-    panel_images: torch.Tensor | None  # the method's panel inputs, fixed for the run
-    # Unlabeled images with their masks for diag/d_confidence_auroc (log.diagnostic_images), or None
-    diagnostic: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def close(self) -> None:
-        """Every loader's workers ended (persistent ones included) before the run returns."""
-        self.streams.close()
-        for loader in (self.val_loader, self.source_val_loader):
-            close_loader(loader)
 
 
 def train(
@@ -221,42 +199,6 @@ def start_processes(cfg: Config) -> tuple[DistEnv, DeviceMap]:
     return env, device_map
 
 
-def build_data(cfg: Config, parts: Training, run_dir: Path) -> RunData:
-    env, device_map = parts.env, parts.device_map
-    loaders, val_loader = build_stream_loaders(
-        cfg.data, parts.method.streams, seed=cfg.train.seed, pin_memory=device_map.generator.type != "cpu",
-        run_dir=run_dir, rank=env.rank, world_size=env.world_size, batch_sizes=parts.method.stream_batch_sizes(cfg),
-        target=cfg.target_data,
-    )
-    keys = {spec.name: spec.batch_size_key for spec in parts.method.streams}
-    check_last_batches(loaders, keys, cfg.train.accumulation_steps,
-                       not cfg.model.generator.trains_on_one_sample)
-    streams = Streams({name: Stream(name, loader, keys[name]) for name, loader in loaders.items()})
-    source_val_loader = None
-    if cfg.train.eval_source and cfg.target_data is not None:
-        # Every rank evaluates the whole source val split (small; the confusion counts it
-        # all-reduces scale together, so the metrics are the single-process ones).
-        source_val_loader = build_val_loader(cfg.data, seed=cfg.train.seed, pin_memory=False)
-    panel_images = first_images(streams[parts.method.panel_stream], cfg.log.num_images) \
-        if parts.method.panel_stream and cfg.log.num_images else None
-    diagnostic = None
-    if panel_images is not None and cfg.log.diagnostic_images and pool_has_masks(cfg.data):
-        diagnostic = first_labeled_samples(streams[parts.method.panel_stream], cfg.log.diagnostic_images)
-    return RunData(streams, val_loader, source_val_loader, panel_images, diagnostic)
-
-
-def run_state(parts: Training, streams: Streams) -> dict[str, Stateful]:
-    """The run's stateful parts by checkpoint key: each network's weights and its optimizer (with
-    its GradScaler and LR schedule), the data streams' positions, every rank's RNGs."""
-    states: dict[str, Stateful] = {}
-    for net in parts.networks():
-        states[net.role] = NetworkWeights(net.role, net.module)
-        states[f"optim_{net.role}"] = net.opt
-    states["data_streams"] = streams
-    states["rng"] = RankRNGs(parts.device_map.devices, parts.env)
-    return states
-
-
 def open_writer(cfg: Config, run_dir: Path, env: DistEnv, resume_step: int | None) -> MetricWriter | NullWriter:
     """Rank 0 saves the config and writes the metrics; the other ranks write nothing."""
     if not env.is_main:
@@ -394,10 +336,7 @@ def run_evaluation(
     """G on one val split, logged as ``<prefix>/mIoU``, ``<prefix>/pixel_acc``, ``<prefix>/IoU/<class>``
     (and ``num_samples`` input/truth/prediction panels). ``extra``: scalars logged with them
     (``perf/train_seconds``: accuracy against time, segadv-curves)."""
-    result = evaluate(
-        generator_for_evaluation(parts), loader, parts.device_map.generator, cfg.data.num_classes,
-        autocast=parts.g.opt.autocast, num_samples=num_samples, track=progress.evaluation,
-    )
+    result = evaluate_generator(cfg, parts, loader, num_samples=num_samples, track=progress.evaluation)
     metrics = result.metrics
     scalars = {f"{prefix}/mIoU": metrics["mIoU"], f"{prefix}/pixel_acc": metrics["pixel_acc"], **(extra or {})}
     names = class_names_for(cfg)
@@ -422,26 +361,6 @@ def evaluation_notes(cfg: Config, loader: Iterable, absent: list[int], names: li
     notes = [f"{skipped} val sample{'' if skipped == 1 else 's'} skipped (data.on_error=skip)"] if skipped else []
     absent_note = absent_classes_note(names, absent, cfg.data.ignore_index, "val")
     return "".join(f"; {note}" for note in [*notes, *([absent_note] if absent_note else [])])
-
-
-def first_images(stream: Stream, count: int) -> torch.Tensor:
-    """The stream's first ``count`` images, fixed for the whole run (a method's panel), read
-    without moving the stream."""
-    dataset = stream.loader.dataset
-    samples = [dataset[(i, 0)] for i in range(min(count, len(dataset)))]
-    return torch.stack([s[0] if isinstance(s, (tuple, list)) else s for s in samples])
-
-
-def first_labeled_samples(stream: Stream, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The stream's first ``count`` images (as :func:`first_images` reads them) with their masks,
-    which only a diagnostic reads (the pool's ``labeled_sample``)."""
-    dataset = stream.loader.dataset
-    samples = []
-    for i in range(min(count, len(dataset))):
-        seed_transform(getattr(dataset, "transform", None), 0)  # as dataset[(i, 0)] seeds it
-        samples.append(dataset.labeled_sample(i))
-    images, masks = zip(*samples)
-    return torch.stack(images), torch.stack(masks)
 
 
 def log_confidence_quality(cfg: Config, parts: Training, samples: tuple[torch.Tensor, torch.Tensor],
@@ -470,14 +389,6 @@ def log_method_panel(cfg: Config, parts: Training, images: torch.Tensor, writer:
                                  class_names_for(cfg))
         writer.image(step, maps.tag, panel)
         writer.histogram(step, f"diag/d_confidence_{parts.method.panel_stream}", maps.confidence)
-
-
-def generator_for_evaluation(parts: Training) -> nn.Module:
-    """G as every rank evaluates it: under DDP with rank 0's BatchNorm statistics (after the last
-    step each rank's hold one local update), and outside DDP's collective forward."""
-    if isinstance(parts.g.module, DistributedDataParallel):
-        distributed.broadcast_buffers(parts.g.bare)
-    return for_inference(parts.g.module)
 
 
 def class_names_for(cfg: Config) -> list[str]:

@@ -5,18 +5,20 @@ Every op's outputs are seen as they are made (fake or real tensors alike): a sto
 before is counted on its tensor's device until it is freed (a finalizer on the storage), so the
 peak is the peak of live tensor bytes, as ``torch.cuda.max_memory_allocated`` counts them less
 the allocator's rounding. Bytes are filed under parameters, gradients, optimizer state or other
-(activations, temporaries) when the plan marks them; the composition is recorded at each
-device's peak.
+(activations, temporaries) when the plan marks them, and counted per phase (the build, the
+iterations, an evaluation pass, a checkpoint's save and load), which the tracker enters as the
+plan runs them (``DryRunMode.phase``, ``DryRunMode.iteration``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -27,6 +29,9 @@ from segadv.errors import UserError
 from segadv.parallel.device_map import shown
 
 CATEGORIES = ("params", "grads", "optimizer", "other")
+# What the tracker counts apart, in order: building the networks and making the inputs, the
+# method's iterations, an evaluation pass, a checkpoint's save and load (``DryRunMode.phase``).
+PHASES = ("build", "iterations", "evaluation", "checkpoint")
 # Ops that move data between devices on purpose (the step's to_device, autograd's way back).
 COPIES = {torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default, torch.ops.aten._copy_from.default,
           torch.ops.aten._copy_from_and_resize.default}
@@ -44,23 +49,39 @@ class PlacementError(UserError):
 
 @dataclass
 class DeviceMemory:
-    live: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
-    peak_bytes: int = 0  # the most live at once
-    largest: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))  # each its own most
-    peak_step: int | None = None  # the iteration (its step) during which the peak was reached
-    evaluation_peak_bytes: int = 0  # the most live at once during the evaluation pass
-    checkpoint_peak_bytes: int = 0  # the most live at once during a save and a resume's load
+    """One device's live bytes by category, and per phase (``PHASES``) the most live at once and
+    each category's own most, counted from what was live when the phase began."""
 
-    def add(self, category: str, nbytes: int, step: int | str | None = None) -> None:
+    live: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    peaks: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
+    largest: dict[str, dict[str, int]] = field(
+        default_factory=lambda: {phase: dict.fromkeys(CATEGORIES, 0) for phase in PHASES})
+    peak_step: int | None = None  # the iteration (its step) during which peaks["iterations"] was reached
+
+    def enter(self, phase: str) -> None:
+        """``phase`` begins: what is live already counts towards its peak."""
+        self.peaks[phase] = max(self.peaks[phase], sum(self.live.values()))
+        for category, nbytes in self.live.items():
+            self.largest[phase][category] = max(self.largest[phase][category], nbytes)
+
+    def add(self, category: str, nbytes: int, phase: str, step: int | None = None) -> None:
         self.live[category] += nbytes
         live = sum(self.live.values())
-        if step in ("evaluation", "checkpoint"):  # their own columns: the training ones stay the iterations'
-            field_name = f"{step}_peak_bytes"
-            setattr(self, field_name, max(getattr(self, field_name), live))
-            return
-        self.largest[category] = max(self.largest[category], self.live[category])
-        if live > self.peak_bytes:
-            self.peak_bytes, self.peak_step = live, step
+        self.largest[phase][category] = max(self.largest[phase][category], self.live[category])
+        if live > self.peaks[phase]:
+            self.peaks[phase] = live
+            if phase == "iterations":
+                self.peak_step = step
+
+    def training_peak(self) -> tuple[int, int | None]:
+        """The most live at once while the run builds and trains, and the iteration that reached
+        it (None: the build)."""
+        if self.peaks["iterations"] > self.peaks["build"]:
+            return self.peaks["iterations"], self.peak_step
+        return self.peaks["build"], None
+
+    def training_largest(self, category: str) -> int:
+        return max(self.largest["build"][category], self.largest["iterations"][category])
 
 
 def segadv_line(frames: traceback.StackSummary | None = None) -> str:
@@ -73,7 +94,8 @@ def segadv_line(frames: traceback.StackSummary | None = None) -> str:
 
 
 class DryRunMode(TorchDispatchMode):
-    """Counts storages per device; with ``enforce`` set, checks every op against ``allowed``.
+    """Counts storages per device, per phase; inside a phase other than the build, checks every
+    op against ``allowed``.
 
     ``allowed``: the devices the map names. A CPU tensor is allowed as well when it is 0-dim (a
     host scalar, e.g. an optimizer's step count), made from CPU tensors only (the loader's batch
@@ -86,14 +108,54 @@ class DryRunMode(TorchDispatchMode):
     def __init__(self, allowed: Iterable[torch.device]) -> None:
         super().__init__()
         self.allowed = set(allowed)
-        self.enforce = False
-        self.step: int | str | None = None  # the iteration running, "evaluation", "checkpoint", or None (building)
         self.memory: dict[torch.device, DeviceMemory] = defaultdict(DeviceMemory)
         self._storages: dict[int, tuple[torch.device, int, str]] = {}
+        # Bytes copied between devices during the last iteration (its transfers: G's maps to D,
+        # gradients back, the batches from the host).
         self.transfers: dict[tuple[torch.device, torch.device], int] = defaultdict(int)
         # Floating-point operations per device (torch's FlopCounterMode formulas: convolutions and
-        # matrix products, forward and backward, a checkpoint's recompute included) while an iteration runs.
+        # matrix products, forward and backward, a checkpoint's recompute included) of the last iteration.
         self.flops: dict[torch.device, int] = defaultdict(int)
+        self._phase = "build"
+        self._step: int | None = None  # the iteration running
+        self._enforce = False
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Memory inside is filed as ``name``'s (one of ``PHASES``, from what is live on entering),
+        and placement is enforced."""
+        if name not in PHASES:
+            raise KeyError(f"no phase {name!r}; phases are {', '.join(PHASES)}")
+        outer = self._phase, self._enforce
+        self._phase, self._enforce = name, True
+        for memory in self.memory.values():
+            memory.enter(name)
+        try:
+            yield
+        finally:
+            self._phase, self._enforce = outer
+
+    @contextlib.contextmanager
+    def iteration(self, step: int) -> Iterator[None]:
+        """The method's iteration at ``step``: the ``iterations`` phase, with this iteration's own
+        transfers and operations counted."""
+        self.transfers.clear()
+        self.flops.clear()
+        self._step = step
+        try:
+            with self.phase("iterations"):
+                yield
+        finally:
+            self._step = None
+
+    @contextlib.contextmanager
+    def on_host(self) -> Iterator[None]:
+        """Placement not enforced inside (counting goes on): a loader making its batch on the host."""
+        enforce, self._enforce = self._enforce, False
+        try:
+            yield
+        finally:
+            self._enforce = enforce
 
     # ---------------------------------------------------------------- accounting
     def _track(self, tensor: torch.Tensor) -> None:
@@ -104,7 +166,7 @@ class DryRunMode(TorchDispatchMode):
         device, nbytes = tensor.device, storage.nbytes()
         self._storages[key] = (device, nbytes, "other")
         weakref.finalize(storage, self._free, key)
-        self.memory[device].add("other", nbytes, self.step)
+        self.memory[device].add("other", nbytes, self._phase, self._step)
 
     def _free(self, key: int) -> None:
         device, nbytes, category = self._storages.pop(key)
@@ -122,7 +184,7 @@ class DryRunMode(TorchDispatchMode):
             self._storages[key] = (device, nbytes, category)
             memory = self.memory[device]
             memory.live[old] -= nbytes
-            memory.add(category, nbytes, self.step)
+            memory.add(category, nbytes, self._phase, self._step)
 
     # ---------------------------------------------------------------- enforcement
     def _check_inputs(self, func: Any, inputs: list[torch.Tensor]) -> None:
@@ -153,17 +215,17 @@ class DryRunMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if self.enforce:
+        if self._enforce:
             self._check_inputs(func, inputs)
         result = func(*args, **kwargs)
         outputs = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
-        if self.enforce:
+        if self._enforce:
             self._check_outputs(func, inputs, outputs)
         if func in COPIES and inputs and outputs:
             source, target = (inputs[1], inputs[0]) if func is torch.ops.aten.copy_.default else (inputs[0], outputs[0])
             if source.device != target.device:
                 self.transfers[(source.device, target.device)] += target.numel() * target.element_size()
-        if isinstance(self.step, int) and func._overloadpacket in flop_registry and outputs:
+        if self._phase == "iterations" and func._overloadpacket in flop_registry and outputs:
             self.flops[outputs[0].device] += int(flop_registry[func._overloadpacket](*args, **kwargs, out_val=result))
         for out in outputs:
             self._track(out)

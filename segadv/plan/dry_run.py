@@ -26,13 +26,13 @@ from torch.overrides import TorchFunctionMode
 from segadv.build import Training, build_training, network_settings, run_role_names
 from segadv.config import Config
 from segadv.data import pool_has_masks
-from segadv.engine.evaluate import evaluate
 from segadv.errors import UserError
 from segadv.parallel.compile import compile_enabled
 from segadv.parallel.device_map import SHORT_NAMES, DeviceMap, parse_device_map
 from segadv.plan import standin, torch_surfaces
 from segadv.plan.accounting import DryRunMode, PlacementError, segadv_line
 from segadv.plan.batches import BatchShape, FixedStream, make_batch, stream_shapes, val_size
+from segadv.run import build_data, evaluate_generator, run_state
 
 log = logging.getLogger(__name__)
 
@@ -235,13 +235,10 @@ def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, strea
     steps run."""
     run = planned_steps(cfg, parts.method.schedule.switch_steps(), steps)
     with accounting(parts, tracker):
-        tracker.enforce = True
         try:
             for step in run:
-                tracker.step = step
-                tracker.transfers.clear()
-                tracker.flops.clear()
-                parts.step(streams, step)
+                with tracker.iteration(step):
+                    parts.step(streams, step)
         except ValueError as err:  # a shape or batch the networks refuse: training would stop there too
             where = segadv_line(traceback.extract_tb(err.__traceback__))
             raise IterationFails(f"the {cfg.method.name} iteration fails as segadv-train's would: {err}\n  at {where}") \
@@ -250,9 +247,6 @@ def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, strea
             where = segadv_line(traceback.extract_tb(err.__traceback__))
             raise PlacementError(f"host read: {err.func} reads a device value on the host inside the {cfg.method.name} "
                                  f"iteration (a synchronisation on the hot path every step)\n  at {where}") from None
-        finally:
-            tracker.enforce = False
-            tracker.step = None
     return run
 
 
@@ -301,8 +295,6 @@ def evaluation_pass(parts: Training, cfg: Config, tracker: DryRunMode, panel: to
     ``data.val_batch_size`` (with the panel's samples copied to the host), and the method's panel
     on ``log.num_images`` of its stream's images; placement enforced, memory filed as the
     evaluation's. The metrics are never read (fake tensors have no values)."""
-    from segadv.train import generator_for_evaluation
-
     val_data = cfg.target_data or cfg.data
     h, w = val_size(val_data)
     batch_size = cfg.data.val_batch_size
@@ -314,29 +306,23 @@ def evaluation_pass(parts: Training, cfg: Config, tracker: DryRunMode, panel: to
         """Two batches, one at a time as a loader hands them out (the host's batch counted):
         what the first leaves behind meets the second."""
         for seed in (0, 1):
-            tracker.enforce = False  # the loader's own making of the batch, on the host
-            batch = as_input(make_batch(shape, cfg.data.num_classes, seed=seed))
-            tracker.mark(list(batch), "other")
-            tracker.enforce = True
+            with tracker.on_host():  # the loader's own making of the batch
+                batch = as_input(make_batch(shape, cfg.data.num_classes, seed=seed))
+                tracker.mark(list(batch), "other")
             yield batch
 
-    for memory in tracker.memory.values():  # what stays live from training counts towards it
-        memory.evaluation_peak_bytes = sum(memory.live.values())
-    tracker.step, tracker.enforce = "evaluation", True
-    try:
-        evaluate(generator_for_evaluation(parts), val_loader(), parts.device_map.generator, cfg.data.num_classes,
-                 autocast=parts.g.opt.autocast, num_samples=cfg.log.num_images)
-        if panel is not None:
-            parts.method.panel(panel)
-    except ValueError as err:
-        where = segadv_line(traceback.extract_tb(err.__traceback__))
-        raise IterationFails(f"the evaluation fails as segadv-train's would: {err}\n  at {where}") from None
-    finally:
-        tracker.step, tracker.enforce = None, False
+    with tracker.phase("evaluation"):  # what stays live from training counts towards it
+        try:
+            evaluate_generator(cfg, parts, val_loader(), num_samples=cfg.log.num_images)
+            if panel is not None:
+                parts.method.panel(panel)
+        except ValueError as err:
+            where = segadv_line(traceback.extract_tb(err.__traceback__))
+            raise IterationFails(f"the evaluation fails as segadv-train's would: {err}\n  at {where}") from None
 
 
 def checkpoint_pass(parts: Training, tracker: DryRunMode) -> None:
-    """A save and a resume's load through segadv's own checkpoint states (``train.run_state``:
+    """A save and a resume's load through segadv's own checkpoint states (``run.run_state``:
     each network's weights, its optimizer with GradScaler and LR schedule, the RNGs; the stream
     positions are host integers). The save copies every state tensor to the host, as
     ``torch.save`` does; the resume loads those host copies (what ``read_checkpoint``'s
@@ -347,13 +333,8 @@ def checkpoint_pass(parts: Training, tracker: DryRunMode) -> None:
     generators' values; their capture runs)."""
     from torch.utils._pytree import tree_map_only
 
-    from segadv.train import run_state
-
-    states = {key: state for key, state in run_state(parts, streams=None).items() if key != "data_streams"}
-    for memory in tracker.memory.values():
-        memory.checkpoint_peak_bytes = sum(memory.live.values())
-    tracker.step, tracker.enforce = "checkpoint", True
-    try:
+    states = run_state(parts, streams=None)
+    with tracker.phase("checkpoint"):
         saved = {key: state.state_dict() for key, state in states.items()}
         on_host = tree_map_only(torch.Tensor, lambda t: t.to("cpu", copy=True), saved)
         del saved
@@ -362,8 +343,6 @@ def checkpoint_pass(parts: Training, tracker: DryRunMode) -> None:
         for key, state in states.items():
             if key != "rng":  # restoring generators needs their values, which fake tensors lack
                 state.load_state_dict(on_host[key])
-    finally:
-        tracker.step, tracker.enforce = None, False
 
 
 def transfer_totals(tracker: DryRunMode) -> tuple[int, int]:
@@ -376,10 +355,11 @@ def device_rows(tracker: DryRunMode, planned: DeviceMap, real: DeviceMap) -> dic
     rows = {}
     for device, shown in zip(planned.devices, real.devices):
         memory = tracker.memory[device]
-        most = memory.largest
-        rows[str(shown)] = DevicePlan(str(shown), most["params"], most["grads"], most["optimizer"], most["other"],
-                                      memory.peak_bytes, memory.peak_step, memory.evaluation_peak_bytes,
-                                      memory.checkpoint_peak_bytes, flops_per_iteration=tracker.flops[device])
+        most = memory.training_largest
+        peak, peak_step = memory.training_peak()
+        rows[str(shown)] = DevicePlan(str(shown), most("params"), most("grads"), most("optimizer"), most("other"),
+                                      peak, peak_step, memory.peaks["evaluation"], memory.peaks["checkpoint"],
+                                      flops_per_iteration=tracker.flops[device])
     return rows
 
 
@@ -460,8 +440,6 @@ def _measured_peaks(cfg: Config, steps: int) -> tuple[dict[str, tuple[int, int]]
     torch_surfaces.quiet_kineto()
     from torch.profiler import ProfilerActivity, profile
 
-    from segadv.train import build_data
-
     real = map_devices(cfg.device_map)
     tracker = DryRunMode(real.devices)
     torch.manual_seed(cfg.train.seed)
@@ -476,17 +454,16 @@ def _measured_peaks(cfg: Config, steps: int) -> tuple[dict[str, tuple[int, int]]
                 streams = {name: FixedStream(b) for name, b in batches.items()}
                 count_inputs(tracker, batches, panel, held)
                 source = f"stand-in batches (the data cannot be read here: {str(err).splitlines()[0]})"
-        # The iterations' peaks, as the plan's are: from what the build left live (its own
-        # transients, e.g. a whole encoder before its unused stages are dropped, are not theirs).
+        # The iterations' peaks (the tracker's "iterations" phase): from what the build left live
+        # (its own transients, e.g. a whole encoder before its unused stages are dropped, are not theirs).
         held = {device: sum(tracker.memory[device].live.values()) for device in real.devices}
         for device in real.devices:
-            tracker.memory[device].peak_bytes = held[device]
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)  # max_memory_allocated counts on from what is held
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             with tracker:
                 iterate(parts, cfg, steps, tracker, streams)
-    peaks = {str(device): (tracker.memory[device].peak_bytes,
+    peaks = {str(device): (tracker.memory[device].peaks["iterations"],
                            torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                            else held[device] + profiler_peak(prof))
              for device in real.devices}

@@ -10,7 +10,7 @@ from segadv.config import config_from_dict, config_to_dict
 from segadv.data.streams import Streams
 from segadv.errors import UserError
 from segadv.parallel import parse_device_map
-from segadv.train import run_state
+from segadv.run import run_state
 
 from helpers import batch
 

@@ -1,7 +1,10 @@
-"""The package's import graph: no layer imports the one above it, and every module imports on its own."""
+"""The package's import graph: no layer imports the one above it, no library module imports a
+command-line module, no import cycle, and every module imports on its own."""
 
 import ast
+import graphlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +53,68 @@ def test_the_check_sees_every_kind_of_import():
     probe = PACKAGE / "models" / "generator.py"
     names = imported_names(probe)
     assert "segadv.config.schema.GeneratorConfig" in names and "torch.nn.functional" in names
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def is_cli(path: Path) -> bool:
+    """A command-line module: its ``main`` is wrapped by ``cli_entry`` (the exit-code contract), or
+    it is a package's ``__main__``."""
+    if path.name == "__main__.py":
+        return True
+    return any(isinstance(node, ast.FunctionDef) and node.name == "main"
+               and any(isinstance(d, ast.Name) and d.id == "cli_entry" for d in node.decorator_list)
+               for node in ast.parse(path.read_text(), str(path)).body)
+
+
+def cli_modules() -> set[str]:
+    return {name for name, path in modules().items() if is_cli(path)}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """segadv module -> the segadv modules it imports (function-local imports included; a name
+    imported from a module counts as that module)."""
+    known = modules()
+
+    def target(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {module: {t for n in imported_names(path) if (t := target(n)) not in (None, module)}
+            for module, path in known.items()}
+
+
+def test_the_console_scripts_are_the_cli_modules():
+    """What the import rules below call a CLI module is what pyproject.toml installs as a command."""
+    scripts = (PACKAGE.parent / "pyproject.toml").read_text().split("[project.scripts]")[1].split("\n[")[0]
+    installed = set(re.findall(r'^\S+\s*=\s*"([\w.]+):main"', scripts, re.M))
+    assert installed and installed <= cli_modules()
+    assert {"segadv.train", "segadv.plan.cli"} <= installed
+
+
+def test_no_library_module_imports_a_cli_module():
+    """The training loop, the planner's library and the other shared code never reach into a
+    command's module: what two commands share lives in a library module (segadv/run.py holds what
+    segadv-train and segadv-plan both run). Nothing under segadv/plan/ imports another command."""
+    clis = cli_modules()
+    graph = import_graph()
+    offenders = {module: sorted(graph[module] & (clis - {module})) for module in graph
+                 if module not in clis or module.startswith("segadv.plan.")}
+    assert {module: names for module, names in offenders.items() if names} == {}
+
+
+def test_no_import_cycle():
+    """No segadv module reaches itself through the modules it imports, function-local imports
+    included (a cycle hidden in a function is one all the same)."""
+    graph = import_graph()
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as err:
+        pytest.fail(f"import cycle: {' -> '.join(reversed(err.args[1]))}")
+    assert graph["segadv.train"] >= {"segadv.build", "segadv.run"}  # the graph sees the imports
 
 
 # The third-party modules segadv names are imported once, then each segadv module is imported in a

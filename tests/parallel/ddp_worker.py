@@ -19,7 +19,7 @@ from segadv.data import build_dataloaders  # noqa: E402
 from segadv.engine.evaluate import evaluate  # noqa: E402
 from segadv.parallel import distributed, parse_device_map, unwrap  # noqa: E402
 from segadv.data.streams import iterate_epochs  # noqa: E402
-from segadv.train import generator_for_evaluation  # noqa: E402
+from segadv.run import generator_for_evaluation  # noqa: E402
 
 
 def freeze_batch_statistics(module: nn.Module) -> None:

@@ -1,0 +1,119 @@
+"""What a training run holds besides its built networks, for segadv-train and segadv-plan alike:
+its data (the method's streams, the val loaders, the images the panels and diagnostics keep),
+its checkpointed state, and G as every rank evaluates it.
+
+A library module: the training loop (``segadv/train.py``) and the dry run
+(``segadv/plan/dry_run.py``) both import it, so the plan runs what training runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from segadv.build import Training
+from segadv.checkpoint import NetworkWeights, Stateful
+from segadv.config import Config
+from segadv.data import build_stream_loaders, build_val_loader, pool_has_masks
+from segadv.data.augment import seed_transform
+from segadv.data.batch_checks import check_last_batches
+from segadv.data.streams import Stream, Streams, close_loader
+from segadv.engine.evaluate import EvalResult, evaluate
+from segadv.parallel import distributed
+from segadv.parallel.placement import for_inference
+from segadv.runtime import RankRNGs
+
+
+@dataclass
+class RunData:
+    streams: Streams  # what the method draws from
+    val_loader: Iterable  # val/* (the target's under domain adaptation)
+    source_val_loader: Iterable | None  # val_source/* (train.eval_source), else None
+    panel_images: torch.Tensor | None  # the method's panel inputs, fixed for the run
+    # Unlabeled images with their masks for diag/d_confidence_auroc (log.diagnostic_images), or None
+    diagnostic: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def close(self) -> None:
+        """Every loader's workers ended (persistent ones included) before the run returns."""
+        self.streams.close()
+        for loader in (self.val_loader, self.source_val_loader):
+            close_loader(loader)
+
+
+def build_data(cfg: Config, parts: Training, run_dir: Path) -> RunData:
+    env, device_map = parts.env, parts.device_map
+    loaders, val_loader = build_stream_loaders(
+        cfg.data, parts.method.streams, seed=cfg.train.seed, pin_memory=device_map.generator.type != "cpu",
+        run_dir=run_dir, rank=env.rank, world_size=env.world_size, batch_sizes=parts.method.stream_batch_sizes(cfg),
+        target=cfg.target_data,
+    )
+    keys = {spec.name: spec.batch_size_key for spec in parts.method.streams}
+    check_last_batches(loaders, keys, cfg.train.accumulation_steps,
+                       not cfg.model.generator.trains_on_one_sample)
+    streams = Streams({name: Stream(name, loader, keys[name]) for name, loader in loaders.items()})
+    source_val_loader = None
+    if cfg.train.eval_source and cfg.target_data is not None:
+        # Every rank evaluates the whole source val split (small; the confusion counts it
+        # all-reduces scale together, so the metrics are the single-process ones).
+        source_val_loader = build_val_loader(cfg.data, seed=cfg.train.seed, pin_memory=False)
+    panel_images = first_images(streams[parts.method.panel_stream], cfg.log.num_images) \
+        if parts.method.panel_stream and cfg.log.num_images else None
+    diagnostic = None
+    if panel_images is not None and cfg.log.diagnostic_images and pool_has_masks(cfg.data):
+        diagnostic = first_labeled_samples(streams[parts.method.panel_stream], cfg.log.diagnostic_images)
+    return RunData(streams, val_loader, source_val_loader, panel_images, diagnostic)
+
+
+def first_images(stream: Stream, count: int) -> torch.Tensor:
+    """The stream's first ``count`` images, fixed for the whole run (a method's panel), read
+    without moving the stream."""
+    dataset = stream.loader.dataset
+    samples = [dataset[(i, 0)] for i in range(min(count, len(dataset)))]
+    return torch.stack([s[0] if isinstance(s, (tuple, list)) else s for s in samples])
+
+
+def first_labeled_samples(stream: Stream, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stream's first ``count`` images (as :func:`first_images` reads them) with their masks,
+    which only a diagnostic reads (the pool's ``labeled_sample``)."""
+    dataset = stream.loader.dataset
+    samples = []
+    for i in range(min(count, len(dataset))):
+        seed_transform(getattr(dataset, "transform", None), 0)  # as dataset[(i, 0)] seeds it
+        samples.append(dataset.labeled_sample(i))
+    images, masks = zip(*samples)
+    return torch.stack(images), torch.stack(masks)
+
+
+def run_state(parts: Training, streams: Streams | None) -> dict[str, Stateful]:
+    """The run's stateful parts by checkpoint key: each network's weights and its optimizer (with
+    its GradScaler and LR schedule), the data streams' positions (``streams``; None: left out),
+    every rank's RNGs."""
+    states: dict[str, Stateful] = {}
+    for net in parts.networks():
+        states[net.role] = NetworkWeights(net.role, net.module)
+        states[f"optim_{net.role}"] = net.opt
+    if streams is not None:
+        states["data_streams"] = streams
+    states["rng"] = RankRNGs(parts.device_map.devices, parts.env)
+    return states
+
+
+def generator_for_evaluation(parts: Training) -> nn.Module:
+    """G as every rank evaluates it: under DDP with rank 0's BatchNorm statistics (after the last
+    step each rank's hold one local update), and outside DDP's collective forward."""
+    if isinstance(parts.g.module, DistributedDataParallel):
+        distributed.broadcast_buffers(parts.g.bare)
+    return for_inference(parts.g.module)
+
+
+def evaluate_generator(cfg: Config, parts: Training, loader: Iterable, num_samples: int = 0,
+                       track: Callable[[Iterable], Iterable] | None = None) -> EvalResult:
+    """G on one val split, on G's device under G's autocast (``num_samples`` input/truth/prediction
+    samples kept for a panel; ``track`` wraps the loader, e.g. a progress bar)."""
+    return evaluate(generator_for_evaluation(parts), loader, parts.device_map.generator, cfg.data.num_classes,
+                    autocast=parts.g.opt.autocast, num_samples=num_samples, track=track)
