@@ -3,7 +3,8 @@
     segadv-train [--config FILE] [--device-map MAP] [--run-dir DIR] [--resume auto|PATH] [key=value ...]
 
 Its command line (and what it answers without a run: --help, --print-config, --help-config) is
-segadv/train_cli.py, which imports this module only when a run starts.
+segadv/train_args.py; the console script (segadv/train_cli.py) imports this module only when a
+run starts, and ``python -m segadv.train`` runs ``main`` below.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from segadv.config import Config, config_to_dict, flat_config
 from segadv.config.shipped import resolve_config
 from segadv.data.streams import Streams
 from segadv.engine.nonfinite import NonFiniteGuard
-from segadv.errors import Diverged, UserError, WriteFailed, input_shape_message
+from segadv.errors import Diverged, UserError, WriteFailed, cli_entry, input_shape_message
 from segadv.monitor.diagnostics import D_LOSSES, DWinsWatch, confidence_quality
 from segadv.monitor.images import confidence_panel, segmentation_panel
 from segadv.monitor.meters import LossAverager, StepTimer
@@ -41,7 +42,7 @@ from segadv.run import RunData, build_data, evaluate_generator, run_state
 from segadv.runtime import seed_everything, setup_logging
 from segadv.signals import StopRequests
 
-from segadv.train_cli import main, resolved_config  # noqa: F401 (main: segadv-train; python -m segadv.train)
+from segadv.train_args import command, resolved_config
 
 log = logging.getLogger("segadv.train")
 
@@ -421,6 +422,12 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
     finally:
         distributed.destroy_process_group(barrier_first=together)
     return 0
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    """``python -m segadv.train``: the console script's command (segadv/train_cli.py), run here."""
+    return command(argv, run_command)
 
 
 if __name__ == "__main__":
