@@ -209,6 +209,8 @@ def test_resume_on_another_world_size_is_refused_naming_the_way_on(tmp_path, uni
 
     two = uninterrupted[0]
     cfg = load_config(str(two / "config.yaml"))
+    cfg.run_dir = str(two)  # a run's config.yaml never names its own dir (docs/checkpoints.md "The run dir")
+    cfg.train.max_steps = STEPS + 2  # the run finished at STEPS: a resume with nothing to train just says so
     with pytest.raises(UserError, match="was saved by a run of 2 processes and this run has 1.*--nproc-per-node 2"):
         train(cfg, resume="auto")
     assert read_checkpoint(two / "checkpoints" / "last.pt")["step"] == STEPS
