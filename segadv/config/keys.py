@@ -53,6 +53,9 @@ def _section_class(annotation: Any) -> tuple[Optional[type[BaseModel]], bool]:
 def type_text(annotation: Any) -> str:
     """A type as a user writes its values: ``a | b`` for a Literal, ``X or null`` for Optional."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:  # a constrained item type (betas: each in [0, 1)): its bounds beside it
+        constraints = [m for item in args[1:] for m in getattr(item, "metadata", [item])]
+        return type_text(args[0]) + _bounds_text(constraints)
     if origin is Literal:
         return " | ".join(str(a) for a in args)
     if origin in (typing.Union, types.UnionType):
@@ -61,6 +64,8 @@ def type_text(annotation: Any) -> str:
         return f"{text} or null" if type(None) in args else text
     if origin in (list, tuple, set):
         inner = ", ".join(type_text(a) for a in args if a is not Ellipsis)
+        if " " in inner:  # the item's own bounds apart from the list's: list of (float >= 0, < 1)
+            inner = f"({inner})"
         return f"list of {inner}" if inner else "list"
     if origin is dict:
         return "mapping"
@@ -73,8 +78,12 @@ def type_text(annotation: Any) -> str:
 
 
 def _bounds(field: Any) -> str:
+    return _bounds_text(field.metadata)
+
+
+def _bounds_text(metadata: list[Any]) -> str:
     found = []
-    for item in field.metadata:
+    for item in metadata:
         for attr, sign in _BOUNDS:
             value = getattr(item, attr, None)
             if value is not None:

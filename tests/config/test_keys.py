@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -79,3 +80,13 @@ def test_help_print_config_and_help_config_import_no_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("False")
+
+
+def test_every_type_reads_as_values_not_python_reprs():
+    """A constrained item type (optim.*.betas: each in [0, 1)) is written with its bounds, never as
+    typing's repr of an Annotated type."""
+    from segadv.config.keys import key_listing
+
+    listing = key_listing("")
+    assert not re.search(r"Annotated|FieldInfo|typing\.|<class", listing)
+    assert "optim.generator.betas: list of (float >= 0, < 1) length >= 2, length <= 2" in listing
