@@ -21,10 +21,11 @@ from types import FrameType
 from typing import Iterator, Optional
 
 from segadv.config import config_to_dict, load_config
+from segadv.config.resume import flatten
 from segadv.errors import UserError
 from segadv.experiment.grid import Grid, Row
 from segadv.experiment.results import run_dir_for
-from segadv.experiment.runs import flatten, read_run_config, summarize
+from segadv.experiment.runs import read_run_config, summarize
 from segadv.fsutil import make_dir
 from segadv.monitor.status import STATUS_FILE
 

@@ -15,10 +15,11 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Optional
 
 import yaml
 
+from segadv.config.resume import flatten
 from segadv.errors import UserError
 from segadv.monitor.status import STATUS_FILE, RunStatus, Score, read_status
 
@@ -93,18 +94,6 @@ def read_train_diagnostics(metrics_path: Path, keys: tuple[str, ...] = DIAGNOSTI
                 if _is_number(value) and math.isfinite(value):
                     values.setdefault(key, []).append(value)
     return {key: statistics.fmean(values[key]) for key in keys if key in values}
-
-
-def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"train": {"max_steps": 4}}`` -> ``{"train.max_steps": 4}``; lists stay whole values."""
-    flat: dict[str, Any] = {}
-    for key, value in mapping.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten(value, f"{dotted}."))
-        else:
-            flat[dotted] = value
-    return flat
 
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:
