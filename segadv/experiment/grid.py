@@ -3,7 +3,7 @@
     name: semi                       # default output: runs/experiments/<name>
     seeds: [0, 1, 2]
     baseline: CE only                # optional: the row the others are compared with
-    common_overrides: []             # appended to every run
+    common_overrides: []             # appended to every run (a key here cannot be a row's too)
     rows:
       - name: CE only
         config: semi                 # a config file, or a shipped config's name
@@ -43,6 +43,11 @@ def dotted_override(text: str) -> str:
     if "=" not in text or text.startswith("-"):
         raise ValueError(f"{text!r} is not a dotted key=value override")
     return text
+
+
+def override_key(text: str) -> str:
+    """``a.b=1`` -> ``a.b``."""
+    return text.split("=", 1)[0].strip()
 
 
 Seeds = Annotated[list[StrictInt], Field(min_length=1), AfterValidator(distinct_seeds)]
@@ -93,6 +98,14 @@ class Grid(BaseModel):
         self_compared = next((r.name for r in self.rows if r.baseline == r.name), None)
         if self_compared is not None:
             raise ValueError(f"row {self_compared!r} names itself as its baseline")
+        # The common overrides come after a row's on the command line, so a key set in both would
+        # silently take the common value: the row's setting would never run.
+        common = {override_key(o) for o in self.common_overrides}
+        for i, row in enumerate(self.rows):
+            shadowed = sorted(common.intersection(override_key(o) for o in row.overrides))
+            if shadowed:
+                raise ValueError(f"rows[{i}].overrides: {', '.join(shadowed)} also in common_overrides, which "
+                                 "come after a row's and would win: set each key in one place")
         return self
 
     def seeds_of(self, row: Row) -> list[int]:

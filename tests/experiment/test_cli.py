@@ -102,6 +102,11 @@ def test_a_failed_run_is_named_and_the_others_still_finish(tmp_path, caplog):
     ("name: t\nrows: [{name: a, config: configs/default.yaml}, {name: a, config: configs/default.yaml}]\n",
      "row name 'a' is used twice"),
     ("name: t\nseeds: 3\nrows: [{name: a, config: configs/default.yaml}]\n", "seeds"),
+    # the common overrides come last on the command line: a row's own value for the key would never run
+    ("name: t\ncommon_overrides: [model.generator.norm=frozen, train.max_steps=3]\n"
+     "rows: [{name: a, config: configs/default.yaml, overrides: [train.max_steps=5, model.generator.norm=train]}]\n",
+     "rows[0].overrides: model.generator.norm, train.max_steps also in common_overrides, which come after a row's "
+     "and would win"),
 ])
 def test_bad_grid_exits_2_naming_the_fault(tmp_path, capsys, monkeypatch, grid_text, message):
     assert run_grid_text(tmp_path, monkeypatch, grid_text) == 2
@@ -159,6 +164,10 @@ def test_the_shipped_grid_is_valid(monkeypatch):
         frozen = load_grid(ROOT / "configs" / "experiments" / f"{name}.yaml")
         assert all(len(frozen.seeds_of(r)) == 5 for r in frozen.rows)
         assert "model.generator.norm=frozen" in frozen.common_overrides
+    bn = load_grid(ROOT / "configs" / "experiments" / "uda-bn.yaml")  # the other two BatchNorm settings, by row
+    assert [o for r in bn.rows for o in r.overrides if o.startswith("model.generator.norm=")] == [
+        *["model.generator.norm=frozen_affine"] * 3, *["model.generator.norm=train"] * 3]
+    assert all(len(bn.seeds_of(r)) == 5 for r in bn.rows)
 
 
 def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys):
@@ -174,7 +183,7 @@ def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys
         experiment.main(["--list-grids"])
     assert info.value.code == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == [
-        "semi", "semi-frozen-bn", "semi-rules", "uda", "uda-frozen-bn"]
+        "semi", "semi-frozen-bn", "semi-rules", "uda", "uda-bn", "uda-frozen-bn"]
 
 
 # ---------------------------------------------------------------- no training: a fake trainer
