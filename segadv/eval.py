@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
 from segadv.cli_args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import cli_entry
 
-log = logging.getLogger("segadv.eval")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,7 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     # torch and the data pipeline load here, once --help has had its answer
     from segadv.checkpoint.inference import load_generator
-    from segadv.checkpoint.run_checkpoint import checkpoint_of_run
     from segadv.data import build_val_loader, class_names
     from segadv.data.files import absent_classes_note
     from segadv.data.loaders import left_out
@@ -57,12 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     device_map = parse_device_map(None if args.device is None else f"g:{args.device}")
     activate(device_map)
-    checkpoint = args.checkpoint
-    in_run = checkpoint_of_run(checkpoint)
-    if in_run is not None:
-        log.info("%s", in_run.note)
-        checkpoint = str(in_run.path)
-    loaded = load_generator(checkpoint, args.config, args.overrides, trusted=args.trust_checkpoint)
+    loaded = load_generator(args.checkpoint, args.config, args.overrides, trusted=args.trust_checkpoint)
+    checkpoint = str(loaded.checkpoint)
     cfg, generator = loaded.cfg, loaded.model.to(device_map.generator)
     # The split training measured val/* on: the target's with domain adaptation, else data's.
     val_data = cfg.target_data if cfg.target_data is not None else cfg.data

@@ -180,7 +180,7 @@ class CheckpointBackend(_TorchBackend):
         divisor = size_divisor(loaded.model)
         self.module = InferenceModel(loaded.model, cfg.data.mean, cfg.data.std).to(self.device).eval()
         self.meta = export_metadata(
-            model_format="checkpoint", model_file=Path(checkpoint).name, loaded=loaded,
+            model_format="checkpoint", model_file=loaded.checkpoint.name, loaded=loaded,
             classes=class_names(cfg.data), palette=palette(cfg.data.num_classes).tolist(), preprocess=None,
             argmax=False, half=False, dynamic=True, input_size=(divisor, divisor), divisor=divisor,
         )
@@ -495,8 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=docs_epilog("inference.md"),
     )
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", type=path_argument, help="segadv checkpoint, raw generator state dict or smp save_pretrained "
-                        "directory (runs PyTorch eager)")
+    source.add_argument("--checkpoint", type=path_argument, help="segadv checkpoint, a run dir (its best checkpoint), raw generator "
+                        "state dict or smp save_pretrained directory (runs PyTorch eager)")
     source.add_argument("--model", type=path_argument, help="a segadv-export file: .onnx (onnxruntime, no torch) or TorchScript")
     p.add_argument("--input", required=True, help="an image, a folder of images or a quoted glob ('dir/*.png')")
     p.add_argument("--output", type=path_argument, required=True, help="folder for the masks (created if missing)")

@@ -6,6 +6,8 @@ segadv-predict.
 - A raw state dict (``.pt``/``.pth``/``.safetensors``: plain, DataParallel, DDP or
   ``torch.compile`` prefixes, or weights under ``state_dict`` / ``model`` / ``generator`` ...)
   carries none, so the caller must name a config file.
+- A run dir means its best checkpoint (``checkpoints/best.pt``; ``last.pt`` before any evaluation:
+  segadv/checkpoint/run_checkpoint.py), for every command that takes a checkpoint.
 - A directory written by smp's ``save_pretrained`` (segadv/checkpoint/smp_dir.py) describes G in
   its ``config.json``; the rest (data: classes, normalisation) comes from the named config file,
   whose generator must be the one described, or else from the embedded default config.
@@ -26,6 +28,7 @@ from torch import nn
 
 from segadv.checkpoint.io import read_checkpoint
 from segadv.checkpoint.loader import CheckpointMismatchError, load_weights
+from segadv.checkpoint.run_checkpoint import checkpoint_of_run
 from segadv.checkpoint.smp_dir import CONFIG_FILE, WEIGHTS_FILE, check_smp_config, config_overrides, read_smp_config
 from segadv.checkpoint.state import is_segadv_checkpoint
 from segadv.config import Config, config_from_dict, load_config
@@ -56,11 +59,21 @@ class LoadedGenerator:
         }
 
 
+def checkpoint_path(checkpoint: str | Path) -> Path:
+    """The file (or smp directory) ``checkpoint`` names: a run dir's best checkpoint, said in the log."""
+    in_run = checkpoint_of_run(checkpoint)
+    if in_run is None:
+        return Path(checkpoint)
+    log.info("%s", in_run.note)
+    return in_run.path
+
+
 def read_files(checkpoint: str | Path, config: Optional[str] = None,
                name: str = "--checkpoint") -> list[tuple[str, str]]:
     """``(what, path)`` of every file :func:`load_generator` reads: none may be an output.
     ``name``: how the command's user gave the checkpoint (an option or an argument)."""
-    path = Path(checkpoint)
+    in_run = checkpoint_of_run(checkpoint)
+    path = Path(checkpoint) if in_run is None else in_run.path
     files = [(name, str(path))]
     if path.is_dir():
         files += [(f"{name}'s {file}", str(path / file)) for file in (CONFIG_FILE, WEIGHTS_FILE)]
@@ -74,7 +87,7 @@ def load_generator(
     *,
     trusted: bool = False,
 ) -> LoadedGenerator:
-    path = Path(checkpoint)
+    path = checkpoint_path(checkpoint)
     if path.is_dir():
         return _load_smp_dir(path, config, overrides)
     ckpt = read_checkpoint(path, trusted=trusted)

@@ -1,6 +1,6 @@
 """segadv-export: the generator of a checkpoint as ONNX or TorchScript, verified.
 
-    segadv-export --checkpoint FILE --output FILE [--format onnx|torchscript] [options] [key=value ...]
+    segadv-export --checkpoint FILE|RUN_DIR --output FILE [--format onnx|torchscript] [options] [key=value ...]
 
 The model is written to a temp file next to ``--output``, run against PyTorch eager on random
 inputs at two or more sizes, and renamed into place only when the check passes; then the
@@ -53,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=docs_epilog("inference.md", "failures.md"),
     )
     p.add_argument("--checkpoint", type=path_argument, required=True,
-                   help="segadv checkpoint, raw generator state dict (any wrapper prefix) or smp "
-                   "save_pretrained directory")
+                   help="segadv checkpoint, a run dir (its best checkpoint), raw generator state dict "
+                   "(any wrapper prefix) or smp save_pretrained directory")
     p.add_argument("--output", type=path_argument, required=True, help="file to write (its sidecar is OUTPUT.json)")
     p.add_argument("--format", choices=FORMATS, help="default: from the output suffix (.onnx; .pt/.ts/.torchscript)")
     add_config_arguments(p, "needed for a raw state dict (default: the checkpoint's own)")

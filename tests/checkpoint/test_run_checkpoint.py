@@ -1,5 +1,5 @@
-"""A run dir where a checkpoint is taken: its best checkpoint (segadv-eval, segadv-ckpt inspect),
-said in one line; without best.pt its last.pt; without either, exit 2 naming what is missing."""
+"""A run dir where a checkpoint is taken: its best checkpoint (segadv-eval, segadv-export,
+segadv-predict, segadv-ckpt inspect and convert: the one loader), said in one line; without best.pt its last.pt; without either, exit 2 naming what is missing."""
 
 import json
 import logging
@@ -9,6 +9,9 @@ import pytest
 
 from segadv import ckpt as ckpt_cli
 from segadv import eval as eval_cli
+from segadv import predict as predict_cli
+from segadv.export import cli as export_cli
+from segadv.checkpoint.inference import load_generator, read_files
 from segadv.checkpoint.run_checkpoint import checkpoint_of_run
 from segadv.data import class_names
 from segadv.errors import UserError
@@ -54,7 +57,7 @@ def trained(tmp_path_factory):
 def test_eval_of_a_run_dir_is_its_best_checkpoint_with_classes_by_name(trained, capsys, caplog):
     result, cfg = trained
     best = result.run_dir / "checkpoints" / "best.pt"
-    with caplog.at_level(logging.INFO, logger="segadv.eval"):
+    with caplog.at_level(logging.INFO, logger="segadv"):
         assert eval_cli.main(["--checkpoint", str(result.run_dir), "--device", "cpu", "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out)
     assert f"run dir {result.run_dir}: its best checkpoint, {best} (step 2" in caplog.text
@@ -78,3 +81,26 @@ def test_ckpt_inspect_of_a_run_dir(trained, capsys, caplog, tmp_path):
     (empty / "status.json").write_text("{}")
     assert ckpt_cli.main(["inspect", str(empty)]) == 2
     assert f"run dir {empty} has no checkpoints/ directory" in capsys.readouterr().err
+
+
+def test_every_loader_command_takes_a_run_dir_as_its_best_checkpoint(trained, tmp_path, caplog):
+    """The loader export, predict and convert share resolves a run dir as eval does, and a run dir's
+    best checkpoint counts among the inputs no output may replace."""
+    result, cfg = trained
+    best = result.run_dir / "checkpoints" / "best.pt"
+    with caplog.at_level(logging.INFO, logger="segadv"):
+        loaded = load_generator(result.run_dir)
+    assert loaded.checkpoint == best and loaded.step == 2 and "its best checkpoint" in caplog.text
+    assert read_files(result.run_dir) == [("--checkpoint", str(best))]
+    out = tmp_path / "g.ts"
+    assert export_cli.main(["--checkpoint", str(result.run_dir), "--output", str(out), "--format", "torchscript"]) == 0
+    assert out.is_file() and json.loads(out.with_name("g.ts.json").read_text())["source"] == {
+        **json.loads(out.with_name("g.ts.json").read_text())["source"], "checkpoint": str(best), "step": 2}
+    assert export_cli.main(["--checkpoint", str(result.run_dir), "--output", str(best), "--format", "torchscript"]) == 2
+    image = tmp_path / "in" / "a.png"
+    image.parent.mkdir()
+    from PIL import Image
+    Image.new("RGB", (cfg.data.synthetic.image_size,) * 2, (90, 120, 30)).save(image)
+    assert predict_cli.main(["--checkpoint", str(result.run_dir), "--input", str(image.parent),
+                             "--output", str(tmp_path / "masks"), "--device", "cpu"]) == 0
+    assert (tmp_path / "masks" / "a.png").is_file()
