@@ -48,9 +48,8 @@ def small(name, *overrides):
     return cfg
 
 
-# Each config under one of the two AMP mixes, taking turns down the sorted list: the mix exercises the
-# planner's per-network dtypes, the config its architecture and method, and both mixes meet both
-# kinds of method (the paper configs and their _reference variants sit next to each other).
+# Each config under one of the two AMP mixes, taking turns down the sorted list: a paper config and
+# its _reference variant sit next to each other, so each method is planned under both mixes.
 MIXES = [("bfloat16", "float16"), ("float16", "bfloat16")]
 
 
