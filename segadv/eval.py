@@ -19,7 +19,6 @@ from segadv.cli_args import HelpFormatter, add_config_arguments, docs_epilog, pa
 from segadv.errors import cli_entry
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="segadv-eval", formatter_class=HelpFormatter,
                                      epilog=docs_epilog("inference.md"),

@@ -59,12 +59,14 @@ class LoadedGenerator:
         }
 
 
-def checkpoint_path(checkpoint: str | Path) -> Path:
-    """The file (or smp directory) ``checkpoint`` names: a run dir's best checkpoint, said in the log."""
+def checkpoint_path(checkpoint: str | Path, *, say: bool = True) -> Path:
+    """The file (or smp directory) ``checkpoint`` names: a run dir's best checkpoint, said in the log
+    unless ``say`` is false."""
     in_run = checkpoint_of_run(checkpoint)
     if in_run is None:
         return Path(checkpoint)
-    log.info("%s", in_run.note)
+    if say:
+        log.info("%s", in_run.note)
     return in_run.path
 
 
@@ -72,8 +74,7 @@ def read_files(checkpoint: str | Path, config: Optional[str] = None,
                name: str = "--checkpoint") -> list[tuple[str, str]]:
     """``(what, path)`` of every file :func:`load_generator` reads: none may be an output.
     ``name``: how the command's user gave the checkpoint (an option or an argument)."""
-    in_run = checkpoint_of_run(checkpoint)
-    path = Path(checkpoint) if in_run is None else in_run.path
+    path = checkpoint_path(checkpoint, say=False)  # load_generator says it
     files = [(name, str(path))]
     if path.is_dir():
         files += [(f"{name}'s {file}", str(path / file)) for file in (CONFIG_FILE, WEIGHTS_FILE)]
