@@ -14,7 +14,7 @@ from typing import Iterable, Optional
 import numpy as np
 from PIL import Image
 
-from segadv.palette import palette
+from segadv.data.palette import palette
 
 H, W = 24, 32  # not square, so a transposed read would show
 PALETTE = palette(256).ravel().tolist()  # the VOC colour map

@@ -9,7 +9,7 @@ import json
 import torch
 from torch import nn
 
-from segadv.build import build_amp_optimizer
+from segadv.training.build import build_amp_optimizer
 from segadv.config import load_config
 from segadv.config.schema import NetworkAmpConfig, OptimizerConfig
 from segadv.engine.network import Network

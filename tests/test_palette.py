@@ -1,8 +1,8 @@
-"""The class colour map (segadv/palette.py)."""
+"""The class colour map (segadv/data/palette.py)."""
 
 import numpy as np
 
-from segadv.palette import palette
+from segadv.data.palette import palette
 
 
 def test_palette():

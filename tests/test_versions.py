@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import TINY_OVERRIDES
-from segadv.build import build_training
+from segadv.training.build import build_training
 from segadv.config import load_config
 from segadv.errors import UserError
 from segadv.parallel import parse_device_map

@@ -3,7 +3,7 @@
 
 Both sides run the same arithmetic (G's CE + adversarial update with D frozen, then D's update)
 on the same networks and the same pre-loaded batches, so data loading is out of the picture.
-segadv's side is the loop body of ``segadv.train``: the step (with its phase timer), the on-device
+segadv's side is the loop body of ``segadv.training.loop``: the step (with its phase timer), the on-device
 loss averaging, the data-wait timer and the log-interval read-out. The two sides alternate in
 rounds and the median round is kept, which cancels most of the drift of a noisy machine.
 
@@ -47,8 +47,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from segadv.build import build_training
-from segadv.cli_args import add_config_arguments
+from segadv.training.build import build_training
+from segadv.cli.args import add_config_arguments
 from segadv.config import load_config
 from segadv.data import build_dataloaders
 from segadv.engine.losses import masked_bce_with_logits, one_hot_labels
@@ -56,7 +56,7 @@ from segadv.errors import cli_entry
 from segadv.monitor.meters import LossAverager, StepTimer
 from segadv.monitor.profile import STEP_PHASES
 from segadv.parallel import activate, distributed, parse_device_map
-from segadv.runtime import setup_logging
+from segadv.training.process import setup_logging
 
 log = logging.getLogger("segadv.bench")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from segadv.export.cli import main
+from segadv.cli.export import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,8 +21,8 @@ if [ -d .whl ] && ! python3 -c "import segmentation_models_pytorch" 2>/dev/null;
   export PYTHONPATH=/tmp/site:$PWD
   mkdir -p /tmp/site/bin
   # The console scripts (segadv-train, segadv-plan, ...) as tiny wrappers over the modules.
-  for pair in train:segadv.train eval:segadv.eval export:segadv.export.cli predict:segadv.predict \
-              data:segadv.data.check ckpt:segadv.ckpt plan:segadv.plan.cli; do
+  for pair in train:segadv.training.loop eval:segadv.cli.eval export:segadv.cli.export predict:segadv.cli.predict \
+              data:segadv.cli.data ckpt:segadv.cli.ckpt plan:segadv.cli.plan; do
     printf '#!/bin/sh\nexec python3 -c "import sys, %s as m; sys.argv[0]=\\"segadv-%s\\"; sys.exit(m.main())" "$@"\n' \
       "${pair#*:}" "${pair%%:*}" > "/tmp/site/bin/segadv-${pair%%:*}"
     chmod +x "/tmp/site/bin/segadv-${pair%%:*}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """segadv-plan's predicted peak on the ``cpu`` map against a real run's, in one process.
 
-The real run is ``segadv.train.train`` itself (the loader's own batches, the panel images, the
+The real run is ``segadv.training.loop.train`` itself (the loader's own batches, the panel images, the
 evaluations, the checkpoint saves) for a few steps with every loss term on from the first
 (warm-ups and schedule starts at 0), under torch.profiler's memory events: the CPU allocator's
 peak over the whole run, the model's build included. The plan is ``segadv-plan``'s dry run of the
@@ -21,13 +21,13 @@ import tempfile
 
 from torch.profiler import ProfilerActivity, profile
 
-from segadv.cli_args import add_config_arguments
+from segadv.cli.args import add_config_arguments
 from segadv.config import load_config
 from segadv.errors import cli_entry
-from segadv.plan.cli import peak_of_run
+from segadv.cli.plan import peak_of_run
 from segadv.plan.dry_run import dry_run, plan_config, profiler_peak
-from segadv.runtime import setup_logging
-from segadv.train import train
+from segadv.training.process import setup_logging
+from segadv.training.loop import train
 
 # Every term on from the first step, so a few steps reach the run's full iteration.
 SCHEDULES_AT_ZERO = ("loss.adv_warmup_steps=0", "method.advsemiseg.semi_start=0", "method.advsemiseg.semi_start_adv=0",

@@ -1,7 +1,7 @@
 """What a resumed run may change from the config stored in the checkpoint it continues.
 
 The checkpoint manager checks every resume against it, and the run-dir rule
-(``segadv/rundir.py``) before anything is written; it lives below both so that neither imports
+(``segadv/training/run_dir.py``) before anything is written; it lives below both so that neither imports
 the other for it.
 """
 

@@ -8,7 +8,7 @@ Every value is range-checked here, so torch and smp never see one they would fai
 finite (``allow_inf_nan=False`` for the whole schema), counts and sizes have bounds, lists their
 lengths; what needs two keys (an encoder depth against the architecture) is a validator naming
 the key. What needs the data (D's depth against the smallest training image, batches of one) is
-checked before the first step (segadv/build.py, segadv/data/batch_checks.py). Every field carries a
+checked before the first step (segadv/training/build.py, segadv/data/batch_checks.py). Every field carries a
 one-line ``description`` (tests/config/test_schema.py insists), the line a key listing shows;
 tests/config/test_schema_bounds.py tries every numeric and list field at its boundaries.
 """
@@ -122,7 +122,7 @@ class GeneratorConfig(Section):
 
     @property
     def trains_on_one_sample(self) -> bool:
-        """Whether a batch of one sample trains G (where not, segadv/build.py and
+        """Whether a batch of one sample trains G (where not, segadv/training/build.py and
         segadv/data/batch_checks.py refuse one before step 1). Not where a BatchNorm on batch
         statistics sees one value per channel: the image-pooling branch of smp's DeepLabV3 / V3+
         ASPP (a 1x1 map). DeepLab-v2 has no pooling: at batch 1 its BatchNorm normalises over each

@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 
 from segadv.errors import UserError
-from segadv.images import ImageProblem, decode, deep_mode, open_image, orientation, to_rgb, upright, upright_size
+from segadv.data.images import ImageProblem, decode, deep_mode, open_image, orientation, to_rgb, upright, upright_size
 
 __all__ = [
     "LabelSpec",
@@ -250,7 +250,7 @@ def image_note(path: Path) -> Optional[str]:
 
 
 def read_image(path: Path) -> np.ndarray:
-    """HxWx3 uint8 RGB, upright (segadv/images.py); SampleError naming ``path`` if missing,
+    """HxWx3 uint8 RGB, upright (segadv/data/images.py); SampleError naming ``path`` if missing,
     unreadable or corrupt."""
     with _open(path, "image") as img:
         return _decoded(img, path, "image")

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from torch.utils.data import DataLoader
 
 from segadv.errors import UserError
-from segadv.stream_spec import StreamSpec  # noqa: F401  (declared by the methods, built here)
+from segadv.data.stream_spec import StreamSpec  # noqa: F401  (declared by the methods, built here)
 
 log = logging.getLogger(__name__)
 

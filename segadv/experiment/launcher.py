@@ -53,7 +53,7 @@ class RunSpec:
         return f"{self.row.name}, seed {self.seed}"
 
     def command(self) -> list[str]:
-        command = [sys.executable, "-m", "segadv.train", "--config", self.row.config, "--run-dir", str(self.run_dir),
+        command = [sys.executable, "-m", "segadv.cli.train", "--config", self.row.config, "--run-dir", str(self.run_dir),
                    *self.overrides]
         return command + (["--resume", "auto"] if self.run_dir.exists() else [])
 

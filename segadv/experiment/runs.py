@@ -163,6 +163,6 @@ def summarize(run_dir: Path) -> RunSummary:
 
 
 def _held(run_dir: Path) -> bool:
-    from segadv.run_lock import is_held  # torch comes with it: only for a run that says it is running
+    from segadv.training.lock import is_held  # torch comes with it: only for a run that says it is running
 
     return is_held(run_dir)

@@ -2,6 +2,6 @@
 
 import sys
 
-from segadv.export.cli import main
+from segadv.cli.export import main
 
 sys.exit(main())

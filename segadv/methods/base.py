@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 from segadv.config.schema import Section
 from segadv.errors import UserError
 from segadv.methods.schedule import Schedule
-from segadv.stream_spec import StreamSpec
+from segadv.data.stream_spec import StreamSpec
 
 if TYPE_CHECKING:
     import torch

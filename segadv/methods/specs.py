@@ -15,7 +15,7 @@ from pydantic import Field
 from segadv.config.schema import Probability, Section, Weight
 from segadv.errors import UserError
 from segadv.methods.base import Method
-from segadv.stream_spec import StreamSpec
+from segadv.data.stream_spec import StreamSpec
 
 if TYPE_CHECKING:
     from segadv.config import Config

@@ -114,7 +114,7 @@ def generator_arch(arch: str) -> GeneratorArch:
 def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
     """Build G; ``cfg.encoder_weights`` may name smp weights ("imagenet"), fetched here, or a local
     file, which this leaves to the caller: ``segadv.checkpoint.load_encoder_weights`` (called where
-    the run is assembled, segadv/build.py) loads it into the built G."""
+    the run is assembled, segadv/training/build.py) loads it into the built G."""
     smp_weights = None if local_encoder_weights(cfg) is not None else cfg.encoder_weights
     arch = generator_arch(cfg.arch)
     cls = arch.with_aux if cfg.aux_head else arch.model

@@ -11,7 +11,7 @@ from typing import Iterable, Sized, TypeVar
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-log = logging.getLogger("segadv.train")
+log = logging.getLogger("segadv.training.loop")
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ at every evaluation (with the scores so far), then the outcome when the process 
 
 Exit code 0 therefore says "finished or stopped"; this file says which. A run killed outright
 (SIGKILL, OOM, power loss) cannot write: it stays ``running`` while no process holds the run dir
-(:func:`segadv.run_lock.is_held`). A start that fails before its first step writes nothing into a
+(:func:`segadv.training.lock.is_held`). A start that fails before its first step writes nothing into a
 run dir without a status.json (there is no run to describe); into one with a status.json from an
 earlier attempt it writes ``failed``, so the file never claims what the latest attempt contradicts.
 """

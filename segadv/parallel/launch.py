@@ -39,14 +39,14 @@ def strip_option(argv: list[str], option: str) -> list[str]:
 
 
 def launch_with_torchrun(nproc_per_node: int, argv: list[str]) -> int:
-    """Run ``python -m segadv.train ARGV`` in N processes via torch.distributed.run (standalone
+    """Run ``python -m segadv.cli.train ARGV`` in N processes via torch.distributed.run (standalone
     rendezvous on this node). Returns the exit code documented above."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
     if nproc_per_node < 1:
         raise UserError(f"--nproc-per-node {nproc_per_node}: give the number of processes to start, 1 or more")
-    args = ["--standalone", f"--nproc-per-node={nproc_per_node}", "-m", "segadv.train",
+    args = ["--standalone", f"--nproc-per-node={nproc_per_node}", "-m", "segadv.cli.train",
             *strip_option(argv, "--nproc-per-node")]
     with ForwardedSignals() as signals:
         try:

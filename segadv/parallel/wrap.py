@@ -53,7 +53,7 @@ def resolve_mode(requested: str, role: str, devices: tuple[torch.device, ...], e
         raise UserError(f"{key}={mode}: this is a {env.world_size}-process launch, so every process would "
                         f"train its own copy of the {role}; use ddp (or auto)")
     if mode == "ddp" and not env.distributed:
-        raise UserError(f"{key}=ddp needs a multi-process launch: torchrun --nproc-per-node N -m segadv.train ... "
+        raise UserError(f"{key}=ddp needs a multi-process launch: torchrun --nproc-per-node N -m segadv.cli.train ... "
                         "or segadv-train --nproc-per-node N ...")
     if mode == "ddp" and len(devices) > 1:
         raise UserError(f"{key}=ddp takes one device per process, but the device map gives the {role} "

@@ -1,6 +1,6 @@
 """The dry run: segadv's own build and iteration on stand-in devices, under fake tensors.
 
-``build_training`` (segadv/build.py) builds the run as segadv-train does, with the networks'
+``build_training`` (segadv/training/build.py) builds the run as segadv-train does, with the networks'
 construction on ``meta`` (no values, no time) and their placement onto the stand-in devices
 under ``FakeTensorMode``; then the configured method runs its iterations on stand-in batches of
 the configured shape. ``measure`` runs the same iterations for real, on the map's own devices.
@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.overrides import TorchFunctionMode
 
-from segadv.build import Training, build_training, network_settings, run_role_names
+from segadv.training.build import Training, build_training, network_settings, run_role_names
 from segadv.config import Config
 from segadv.data import pool_has_masks
 from segadv.errors import UserError
@@ -32,7 +32,7 @@ from segadv.parallel.device_map import SHORT_NAMES, DeviceMap, parse_device_map
 from segadv.plan import standin, torch_surfaces
 from segadv.plan.accounting import DryRunMode, PlacementError, segadv_line
 from segadv.plan.batches import BatchShape, FixedStream, make_batch, stream_shapes, val_size
-from segadv.run import build_data, evaluate_generator, run_state
+from segadv.training.run_data import build_data, evaluate_generator, run_state
 
 log = logging.getLogger(__name__)
 

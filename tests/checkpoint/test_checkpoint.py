@@ -4,13 +4,13 @@ import pytest
 import torch
 from torch import nn
 
-from segadv.build import build_training
+from segadv.training.build import build_training
 from segadv.checkpoint import CheckpointManager, read_checkpoint, restore
 from segadv.config import config_from_dict, config_to_dict
 from segadv.data.streams import Streams
 from segadv.errors import UserError
 from segadv.parallel import parse_device_map
-from segadv.run import run_state
+from segadv.training.run_data import run_state
 
 from helpers import batch
 

@@ -8,11 +8,11 @@ import segmentation_models_pytorch as smp
 import torch
 
 from conftest import TINY_OVERRIDES
-from segadv import ckpt as ckpt_cli
+from segadv.cli import ckpt as ckpt_cli
 from segadv.checkpoint.inference import load_generator
 from segadv.config import config_to_dict, dump_config, load_config
 from segadv.errors import UserError
-from segadv.eval import main as eval_main
+from segadv.cli.eval import main as eval_main
 from segadv.models import build_generator
 
 G_OVERRIDES = [o for o in TINY_OVERRIDES if o.startswith("model.generator.")]
@@ -128,7 +128,7 @@ def test_a_save_pretrained_directory_loads_evaluates_and_converts(smp_dir, tmp_p
 
 def test_a_save_pretrained_directory_exports_to_onnx(smp_dir, tmp_path):
     pytest.importorskip("onnxruntime")
-    from segadv.export import cli as export_cli
+    from segadv.cli import export as export_cli
     from segadv.export.sidecar import sidecar_path
 
     _, directory = smp_dir

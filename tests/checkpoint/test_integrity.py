@@ -13,13 +13,13 @@ import torch
 from torch import nn
 
 from segadv import __version__
-from segadv import ckpt as ckpt_cli
-from segadv import eval as eval_cli
-from segadv import train as train_cli
+from segadv.cli import ckpt as ckpt_cli
+from segadv.cli import eval as eval_cli
+from segadv.cli import train as train_cli
 from segadv.checkpoint import read_checkpoint, save_checkpoint
 from segadv.config import config_to_dict, load_config
 from segadv.errors import UserError
-from segadv.export import cli as export_cli
+from segadv.cli import export as export_cli
 from segadv.fsutil import file_sha256
 from segadv.models import build_discriminator, build_generator
 

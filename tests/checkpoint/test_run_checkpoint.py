@@ -8,15 +8,15 @@ import shutil
 
 import pytest
 
-from segadv import ckpt as ckpt_cli
-from segadv import eval as eval_cli
-from segadv import predict as predict_cli
-from segadv.export import cli as export_cli
+from segadv.cli import ckpt as ckpt_cli
+from segadv.cli import eval as eval_cli
+from segadv.cli import predict as predict_cli
+from segadv.cli import export as export_cli
 from segadv.checkpoint.inference import load_generator, read_files
 from segadv.checkpoint.run_checkpoint import checkpoint_of_run
 from segadv.data import class_names
 from segadv.errors import UserError
-from segadv.train import train
+from segadv.training.loop import train
 
 
 def test_what_a_directory_stands_for(tmp_path):
@@ -72,7 +72,7 @@ def test_eval_of_a_run_dir_is_its_best_checkpoint_with_classes_by_name(trained, 
 
 def test_ckpt_inspect_of_a_run_dir(trained, capsys, caplog, tmp_path):
     result, _ = trained
-    with caplog.at_level(logging.INFO, logger="segadv.ckpt"):
+    with caplog.at_level(logging.INFO, logger="segadv.cli.ckpt"):
         assert ckpt_cli.main(["inspect", str(result.run_dir)]) == 0
     out = capsys.readouterr().out
     assert f"file:      {result.run_dir / 'checkpoints' / 'best.pt'}" in out and "step:      2" in out

@@ -2,7 +2,7 @@
 
 import pytest
 
-from segadv.cli_args import parse_args
+from segadv.cli.args import parse_args
 
 
 def parser_of(module_name):
@@ -12,17 +12,17 @@ def parser_of(module_name):
 
 
 @pytest.mark.parametrize("module, argv, expected", [
-    ("segadv.train_cli", ["--run-dir", "R", "train.max_steps=20", "--resume", "auto", "checkpoint.every=5"],
+    ("segadv.cli.train", ["--run-dir", "R", "train.max_steps=20", "--resume", "auto", "checkpoint.every=5"],
      {"run_dir": "R", "resume": "auto", "overrides": ["train.max_steps=20", "checkpoint.every=5"]}),
-    ("segadv.eval", ["a=1", "--checkpoint", "C", "b=2", "--json"],
+    ("segadv.cli.eval", ["a=1", "--checkpoint", "C", "b=2", "--json"],
      {"checkpoint": "C", "json": True, "overrides": ["a=1", "b=2"]}),
-    ("segadv.ckpt", ["convert", "F", "a=1", "--output", "O", "b=2"],
+    ("segadv.cli.ckpt", ["convert", "F", "a=1", "--output", "O", "b=2"],
      {"command": "convert", "file": "F", "output": "O", "overrides": ["a=1", "b=2"]}),
-    ("segadv.predict", ["--checkpoint", "C", "a=1", "--input", "I", "--output", "O", "b=2"],
+    ("segadv.cli.predict", ["--checkpoint", "C", "a=1", "--input", "I", "--output", "O", "b=2"],
      {"checkpoint": "C", "input": "I", "output": "O", "overrides": ["a=1", "b=2"]}),
-    ("segadv.export.cli", ["--checkpoint", "C", "a=1", "--output", "O", "b=2"],
+    ("segadv.cli.export", ["--checkpoint", "C", "a=1", "--output", "O", "b=2"],
      {"checkpoint": "C", "output": "O", "overrides": ["a=1", "b=2"]}),
-    ("segadv.data.check", ["check", "a=1", "--config", "X", "b=2"],
+    ("segadv.cli.data", ["check", "a=1", "--config", "X", "b=2"],
      {"command": "check", "config": "X", "overrides": ["a=1", "b=2"]}),
 ])
 def test_overrides_and_options_in_any_order(module, argv, expected):
@@ -32,16 +32,16 @@ def test_overrides_and_options_in_any_order(module, argv, expected):
 
 def test_an_unknown_subcommand_still_gets_argparses_message(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        parse_args(parser_of("segadv.ckpt"), ["nope"])
+        parse_args(parser_of("segadv.cli.ckpt"), ["nope"])
     assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("module, argv, dest", [
-    ("segadv.train_cli", ["--run-dir", "~/runs/a"], "run_dir"),
-    ("segadv.train_cli", ["--resume", "~/runs/a/checkpoints/step_2.pt"], "resume"),
-    ("segadv.predict", ["--checkpoint", "c.pt", "--input", "x.png", "--output", "~/masks"], "output"),
-    ("segadv.export.cli", ["--checkpoint", "~/c.pt", "--output", "~/m.onnx"], "output"),
-    ("segadv.eval", ["--checkpoint", "~/c.pt"], "checkpoint"),
+    ("segadv.cli.train", ["--run-dir", "~/runs/a"], "run_dir"),
+    ("segadv.cli.train", ["--resume", "~/runs/a/checkpoints/step_2.pt"], "resume"),
+    ("segadv.cli.predict", ["--checkpoint", "c.pt", "--input", "x.png", "--output", "~/masks"], "output"),
+    ("segadv.cli.export", ["--checkpoint", "~/c.pt", "--output", "~/m.onnx"], "output"),
+    ("segadv.cli.eval", ["--checkpoint", "~/c.pt"], "checkpoint"),
 ])
 def test_every_path_option_expands_tilde(module, argv, dest, monkeypatch, tmp_path):
     import importlib
@@ -55,11 +55,11 @@ def test_every_path_option_expands_tilde(module, argv, dest, monkeypatch, tmp_pa
 def test_path_options_refuse_an_empty_path(capsys):
     import importlib
 
-    for module, argv in (("segadv.train_cli", ["--run-dir", ""]), ("segadv.ckpt", ["convert", "f.pt", "--smp", ""])):
+    for module, argv in (("segadv.cli.train", ["--run-dir", ""]), ("segadv.cli.ckpt", ["convert", "f.pt", "--smp", ""])):
         with pytest.raises(SystemExit) as raised:
             parse_args(importlib.import_module(module).build_parser(), argv)
         assert raised.value.code == 2 and "empty path" in capsys.readouterr().err
-    assert "~" not in parse_args(importlib.import_module("segadv.ckpt").build_parser(),
+    assert "~" not in parse_args(importlib.import_module("segadv.cli.ckpt").build_parser(),
                                  ["convert", "f.pt", "--smp", "~/smp"]).smp
 
 
@@ -73,8 +73,8 @@ def test_run_dir_in_a_config_expands_tilde_and_refuses_an_empty_path(monkeypatch
         load_config(None, ["run_dir=''"])
 
 
-CLIS = ["segadv.train_cli", "segadv.eval", "segadv.ckpt", "segadv.predict", "segadv.export.cli",
-        "segadv.data.check", "segadv.plan.cli", "segadv.experiment.cli", "segadv.experiment.curves"]
+CLIS = ["segadv.cli.train", "segadv.cli.eval", "segadv.cli.ckpt", "segadv.cli.predict", "segadv.cli.export",
+        "segadv.cli.data", "segadv.cli.plan", "segadv.cli.experiment", "segadv.cli.curves"]
 
 
 def test_every_commands_help_answers_without_importing_torch():
@@ -97,8 +97,8 @@ def test_every_commands_help_answers_without_importing_torch():
 
 
 @pytest.mark.parametrize("module, argv", [
-    ("segadv.predict", ["--model", "m.onnx", "--input", "{d}/a.png", "{d}/b.png", "{d}/c.png", "--output", "o"]),
-    ("segadv.predict", ["--checkpoint", "c.pt", "--input", "{d}/a.png", "{d}/b.png", "--output", "o"]),
+    ("segadv.cli.predict", ["--model", "m.onnx", "--input", "{d}/a.png", "{d}/b.png", "{d}/c.png", "--output", "o"]),
+    ("segadv.cli.predict", ["--checkpoint", "c.pt", "--input", "{d}/a.png", "{d}/b.png", "--output", "o"]),
 ])
 def test_a_glob_the_shell_expanded_is_named_as_such(module, argv, tmp_path, capsys):
     import importlib

@@ -202,12 +202,12 @@ def test_a_path_is_never_taken_for_a_name(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def _cli_mains():
-    from segadv.ckpt import main as ckpt_main
-    from segadv.data.check import main as data_main
-    from segadv.eval import main as eval_main
-    from segadv.export.cli import main as export_main
-    from segadv.predict import main as predict_main
-    from segadv.train import main as train_main
+    from segadv.cli.ckpt import main as ckpt_main
+    from segadv.cli.data import main as data_main
+    from segadv.cli.eval import main as eval_main
+    from segadv.cli.export import main as export_main
+    from segadv.cli.predict import main as predict_main
+    from segadv.cli.train import main as train_main
 
     return {"segadv-train": (train_main, []), "segadv-eval": (eval_main, []),
             "segadv-export": (export_main, []), "segadv-predict": (predict_main, []),
@@ -227,7 +227,7 @@ def test_every_config_taking_cli_lists_the_shipped_configs(cli: str, capsys: pyt
 
 
 def test_train_with_an_unknown_name_exits_2_listing_names(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from segadv.train import main as train_main
+    from segadv.cli.train import main as train_main
 
     assert train_main(["--config", "nope", "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err

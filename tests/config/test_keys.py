@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from segadv import train_cli
+from segadv.cli import train as train_cli
 from segadv.config import config_to_dict, flat_config, load_config
 from segadv.config.keys import key_listing, keys
 from segadv.config.schema import Config
@@ -74,7 +74,7 @@ def test_print_config_is_the_resolved_config_and_starts_nothing(tmp_path, capsys
 
 def test_help_print_config_and_help_config_import_no_torch():
     """They answer at once: torch (seconds to import) loads only when a run starts."""
-    code = ("import sys; from segadv import train_cli\n"
+    code = ("import sys; from segadv.cli import train as train_cli\n"
             "for argv in (['--help'], ['--help-config', 'train'], ['--print-config'], ['--list-configs']):\n"
             "    try:\n        train_cli.main(argv)\n    except SystemExit:\n        pass\n"
             "print('torch' in sys.modules)")

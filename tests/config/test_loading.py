@@ -10,7 +10,7 @@ import pytest
 from segadv.config import load_config
 from segadv.config.loading import MAX_CONFIG_BYTES
 from segadv.errors import UserError
-from segadv.train import main as train_main
+from segadv.cli.train import main as train_main
 
 # 9 levels of 9 aliases: about 400 bytes standing for 9**9 (387 million) strings.
 ALIAS_BOMB = "a: &a [" + ",".join(["lol"] * 9) + "]\n" + "".join(

@@ -6,7 +6,7 @@ numeric or list field the boundary values a user's typo produces: 0, -1, NaN, +-
 an empty list, a one-element list, a list of -1 / NaN / huge items. Each goes through
 ``load_config`` with the override, as ``segadv-train key=value`` does. A refused value must be a
 ``UserError`` naming its key (exit 2). An accepted value that differs from the tiny config's must
-then train one step (with an evaluation and a checkpoint) in process, through ``segadv.train.train``,
+then train one step (with an evaluation and a checkpoint) in process, through ``segadv.training.loop.train``,
 and end in success or a ``UserError``: any other exception means a value reached torch or smp
 unchecked, and the test fails (drop one constraint from segadv/config/schema.py, e.g. ``ge=0`` of
 ``momentum``, and it goes red).
@@ -140,7 +140,7 @@ def test_the_walk_covers_the_schema():
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_every_boundary_value_is_refused_naming_its_key_or_trains(tmp_path):
-    from segadv.train import train
+    from segadv.training.loop import train
 
     base = [*TINY_OVERRIDES, *ONE_STEP]
     accepted = []
@@ -170,7 +170,7 @@ def test_every_boundary_value_is_refused_naming_its_key_or_trains(tmp_path):
 
 
 def test_refusals_exit_2_from_the_cli(tmp_path, capsys):
-    from segadv.train import main
+    from segadv.cli.train import main
 
     for override in ("optim.discriminator.betas=[0.9]", "optim.generator.lr=1e38", "data.num_classes=1000",
                      "model.generator.encoder_depth=0", "optim.generator.poly_power=-1"):

@@ -11,7 +11,7 @@ from segadv.config import load_config
 from segadv.config.schema import GeneratorConfig
 from segadv.data.batch_checks import check_last_batches, check_micro_batches, replica_chunks
 from segadv.errors import UserError
-from segadv.train import train
+from segadv.training.loop import train
 
 DA_TARGET = ("target_data={kind: synthetic, synthetic: {domain: target, image_size: 64, train_size: 8, val_size: 2}, "
              "batch_size: 2, num_workers: 0}")

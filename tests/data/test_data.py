@@ -21,7 +21,7 @@ from segadv.data import (
 )
 from segadv.data.augment import seed_transform
 from segadv.errors import UserError
-from segadv.palette import palette
+from segadv.data.palette import palette
 
 SIZE = 48  # small images keep the whole file fast; the generator is size-agnostic
 MEAN = [0.485, 0.456, 0.406]

@@ -12,7 +12,7 @@ import pytest
 from data_builders import make_cityscapes, make_folder, make_gta5, make_voc, save_mask, stripes, write_list
 from segadv.config import CONFIGS_DIR, load_config
 from segadv.data import build_data
-from segadv.data.check import main as check_main
+from segadv.cli.data import main as check_main
 
 from conftest import TINY_OVERRIDES
 
@@ -68,7 +68,7 @@ def test_check_synthetic(capsys):
 
 
 def test_module_entry_point_exits_2_without_traceback():
-    bad = subprocess.run([sys.executable, "-m", "segadv.data.check", "check", "data.kind=voc", "data.num_classes=21"],
+    bad = subprocess.run([sys.executable, "-m", "segadv.cli.data", "check", "data.kind=voc", "data.num_classes=21"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip() == "error: data.root: required for data.kind=voc (the dataset directory; see docs/datasets.md)"
@@ -103,7 +103,7 @@ def test_synthetic_config_is_the_demo():
 
 
 def test_short_training_run_on_folder_kind(tmp_path):
-    from segadv.train import train
+    from segadv.training.loop import train
 
     root = tmp_path / "data"
     make_folder(root, n_train=8, n_val=2, num_classes=3, h=64, w=64)

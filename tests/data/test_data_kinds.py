@@ -24,7 +24,7 @@ from data_builders import (
 from segadv.config import load_config
 from segadv.config.schema import DataConfig
 from segadv.data import build_data, build_dataloaders, class_names
-from segadv.palette import palette
+from segadv.data.palette import palette
 from segadv.data.augment import seed_transform
 from segadv.data.layouts import CITYSCAPES_CLASSES, CITYSCAPES_LABELS, VOC_CLASSES
 from segadv.errors import UserError

@@ -12,7 +12,7 @@ import pytest
 from data_builders import make_cityscapes, make_folder, make_gta5, make_voc, write_list
 from segadv.config import CONFIGS_DIR, load_config
 from segadv.data import build_data
-from segadv.data.check import main as check_main
+from segadv.cli.data import main as check_main
 from segadv.errors import UserError
 
 from conftest import TINY_OVERRIDES

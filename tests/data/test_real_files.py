@@ -14,11 +14,11 @@ from data_builders import (
 )
 from segadv.config.schema import DataConfig
 from segadv.data import build_dataloaders
-from segadv.data.check import main as check_main
+from segadv.cli.data import main as check_main
 from segadv.data.files import read_id_list, read_image
 from segadv.data.layouts import gta5_list_split
 from segadv.errors import UserError
-from segadv.predict import read_image as predict_read_image
+from segadv.cli.predict import read_image as predict_read_image
 
 from test_data_errors import cfg_for, one_epoch
 

@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from conftest import TINY_OVERRIDES
 from helpers import FixedStream
-from segadv.build import build_amp_optimizer, build_training
+from segadv.training.build import build_amp_optimizer, build_training
 from segadv.config import load_config
 from segadv.config.schema import NetworkAmpConfig, OptimizerConfig
 from segadv.engine.accumulation import Accumulation, split_batch

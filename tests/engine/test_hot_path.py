@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from segadv.build import build_training
+from segadv.training.build import build_training
 from segadv.config import load_config
 from segadv.parallel import parse_device_map, to_device
 

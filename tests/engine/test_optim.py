@@ -37,7 +37,7 @@ def test_fused_is_what_the_optimizer_runs():
 
 
 def stepped_optimizer(lr, weight_decay, lr_multiplier=1.0, steps=0):
-    from segadv.build import build_amp_optimizer
+    from segadv.training.build import build_amp_optimizer
     from segadv.config.schema import NetworkAmpConfig
 
     torch.manual_seed(0)

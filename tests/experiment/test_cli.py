@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from conftest import TINY_OVERRIDES
-from segadv import train_cli
+from segadv.cli import train as train_cli
 from segadv.config import dump_config, load_config
-from segadv.experiment import cli as experiment
+from segadv.cli import experiment
 from segadv.experiment import launcher
 from segadv.experiment.grid import load_grid
 from segadv.experiment.results import diagnostics_table, stat_cell
@@ -176,7 +176,7 @@ def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path)
     assert run_cli("semi", "--dry-run", "--out", tmp_path / "out") == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 29 and all(" -m segadv.train --config semi --run-dir " in line for line in lines)
+    assert len(lines) == 29 and all(" -m segadv.cli.train --config semi --run-dir " in line for line in lines)
     assert run_cli("semii") == 2
     assert "unknown grid 'semii'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:

@@ -4,7 +4,7 @@ import builtins
 import json
 from pathlib import Path
 
-from segadv.experiment import curves
+from segadv.cli import curves
 
 
 def write_run(run_dir: Path, points) -> Path:

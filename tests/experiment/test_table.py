@@ -5,9 +5,9 @@ import json
 
 import yaml
 
-from segadv.experiment import cli as experiment
+from segadv.cli import experiment
 from segadv.monitor.status import RunStatus, Score
-from segadv.run_lock import RunDirLock
+from segadv.training.lock import RunDirLock
 
 
 def make_run(run_dir, config, status=None, vals=()):

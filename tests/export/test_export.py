@@ -17,8 +17,8 @@ import torch
 from segadv import __version__
 from segadv.config import config_to_dict, dump_config, load_config
 from segadv.data import class_names
-from segadv.palette import palette
-from segadv.export import cli
+from segadv.data.palette import palette
+from segadv.cli import export as cli
 from segadv.export.sidecar import prepare_input, sidecar_path
 from segadv.fsutil import file_sha256
 from segadv.export.torchscript_export import load_torchscript

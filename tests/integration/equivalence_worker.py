@@ -19,7 +19,7 @@ from test_equivalence import (  # noqa: E402
     batch_statistics_frozen, capture_adversarial_gradient, freeze_batch_statistics, harness_config, no_dropout,
 )
 
-from segadv.build import build_training  # noqa: E402
+from segadv.training.build import build_training  # noqa: E402
 from segadv.parallel import distributed, parse_device_map, unwrap  # noqa: E402
 
 

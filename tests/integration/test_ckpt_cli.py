@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from segadv import ckpt as ckpt_cli
-from segadv import train as train_cli
+from segadv.cli import ckpt as ckpt_cli
+from segadv.cli import train as train_cli
 from segadv.checkpoint import load_weights
 from segadv.config import load_config
 from segadv.models import build_generator

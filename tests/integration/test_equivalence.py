@@ -58,7 +58,7 @@ from torch import nn
 
 from conftest import TINY_OVERRIDES
 from helpers import FixedStream
-from segadv.build import build_training
+from segadv.training.build import build_training
 from segadv.config import load_config
 from segadv.config.schema import GeneratorConfig
 from segadv.models import build_discriminator, build_generator

@@ -9,7 +9,7 @@ from conftest import TINY_OVERRIDES
 from data_builders import make_folder
 from segadv.config import dump_config, load_config
 from segadv.data import class_names
-from segadv.eval import main as eval_main
+from segadv.cli.eval import main as eval_main
 from segadv.models import build_generator
 
 

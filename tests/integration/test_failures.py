@@ -15,12 +15,13 @@ import pytest
 import torch
 
 from segadv import fsutil
-from segadv import train as train_cli
+from segadv.cli import train as train_cli
+from segadv.training import loop as train_loop
 from segadv.checkpoint import read_checkpoint
 from segadv.checkpoint.state import nonfinite_entries
 from segadv.data.streams import Stream
 from segadv.errors import EXIT_DIVERGED, EXIT_WRITE_FAILED, Diverged, UserError, WriteFailed
-from segadv.train import train
+from segadv.training.loop import train
 
 from conftest import TINY_OVERRIDES
 from helpers import per_step_losses, records, resume_cfg
@@ -71,7 +72,7 @@ def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
     """A NaN that reaches the weights but not (yet) a logged loss: the save refuses it."""
     cfg = resume_cfg(tmp_path, "weights", "train.max_steps=6", "checkpoint.every=2", "train.log_every=100",
                      "train.eval_every=100")
-    original = train_cli.build_training
+    original = train_loop.build_training
 
     def build_with_a_poisoned_step(*args, **kwargs):
         parts = original(*args, **kwargs)
@@ -87,7 +88,7 @@ def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
         parts.d.opt.step = poisoned_step
         return parts
 
-    monkeypatch.setattr(train_cli, "build_training", build_with_a_poisoned_step)
+    monkeypatch.setattr(train_loop, "build_training", build_with_a_poisoned_step)
     with pytest.raises(Diverged, match=r"non-finite values in discriminator at step 4, so no checkpoint of it was "
                                        r"written; the last complete checkpoint is .*last\.pt \(step 2"):
         train(cfg)
@@ -97,7 +98,7 @@ def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
 def test_skip_step_skips_non_finite_updates_and_counts_them(tmp_path, monkeypatch):
     cfg = resume_cfg(tmp_path, "skip", "train.max_steps=4", "checkpoint.every=2", "train.log_every=1",
                      "train.eval_every=100", "train.on_nonfinite=skip_step")
-    original = train_cli.build_training
+    original = train_loop.build_training
 
     def build_with_a_nan_output(*args, **kwargs):
         parts = original(*args, **kwargs)
@@ -113,7 +114,7 @@ def test_skip_step_skips_non_finite_updates_and_counts_them(tmp_path, monkeypatc
         parts.g.bare.segmentation_head.register_forward_hook(nan_at_third_training_forward)
         return parts
 
-    monkeypatch.setattr(train_cli, "build_training", build_with_a_nan_output)
+    monkeypatch.setattr(train_loop, "build_training", build_with_a_nan_output)
     result = train(cfg)
     assert result.step == 4
     logged = {r["step"]: r for r in records(result.run_dir) if "train/loss_seg" in r}
@@ -259,7 +260,7 @@ def test_cli_ddp_every_rank_stops_on_divergence_with_exit_3(tmp_path):
 
     run_dir = tmp_path / "ddp"
     result = subprocess.run(
-        [sys.executable, "-m", "segadv.train", "--run-dir", str(run_dir), "--device-map", "cpu", *TINY_OVERRIDES,
+        [sys.executable, "-m", "segadv.cli.train", "--run-dir", str(run_dir), "--device-map", "cpu", *TINY_OVERRIDES,
          "log.tensorboard=false", "train.max_steps=30", "checkpoint.every=10", "train.log_every=10",
          "train.eval_every=100", "optim.generator.lr=100", "optim.discriminator.lr=100", "--nproc-per-node", "2"],
         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -336,7 +337,7 @@ def skipped_val_run(tmp_path_factory):
 
 
 def eval_json(checkpoint, *overrides):
-    from segadv import eval as eval_cli
+    from segadv.cli import eval as eval_cli
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -346,7 +347,7 @@ def eval_json(checkpoint, *overrides):
 
 def test_a_val_file_that_fails_to_decode_is_left_out_of_train_and_eval_scores(skipped_val_run, capsys):
     """It used to be replaced by the next good file, which was then scored twice."""
-    from segadv import eval as eval_cli
+    from segadv.cli import eval as eval_cli
 
     run_dir, good, train_log = skipped_val_run
     last = run_dir / "checkpoints" / "last.pt"

@@ -94,18 +94,30 @@ def test_the_console_scripts_are_the_cli_modules():
     scripts = (PACKAGE.parent / "pyproject.toml").read_text().split("[project.scripts]")[1].split("\n[")[0]
     installed = set(re.findall(r'^\S+\s*=\s*"([\w.]+):main"', scripts, re.M))
     assert installed and installed <= cli_modules()
-    assert {"segadv.train_cli", "segadv.plan.cli"} <= installed
+    assert {"segadv.cli.train", "segadv.cli.plan"} <= installed
 
 
 def test_no_library_module_imports_a_cli_module():
     """The training loop, the planner's library and the other shared code never reach into a
-    command's module: what two commands share lives in a library module (segadv/run.py holds what
+    command's module: what two commands share lives in a library module (segadv/training/run_data.py holds what
     segadv-train and segadv-plan both run). Nothing under segadv/plan/ imports another command."""
     clis = cli_modules()
     graph = import_graph()
     offenders = {module: sorted(graph[module] & (clis - {module})) for module in graph
                  if module not in clis or module.startswith("segadv.plan.")}
     assert {module: names for module, names in offenders.items() if names} == {}
+
+
+def test_the_layers_show_in_the_folders():
+    """Every command lives in segadv/cli/ (a package's ``__main__`` hands over to one), nothing
+    outside it imports from there, and the top folder keeps only what every layer shares."""
+    graph = import_graph()
+    outside = {module: sorted(n for n in graph[module] if n.startswith("segadv.cli"))
+               for module, path in modules().items()
+               if not module.startswith("segadv.cli") and path.name != "__main__.py"}
+    assert {module: names for module, names in outside.items() if names} == {}
+    assert {m for m in cli_modules() if not m.startswith("segadv.cli.")} == {"segadv.export.__main__"}
+    assert len(list(PACKAGE.glob("*.py"))) <= 6
 
 
 def test_no_import_cycle():
@@ -116,7 +128,7 @@ def test_no_import_cycle():
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as err:
         pytest.fail(f"import cycle: {' -> '.join(reversed(err.args[1]))}")
-    assert graph["segadv.train"] >= {"segadv.build", "segadv.run"}  # the graph sees the imports
+    assert graph["segadv.training.loop"] >= {"segadv.training.build", "segadv.training.run_data"}  # the graph sees the imports
 
 
 # The third-party modules segadv names are imported once, then each segadv module is imported in a

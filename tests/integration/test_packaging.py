@@ -74,11 +74,11 @@ def test_wheel_holds_every_module_and_every_shipped_config(wheel: Path) -> None:
                if p.is_file() and "__pycache__" not in p.parts}
     assert "segadv/configs/default.yaml" in configs and "segadv/configs/experiments/semi.yaml" in configs
     assert modules - names == set() and configs - names == set()
-    assert "segadv/experiment/cli.py" in names and "segadv/monitor/status.py" in names
+    assert "segadv/cli/experiment.py" in names and "segadv/monitor/status.py" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "segadv-experiment = segadv.experiment.cli:main" in scripts
-    assert "segadv-curves = segadv.experiment.curves:main" in scripts
+    assert "segadv-experiment = segadv.cli.experiment:main" in scripts
+    assert "segadv-curves = segadv.cli.curves:main" in scripts
     docs = {f"segadv/docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}  # what every --help points to
     assert "segadv/docs/training.md" in docs and docs - names == set()
 
@@ -124,7 +124,7 @@ def test_installed_wheel_trains_from_an_empty_directory(wheel: Path, tmp_path: P
     shipped_grids = sorted(path.stem for path in experiments.glob("*.yaml"))
     assert [line.split()[0] for line in grids] == shipped_grids
     commands = run([experiment, "run", "semi", "--dry-run"], cwd=empty).stdout.splitlines()
-    assert len(commands) == 29 and all(" -m segadv.train --config semi --run-dir " in line for line in commands)
+    assert len(commands) == 29 and all(" -m segadv.cli.train --config semi --run-dir " in line for line in commands)
     table = json.loads(run([experiment, "table", default_runs[0], "runs/semi", "--json"], cwd=empty).stdout)
     assert [(r["outcome"], r["step"]) for r in table["runs"]] == [("finished", 2), ("finished", 2)]
     assert "method.name" in table["differing_keys"]

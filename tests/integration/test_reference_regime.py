@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from segadv.checkpoint import read_checkpoint
-from segadv.export import cli as export_cli
-from segadv.train import train
+from segadv.cli import export as export_cli
+from segadv.training.loop import train
 
 from helpers import per_step_losses, resume_cfg
 

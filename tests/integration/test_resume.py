@@ -15,8 +15,8 @@ import pytest
 
 from segadv.checkpoint import CheckpointManager, read_checkpoint
 from segadv.errors import UserError
-from segadv.run_lock import RunDirLock
-from segadv.train import train
+from segadv.training.lock import RunDirLock
+from segadv.training.loop import train
 
 from conftest import TINY_OVERRIDES
 from helpers import LOSSES, per_step_losses, records, resume_cfg, stream_positions
@@ -113,7 +113,7 @@ def test_corrupt_newest_checkpoints_fall_back_to_previous(tmp_path, caplog):
 
 
 def cli(run_dir, *extra):
-    return [sys.executable, "-m", "segadv.train", "--run-dir", str(run_dir), "--device-map", "cpu",
+    return [sys.executable, "-m", "segadv.cli.train", "--run-dir", str(run_dir), "--device-map", "cpu",
             *TINY_OVERRIDES, "log.tensorboard=false", *extra]
 
 

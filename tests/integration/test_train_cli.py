@@ -8,8 +8,8 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from segadv import eval as eval_cli
-from segadv import train as train_cli
+from segadv.cli import eval as eval_cli
+from segadv.cli import train as train_cli
 from segadv.checkpoint import read_checkpoint
 
 from conftest import TINY_OVERRIDES
@@ -74,7 +74,7 @@ def run_cli(*args, env_extra=None):
 
 
 def test_missing_cuda_device_exits_2_without_traceback(tmp_path):
-    result = run_cli("segadv.train", "--device-map", "g:1,d:0", "--run-dir", str(tmp_path / "r"),
+    result = run_cli("segadv.cli.train", "--device-map", "g:1,d:0", "--run-dir", str(tmp_path / "r"),
                      env_extra={"CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 2
     assert "cuda:1 requested for g, but no CUDA device is visible" in result.stderr
@@ -91,28 +91,28 @@ def test_missing_cuda_device_exits_2_without_traceback(tmp_path):
     ],
 )
 def test_config_errors_exit_2_without_traceback(tmp_path, args, message):
-    result = run_cli("segadv.train", "--run-dir", str(tmp_path / "r"), *args)
+    result = run_cli("segadv.cli.train", "--run-dir", str(tmp_path / "r"), *args)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_eval_on_a_missing_checkpoint_exits_2(tmp_path):
-    result = run_cli("segadv.eval", "--checkpoint", str(tmp_path / "missing.pt"))
+    result = run_cli("segadv.cli.eval", "--checkpoint", str(tmp_path / "missing.pt"))
     assert result.returncode == 2
     assert "checkpoint not found" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_images_g_cannot_take_exit_2_naming_the_size(tmp_path):
     # smp raises a bare RuntimeError from G's forward; the size comes from the user's transforms.
-    result = run_cli("segadv.train", "--run-dir", str(tmp_path / "r"), *TINY_OVERRIDES,
+    result = run_cli("segadv.cli.train", "--run-dir", str(tmp_path / "r"), *TINY_OVERRIDES,
                      "data.train_transforms=[{name: Resize, height: 56, width: 56}]")
     assert result.returncode == 2, result.stderr
     assert "images of 56x56 reach G, which needs height and width divisible by" in result.stderr
     assert "data.train_transforms" in result.stderr and "Traceback" not in result.stderr
 
 
-# ------------------------------------------------------------------ the run dir rule (segadv/rundir.py)
+# ------------------------------------------------------------------ the run dir rule (segadv/training/run_dir.py)
 
 # A run whose data differs from the embedded default's (16 training samples, not 4000) and whose G
 # does too (mobilenet_v2): a resume on the default config would train on other data.
@@ -122,9 +122,9 @@ RUN_ARGS = ["--device-map", "cpu", *TINY_OVERRIDES, "log.tensorboard=false", "tr
 def hashes(*folders):
     from segadv.fsutil import file_sha256
 
-    from segadv.run_lock import LOCK_FILE
+    from segadv.training.lock import LOCK_FILE
 
-    # The lock names its holder: taking it rewrites it (segadv/run_lock.py).
+    # The lock names its holder: taking it rewrites it (segadv/training/lock.py).
     return {p: file_sha256(p) for folder in folders for p in sorted(folder.rglob("*"))
             if p.is_file() and p.name != LOCK_FILE}
 
@@ -265,7 +265,7 @@ def test_a_garbled_metrics_jsonl_is_exit_2_naming_it(stopped_run, capsys):
 def test_a_start_that_fails_leaves_no_run_dir_and_checks_the_data_before_building(tmp_path, monkeypatch, capsys):
     """Cheap checks first: a missing data root is found before any network is built (with
     ``encoder_weights: imagenet`` that build would try a download first)."""
-    from segadv import build
+    from segadv.training import build
 
     monkeypatch.setattr(build, "build_training", lambda *a, **k: pytest.fail("networks built before the checks"))
     run_dir = tmp_path / "run"

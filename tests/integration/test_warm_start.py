@@ -16,7 +16,7 @@ from segadv.config import load_config
 from segadv.data import class_names
 from segadv.data.synthetic import PRETEXT_CLASSES, SHAPE_CLASSES, SyntheticShapes
 from segadv.models import build_generator
-from segadv.train import main as train_main
+from segadv.cli.train import main as train_main
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["data.synthetic.image_size=32", "data.synthetic.train_size=40", "data.synthetic.val_size=4",

@@ -16,7 +16,7 @@ from segadv.methods.advsemiseg import AdvSemiSeg
 from segadv.methods.specs import AdvSemiSegConfig
 from segadv.models.discriminator import FCDiscriminator
 from segadv.monitor.profile import PhaseTimer
-from segadv.train import train
+from segadv.training.loop import train
 
 from conftest import TINY_OVERRIDES
 from data_builders import make_folder

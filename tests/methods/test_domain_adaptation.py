@@ -17,14 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from segadv.build import build_amp_optimizer, build_training
+from segadv.training.build import build_amp_optimizer, build_training
 from segadv.checkpoint import load_weights, read_checkpoint
 from segadv.checkpoint.loader import CheckpointMismatchError
 from segadv.config import load_config
 from segadv.config.schema import GeneratorConfig, NetworkAmpConfig, OptimizerConfig
 from segadv.engine.network import Network
 from segadv.errors import UserError
-from segadv.export import cli as export_cli
+from segadv.cli import export as export_cli
 from segadv.methods.domain_adaptation import AdaptSegNet, Advent, MinEnt, mean_entropy, self_information
 from segadv.methods.specs import DomainAdaptationConfig, MinEntConfig
 
@@ -33,8 +33,8 @@ from segadv.models import build_generator, build_generator_for_weights
 from segadv.models.discriminator import FCDiscriminator
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel import parse_device_map
-from segadv.train import main as train_main
-from segadv.train import train
+from segadv.cli.train import main as train_main
+from segadv.training.loop import train
 
 from conftest import TINY_OVERRIDES
 from data_builders import make_folder
@@ -386,7 +386,7 @@ def test_the_synthetic_target_domain_draws_its_own_samples_with_the_same_classes
 
 
 def test_segadv_eval_measures_a_multi_level_checkpoint_on_the_target_like_training(tmp_path, capsys):
-    from segadv.eval import main as eval_main
+    from segadv.cli.eval import main as eval_main
 
     result = train(uda_cfg(tmp_path, "run", "train.max_steps=2", "log.tensorboard=false"))
     capsys.readouterr()
@@ -396,7 +396,7 @@ def test_segadv_eval_measures_a_multi_level_checkpoint_on_the_target_like_traini
     assert metrics["mIoU"] == pytest.approx(result.val_metrics["mIoU"], abs=1e-6)
 
     # segadv-ckpt convert writes the inference G: main output only, no aux head.
-    from segadv.ckpt import main as ckpt_main
+    from segadv.cli.ckpt import main as ckpt_main
 
     converted = tmp_path / "g.pt"
     assert ckpt_main(["convert", str(result.run_dir / "checkpoints" / "last.pt"), "--output", str(converted)]) == 0

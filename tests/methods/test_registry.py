@@ -30,7 +30,7 @@ from segadv.methods.adversarial import (
     optimizer_step,
 )
 from segadv.methods.schedule import Schedule
-from segadv.train import main as train_main
+from segadv.cli.train import main as train_main
 
 from conftest import TINY_OVERRIDES
 

@@ -21,7 +21,7 @@ from segadv.methods.specs import S4GanConfig
 from segadv.models.discriminator import ImageDiscriminator
 from segadv.monitor.profile import PhaseTimer
 from segadv.checkpoint import read_checkpoint
-from segadv.train import train
+from segadv.training.loop import train
 
 from conftest import TINY_OVERRIDES
 from helpers import FixedStream, conv_networks, per_step_losses, resume_cfg, stream_positions

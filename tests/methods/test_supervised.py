@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from segadv.build import build_training
+from segadv.training.build import build_training
 from segadv.parallel import devices_of, parse_device_map, unwrap
 
 from helpers import batch
@@ -178,7 +178,7 @@ def test_float16_amp_with_both_scalers_on_cuda(tiny_cfg):
 def test_deterministic_is_strict_on_cpu_and_warns_on_cuda(monkeypatch, devices, warn_only):
     """CUDA has no deterministic kernel for bilinear upsampling's backward: strict mode would stop
     at the first backward there. The CPU guarantee stays bitwise (strict)."""
-    from segadv.runtime import seed_everything
+    from segadv.training.process import seed_everything
 
     calls = []
     monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda mode, **kw: calls.append((mode, kw)))
@@ -189,7 +189,7 @@ def test_deterministic_is_strict_on_cpu_and_warns_on_cuda(monkeypatch, devices, 
 
 @pytest.mark.cuda
 def test_deterministic_training_runs_on_cuda(tiny_cfg):
-    from segadv.train import train
+    from segadv.training.loop import train
 
     tiny_cfg.device_map = "g:cuda:0,d:cuda:0"
     tiny_cfg.train.deterministic = True

@@ -106,7 +106,7 @@ def test_the_fc_maps_upsampling_is_the_references_by_default():
 def test_depth_against_the_smallest_training_side(tmp_path):
     from conftest import TINY_OVERRIDES
     from segadv.models.discriminator import check_input_side
-    from segadv.train import train
+    from segadv.training.loop import train
 
     check_input_side(DiscriminatorConfig(num_downsamples=6), 64, "model.discriminator", "64 px")  # a 1x1 map
     with pytest.raises(UserError, match="num_downsamples: 7 stride-2 convolutions leave no cell .*at most 6 fit"):

@@ -51,7 +51,7 @@ def test_local_encoder_weights_load_where_the_run_is_assembled(tiny_cfg, tmp_pat
     whose unused stages (encoder_depth 4) are dropped: their keys are left out, every other one fits."""
     import segmentation_models_pytorch as smp
 
-    from segadv.build import build_training
+    from segadv.training.build import build_training
     from segadv.parallel import parse_device_map, unwrap
 
     torch.manual_seed(5)

@@ -137,7 +137,7 @@ def test_an_unknown_norm_setting_is_refused_by_the_schema():
 
 
 def test_sync_bn_with_frozen_is_a_user_error(tiny_cfg):
-    from segadv.build import build_training
+    from segadv.training.build import build_training
     from segadv.errors import UserError
     from segadv.parallel import parse_device_map
 

@@ -13,7 +13,7 @@ from segadv.config import load_config
 from segadv.config.schema import LogConfig
 from segadv.monitor.diagnostics import DWinsDetector, d_accuracy, d_confidence
 from segadv.monitor.writer import MetricWriter, NullWriter
-from segadv.train import train
+from segadv.training.loop import train
 
 from helpers import UDA_OVERRIDES
 

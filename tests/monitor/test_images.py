@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from segadv.palette import palette
+from segadv.data.palette import palette
 from segadv.monitor.images import PADDING, confidence_panel, segmentation_panel
 
 

@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from segadv.build import build_training
+from segadv.training.build import build_training
 from segadv.monitor.profile import STEP_PHASES, PhaseTimer, RunProfile, transfer_device
 from segadv.parallel import parse_device_map, unwrap
-from segadv.train import train
+from segadv.training.loop import train
 
 from helpers import batch
 
@@ -59,7 +59,7 @@ def test_run_profile_accounts_for_the_wall_time():
 
 
 def test_a_finished_run_logs_the_profile_table(tiny_cfg, caplog):
-    caplog.set_level("INFO", logger="segadv.train")
+    caplog.set_level("INFO", logger="segadv.training.loop")
     result = train(tiny_cfg)
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     final = {k: v for r in records if r["step"] == 4 for k, v in r.items()}

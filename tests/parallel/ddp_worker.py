@@ -13,13 +13,13 @@ from torch import nn
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]  # its folder and tests/ (conftest, helpers)
 from conftest import TINY_OVERRIDES  # noqa: E402
 
-from segadv.build import build_training  # noqa: E402
+from segadv.training.build import build_training  # noqa: E402
 from segadv.config import load_config  # noqa: E402
 from segadv.data import build_dataloaders  # noqa: E402
 from segadv.engine.evaluate import evaluate  # noqa: E402
 from segadv.parallel import distributed, parse_device_map, unwrap  # noqa: E402
 from segadv.data.streams import iterate_epochs  # noqa: E402
-from segadv.run import generator_for_evaluation  # noqa: E402
+from segadv.training.run_data import generator_for_evaluation  # noqa: E402
 
 
 def freeze_batch_statistics(module: nn.Module) -> None:

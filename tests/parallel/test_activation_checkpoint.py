@@ -12,7 +12,7 @@ import torch
 
 from conftest import TINY_OVERRIDES, needs_compiled_checkpointing_torch
 from helpers import FixedStream
-from segadv.build import build_training
+from segadv.training.build import build_training
 from segadv.config import load_config
 from segadv.parallel import parse_device_map, unwrap
 from segadv.parallel import activation_checkpoint

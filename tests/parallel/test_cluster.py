@@ -29,9 +29,9 @@ def launch(run_dir, *extra, nproc=2, torchrun=False):
              *extra]
     if torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "segadv.train", *train]
+               "-m", "segadv.cli.train", *train]
     else:
-        cmd = [sys.executable, "-m", "segadv.train", *train, "--nproc-per-node", str(nproc)]
+        cmd = [sys.executable, "-m", "segadv.cli.train", *train, "--nproc-per-node", str(nproc)]
     log = open(f"{run_dir}.log", "a")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -151,7 +151,7 @@ def by_hand(rank, port, run_dir, *extra):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
            "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "SEGADV_RENDEZVOUS_TIMEOUT": "60"}
-    cmd = [sys.executable, "-m", "segadv.train", "--run-dir", str(run_dir), "--device-map", "cpu", *TINY_OVERRIDES,
+    cmd = [sys.executable, "-m", "segadv.cli.train", "--run-dir", str(run_dir), "--device-map", "cpu", *TINY_OVERRIDES,
            "log.tensorboard=false", *extra]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
@@ -166,7 +166,7 @@ def test_under_slurm_a_sigterm_to_every_task_stops_each_with_exit_0_and_one_chec
     run_dir = tmp_path / "slurm"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2",
            "SLURM_JOB_NODELIST": "127.0.0.1", "SLURM_JOB_ID": "4242", "MASTER_PORT": str(port)}
-    cmd = [sys.executable, "-m", "segadv.train", "--run-dir", str(run_dir), "--device-map", "cpu", *TINY_OVERRIDES,
+    cmd = [sys.executable, "-m", "segadv.cli.train", "--run-dir", str(run_dir), "--device-map", "cpu", *TINY_OVERRIDES,
            "data.num_workers=2", f"train.max_steps={STEPS}", "train.eval_every=1000", "checkpoint.every=2",
            "train.log_every=1", "log.tensorboard=false"]
     logs = [open(tmp_path / f"task{task}.log", "w") for task in (0, 1)]
@@ -204,7 +204,7 @@ def test_resume_on_another_world_size_is_refused_naming_the_way_on(tmp_path, uni
     """2 -> 1 and 1 -> 2: refused before anything loads (exit 2 from the CLI, on every rank);
     nothing is written."""
     from segadv.config import load_config
-    from segadv.train import train
+    from segadv.training.loop import train
     from helpers import resume_cfg
 
     two = uninterrupted[0]

@@ -20,13 +20,13 @@ import torch
 
 from conftest import TINY_OVERRIDES, needs_planner_torch
 from helpers import per_step_losses, resume_cfg
-from segadv import train as train_module
+from segadv.training import loop as train_module
 from segadv.checkpoint import load_weights, read_checkpoint
 from segadv.config import load_config
 from segadv.errors import UserError
 from segadv.models import build_generator
 from segadv.parallel.compile import check_compile, graphs_compiled
-from segadv.train import train
+from segadv.training.loop import train
 
 COMPILE_AOT = ("compile.generator=true", "compile.discriminator=true", "compile.backend=aot_eager")
 
@@ -86,7 +86,7 @@ def test_no_cpp_compiler_is_exit_2_naming_the_setting(tmp_path):
     """Inductor on the CPU without a C++ compiler: a short message naming compile.generator before
     anything is built, not inductor's traceback at the first step."""
     env = {**os.environ, "CXX": str(tmp_path / "no-such-c++"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "segadv.train", "--run-dir", str(tmp_path / "run"), "--device-map", "cpu",
+    cmd = [sys.executable, "-m", "segadv.cli.train", "--run-dir", str(tmp_path / "run"), "--device-map", "cpu",
            *TINY_OVERRIDES, "compile.generator=true"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 2, result.stderr[-2000:]

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from segadv.build import build_training
+from segadv.training.build import build_training
 from segadv.checkpoint import read_checkpoint
 from segadv.data import build_dataloaders
 from segadv.engine.evaluate import evaluate
@@ -114,7 +114,7 @@ def test_distributed_eval_equals_single_process_eval(tmp_path):
 
 
 def train_cli(run_dir, *extra):
-    return [sys.executable, "-m", "segadv.train", "--run-dir", str(run_dir), "--device-map", "cpu",
+    return [sys.executable, "-m", "segadv.cli.train", "--run-dir", str(run_dir), "--device-map", "cpu",
             *TINY_OVERRIDES, "checkpoint.every=3", "train.eval_every=3", *extra]
 
 
@@ -197,7 +197,7 @@ def test_two_nodes_over_loopback(tmp_path):
     run_dir = tmp_path / "multinode"
     procs = [
         subprocess.Popen([*TORCHRUN, "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                          f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=segadv-test", "-m", "segadv.train",
+                          f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=segadv-test", "-m", "segadv.cli.train",
                           *train_cli(run_dir, "train.max_steps=4")[3:]],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -217,7 +217,7 @@ def children(pid):
 
 def test_elastic_restart_resumes_after_a_killed_worker(tmp_path):
     run_dir = tmp_path / "elastic"
-    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node=2", "--max-restarts=1", "-m", "segadv.train",
+    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node=2", "--max-restarts=1", "-m", "segadv.cli.train",
            *train_cli(run_dir, "train.max_steps=40", "checkpoint.every=2", "train.eval_every=100",
                       "train.log_every=1", "--resume", "auto")[3:]]
     log_path = tmp_path / "torchrun.log"  # a file, not a pipe: an unread pipe fills and blocks the workers
@@ -260,7 +260,7 @@ def test_dataparallel_replicas_run_each_under_their_networks_autocast(tiny_cfg):
 @pytest.mark.cuda2
 def test_ddp_over_nccl_two_gpus(tmp_path):
     run_dir = tmp_path / "nccl"
-    cmd = [sys.executable, "-m", "segadv.train", "--run-dir", str(run_dir), "--device-map", "g:0,d:0",
+    cmd = [sys.executable, "-m", "segadv.cli.train", "--run-dir", str(run_dir), "--device-map", "g:0,d:0",
            *TINY_OVERRIDES, "train.max_steps=4", "--nproc-per-node", "2"]
     result = run(cmd)
     assert "backend nccl" in result.stderr

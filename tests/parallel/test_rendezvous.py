@@ -16,7 +16,7 @@ from segadv.errors import UserError
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
 from segadv.parallel.launch import child_pids, exit_code_of
-from segadv.runtime import setup_logging
+from segadv.training.process import setup_logging
 from segadv.signals import StopRequests
 
 
@@ -78,7 +78,7 @@ def test_log_lines_carry_the_rank_under_slurm(monkeypatch, capsys):
 
 @pytest.mark.parametrize("n", ["0", "-1"])
 def test_nproc_per_node_below_1_exits_2(n, capsys):
-    from segadv.train import main
+    from segadv.cli.train import main
 
     assert main(["--nproc-per-node", n]) == 2
     assert f"--nproc-per-node {n}: give the number of processes to start, 1 or more" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from segadv.config import load_config
 from segadv.config import CONFIGS_DIR
 from segadv.errors import UserError
 from segadv.plan.accounting import PlacementError
-from segadv.plan.cli import MAX_BATCH_LIMIT, main
+from segadv.cli.plan import MAX_BATCH_LIMIT, main
 from segadv.methods.advsemiseg import AdvSemiSeg
 from segadv.methods import method_class
 from segadv.methods.supervised import Supervised
@@ -145,7 +145,7 @@ def test_advise_ranks_settings_that_each_fit_when_planned_on_their_own(capsys):
     """A budget just under what the plain demo needs on one GPU: the first option, planned with its
     own device map and overrides, fits; the options come cheapest first; each one is a setting the
     advisor names in full."""
-    from segadv.plan.cli import need
+    from segadv.cli.plan import need
 
     plain = dry_run(demo("device_map=g:0,d:0"), steps=1).devices["cuda:0"]
     gib = (need("cuda:0", plain) - 2**20) / 2**30  # 1 MiB short for fp32 on one GPU with the whole batch
@@ -450,7 +450,7 @@ def test_voc_plans_without_voc_or_weights():
     """configs/voc.yaml (DeepLabV3+/ResNet-101, batch 10, 320 px) as segadv-plan runs it: no data
     files, no ImageNet weights; under a minute on a 2-core CPU."""
     result = subprocess.run(
-        [sys.executable, "-m", "segadv.plan.cli", "--config", str(CONFIGS_DIR / "voc.yaml"), "--device-map",
+        [sys.executable, "-m", "segadv.cli.plan", "--config", str(CONFIGS_DIR / "voc.yaml"), "--device-map",
          "g:1,d:0", "--gpu-memory", "1", "--json"], capture_output=True, text=True, timeout=300,
         cwd=Path(__file__).parent)
     assert result.returncode == 3, result.stderr

@@ -6,7 +6,7 @@ import torch
 
 from conftest import TINY_OVERRIDES, needs_planner_torch
 from segadv.plan import torch_surfaces
-from segadv.plan.cli import main
+from segadv.cli.plan import main
 
 SEMI_ON_TWO_GPUS = ["--config", "semi", "--device-map", "g:1,d:0", "--steps", "1"]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-from segadv.cli_args import HelpFormatter, docs_epilog
+from segadv.cli.args import HelpFormatter, docs_epilog
 from segadv.errors import UserError, cli_entry
 from segadv.experiment.runs import METRICS_FILE, metrics_records
 from segadv.fsutil import atomic_write_bytes, make_dir

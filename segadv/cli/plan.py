@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from typing import TYPE_CHECKING
 
-from segadv.cli_args import HelpFormatter, add_config_arguments, docs_epilog, parse_args
+from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, parse_args
 from segadv.config import Config, load_config
 from segadv.data.batch_checks import BatchTooSmall
 from segadv.errors import UserError, cli_entry
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), sys.argv[1:] if argv is None else argv)
     from segadv.plan import torch_surfaces
     from segadv.plan.dry_run import dry_run, measure
-    from segadv.runtime import setup_logging
+    from segadv.training.process import setup_logging
 
     setup_logging(level=logging.WARNING if args.json else logging.INFO)
     if args.steps < 1:

@@ -18,13 +18,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-from segadv.cli_args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
+from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import UserError, cli_entry
 from segadv.fsutil import atomic_write_bytes, file_sha256, refuse_overwriting
 
 # segadv.checkpoint and torch are imported where a command runs: --help answers without them.
 
-log = logging.getLogger("segadv.ckpt")
+log = logging.getLogger("segadv.cli.ckpt")
 
 
 def detect_format(obj: Mapping[str, Any]) -> str:
@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
-    from segadv.runtime import setup_logging
+    from segadv.training.process import setup_logging
 
     setup_logging()
     if args.command == "inspect":

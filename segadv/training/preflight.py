@@ -4,7 +4,7 @@ roots and layouts (listed, no file opened), each stream's batch against its pool
 the config names (``init.*``, a local ``model.generator.encoder_weights``, ``--resume PATH``).
 A mistake in any of them is one UserError naming the key, before a download's retries or a
 network's build: ``segadv-train --config voc data.root=/nonexistent`` answers at once. The
-device map is parsed before this (segadv/train.py ``start_processes``)."""
+device map is parsed before this (segadv/training/loop.py ``start_processes``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from segadv.fsutil import user_path
 
 def check_start(cfg: Config, resume: str | None, world_size: int = 1) -> None:
     """Every cheap check of a start, in the order a user would fix them."""
-    from segadv.build import check_accumulation
+    from segadv.training.build import check_accumulation
     from segadv.methods import method_class
 
     method_class(cfg.method.name).check_config(cfg)

@@ -15,7 +15,7 @@ logits are averaged (``--mode slide``, the default: objects keep the scale the n
 at) or shrunk to fit ``max-size`` and the prediction scaled back (``--mode resize``: faster,
 coarser). A model exported with fixed input dimensions uses those as the window.
 
-Images are read as training reads them (segadv/images.py: EXIF orientation applied, 16-bit
+Images are read as training reads them (segadv/data/images.py: EXIF orientation applied, 16-bit
 grayscale scaled to 8 bits). Every input's header is checked before the model is loaded: an
 unreadable input stops the job naming every one (``--on-error raise``, the default) or is listed
 and left out while the rest are segmented (``--on-error skip``).
@@ -47,14 +47,14 @@ import numpy as np
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from segadv.cli_args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
+from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.export.sidecar import EMBED_FILE, EMBED_KEY, parse_metadata, prepare_input, read_sidecar, sidecar_path
 from segadv.fsutil import atomic_write_bytes, list_dir, make_dir, refuse_overwriting
-from segadv.images import ImageProblem, open_image, read_rgb
+from segadv.data.images import ImageProblem, open_image, read_rgb
 
-log = logging.getLogger("segadv.predict")
+log = logging.getLogger("segadv.cli.predict")
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 MODES = ("slide", "resize")
@@ -170,7 +170,7 @@ class CheckpointBackend(_TorchBackend):
     def __init__(self, checkpoint: str, config: Optional[str], overrides: Sequence[str], device: Optional[str],
                  trusted: bool) -> None:
         from segadv.data import class_names
-        from segadv.palette import palette
+        from segadv.data.palette import palette
         from segadv.checkpoint.inference import load_generator
         from segadv.export.wrapper import InferenceModel, export_metadata, size_divisor
 
@@ -308,7 +308,7 @@ def written_by_predict(path: Path) -> bool:
 
 
 def read_image(path: Path) -> np.ndarray:
-    """HxWx3 uint8 RGB as training reads it (segadv/images.py); UserError naming ``path``."""
+    """HxWx3 uint8 RGB as training reads it (segadv/data/images.py); UserError naming ``path``."""
     try:
         return read_rgb(path)
     except ImageProblem as err:
@@ -525,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _setup_logging() -> None:
-    # segadv.runtime.setup_logging imports torch; the ONNX path must not.
+    # segadv.training.process.setup_logging imports torch; the ONNX path must not.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
 

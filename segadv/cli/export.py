@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from segadv.cli_args import HelpFormatter, add_config_arguments, docs_epilog, fraction, parse_args, path_argument, tolerance
+from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, fraction, parse_args, path_argument, tolerance
 from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.export.sidecar import sidecar_path, to_json, write_sidecar
 from segadv.fsutil import check_parent, file_sha256, make_dir, refuse_overwriting, staged
-from segadv.palette import palette
+from segadv.data.palette import palette
 from segadv.signals import sigterm_unwinds
 
 if TYPE_CHECKING:  # torch and numpy load when an export runs: --help answers without them
@@ -182,7 +182,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from segadv.data import class_names
     from segadv.export.verify import DEFAULT_TOLERANCES, format_report, make_input, verify
     from segadv.export.wrapper import InferenceModel, export_metadata, input_dtype, input_kind, size_divisor
-    from segadv.runtime import setup_logging
+    from segadv.training.process import setup_logging
 
     setup_logging()
     output = Path(args.output)

@@ -25,7 +25,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from segadv.cli_args import HelpFormatter, add_config_arguments, count, docs_epilog, parse_args
+from segadv.cli.args import HelpFormatter, add_config_arguments, count, docs_epilog, parse_args
 from segadv.config import load_config
 from segadv.config.schema import DataConfig
 from segadv.data.files import Problem, Sample, SampleError, absent_classes_note, display, image_note, read_image
@@ -35,7 +35,7 @@ from segadv.errors import UserError, cli_entry
 # The readers that import torch (datasets, listings, transforms) are imported where the check
 # runs: --help answers without them.
 
-log = logging.getLogger("segadv.data.check")
+log = logging.getLogger("segadv.cli.data")
 
 
 @dataclass
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     from segadv.data.augment import build_transform
     from segadv.data.config_checks import check_config
-    from segadv.runtime import setup_logging
+    from segadv.training.process import setup_logging
 
     setup_logging(logging.WARNING)
     cfg = load_config(args.config, args.overrides).data

@@ -1,30 +1,24 @@
-"""segadv-train: train G against D on the configured data.
+"""The training loop of segadv-train (segadv/cli/train.py): a run from its config to its end.
 
-    segadv-train [--config FILE] [--device-map MAP] [--run-dir DIR] [--resume auto|PATH] [key=value ...]
-
-Its command line (and what it answers without a run: --help, --print-config, --help-config) is
-segadv/train_args.py; the console script (segadv/train_cli.py) imports this module only when a
-run starts, and ``python -m segadv.train`` runs ``main`` below.
+The command (segadv/cli/train.py) imports this module only when a run starts; nothing here parses a
+command line.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
 
-from segadv.build import Training, build_training, log_placement
+from segadv.training.build import Training, build_training, log_placement
 from segadv.checkpoint import CheckpointManager, load_weights
 from segadv.config import Config, config_to_dict, flat_config
-from segadv.config.shipped import resolve_config
 from segadv.data.streams import Streams
 from segadv.engine.nonfinite import NonFiniteGuard
-from segadv.errors import Diverged, UserError, WriteFailed, cli_entry, input_shape_message
+from segadv.errors import UserError, WriteFailed, input_shape_message
 from segadv.monitor.diagnostics import D_LOSSES, DWinsWatch, confidence_quality
 from segadv.monitor.images import confidence_panel, segmentation_panel
 from segadv.monitor.meters import LossAverager, StepTimer
@@ -33,18 +27,17 @@ from segadv.monitor.progress import Progress
 from segadv.monitor.status import RunRecord
 from segadv.monitor.writer import MetricWriter, NullWriter
 from segadv.parallel import DeviceMap, activate, parse_device_map
-from segadv.palette import palette
+from segadv.data.palette import palette
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
-from segadv import preflight, rundir
-from segadv.run_lock import RunDirLock
-from segadv.run import RunData, build_data, evaluate_generator, run_state
-from segadv.runtime import seed_everything, setup_logging
+from segadv.training import preflight, run_dir as rundir
+from segadv.training.lock import RunDirLock
+from segadv.training.run_data import RunData, build_data, evaluate_generator, run_state
+from segadv.training.process import seed_everything
 from segadv.signals import StopRequests
 
-from segadv.train_args import command, resolved_config
 
-log = logging.getLogger("segadv.train")
+log = logging.getLogger("segadv.training.loop")
 
 
 @dataclass
@@ -73,7 +66,7 @@ def train(
     Raises Diverged (a non-finite loss or weight) and WriteFailed (a file could not be written),
     each with one message naming the last complete checkpoint (docs/failures.md). Rank 0 records
     how the run ended in RUN/status.json (segadv/monitor/status.py). The run dir follows
-    segadv/rundir.py's rule; a start that fails leaves nothing behind there."""
+    segadv/training/run_dir.py's rule; a start that fails leaves nothing behind there."""
     run_dir = rundir.run_dir_for(cfg, config_name)
     rundir.check_start(run_dir, resume, config_path)
     resumed = rundir.resume_point(run_dir, resume, config_to_dict(cfg), trusted)  # before anything is written
@@ -396,39 +389,3 @@ def class_names_for(cfg: Config) -> list[str]:
     from segadv.data import class_names
 
     return list(class_names(cfg.data))
-
-
-def run_command(args: argparse.Namespace, argv: list[str]) -> int:
-    """segadv-train's run, its arguments parsed by segadv/train_cli.py (``main``)."""
-    if args.nproc_per_node is not None:
-        # Re-launch this command through torchrun (torch.distributed.run), one process per rank.
-        from segadv.parallel.launch import launch_with_torchrun
-
-        setup_logging(logging.WARNING)  # the launcher's own lines: signals passed on
-        return launch_with_torchrun(args.nproc_per_node, argv)
-    env = distributed.env_from()
-    setup_logging(env=env)
-    cfg = resolved_config(args)
-    name = Path(args.config).stem if args.config else "default"
-    config_path = resolve_config(args.config) if args.config else None
-    together = False  # every rank ends at the same point: a finished or stopped run, an agreed divergence
-    try:
-        train(cfg, config_name=name, resume=args.resume, trusted=args.trust_checkpoint, force=args.force,
-              config_path=config_path)
-        together = True
-    except Diverged:  # the losses and states it is decided on are agreed across ranks
-        together = True
-        raise
-    finally:
-        distributed.destroy_process_group(barrier_first=together)
-    return 0
-
-
-@cli_entry
-def main(argv: list[str] | None = None) -> int:
-    """``python -m segadv.train``: the console script's command (segadv/train_cli.py), run here."""
-    return command(argv, run_command)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

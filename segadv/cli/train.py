@@ -1,19 +1,25 @@
-"""segadv-train's arguments: its parser, the config they resolve to, and what the command answers
-without starting a run (--print-config; --help-config in the parser).
+"""segadv-train: train G against D on the configured data.
 
-A library module, torch-free, shared by the console script (segadv/train_cli.py, which imports the
-training machinery only when a run starts) and ``python -m segadv.train``: neither command imports
-the other.
+    segadv-train [--config FILE|NAME] [--device-map MAP] [--run-dir DIR] [--resume auto|PATH] [key=value ...]
+    segadv-train [--config FILE|NAME] [key=value ...] --print-config
+    segadv-train --help-config [PREFIX]
+    python -m segadv.cli.train ...            (the same command: what torchrun launches)
+
+Its parser, the config the arguments resolve to and what the command answers without a run
+(``--help``, ``--list-configs``, ``--print-config``, ``--help-config``) import no torch; a run imports
+the training machinery (segadv/training/loop.py) only when it starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Callable
 
-from segadv.cli_args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
+from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
+from segadv.errors import cli_entry
 
 
 class HelpConfig(argparse.Action):
@@ -70,11 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolved_config(args: argparse.Namespace):
     """The config a run of ``args`` trains: the file and the overrides (a resume without --config:
-    the run's own, segadv/rundir.py), then --device-map and --run-dir."""
+    the run's own, segadv/training/run_dir.py), then --device-map and --run-dir."""
     if args.config is None and args.resume is not None and args.run_dir is not None:
-        from segadv import rundir
+        from segadv.training.run_dir import resume_config
 
-        cfg = rundir.resume_config(Path(args.run_dir), args.resume, args.overrides, trusted=args.trust_checkpoint)
+        cfg = resume_config(Path(args.run_dir), args.resume, args.overrides, trusted=args.trust_checkpoint)
     else:
         from segadv.config import load_config
 
@@ -96,3 +102,44 @@ def command(argv: list[str] | None, run: Callable[[argparse.Namespace, list[str]
         sys.stdout.write(config_yaml(resolved_config(args)))
         return 0
     return run(args, argv)
+
+
+def run_command(args: argparse.Namespace, argv: list[str]) -> int:
+    """segadv-train's run: the training machinery is imported here, when a run starts."""
+    from segadv.config.shipped import resolve_config
+    from segadv.errors import Diverged
+    from segadv.parallel import distributed
+    from segadv.training.loop import train
+    from segadv.training.process import setup_logging
+
+    if args.nproc_per_node is not None:
+        # Re-launch this command through torchrun (torch.distributed.run), one process per rank.
+        from segadv.parallel.launch import launch_with_torchrun
+
+        setup_logging(logging.WARNING)  # the launcher's own lines: signals passed on
+        return launch_with_torchrun(args.nproc_per_node, argv)
+    env = distributed.env_from()
+    setup_logging(env=env)
+    cfg = resolved_config(args)
+    name = Path(args.config).stem if args.config else "default"
+    config_path = resolve_config(args.config) if args.config else None
+    together = False  # every rank ends at the same point: a finished or stopped run, an agreed divergence
+    try:
+        train(cfg, config_name=name, resume=args.resume, trusted=args.trust_checkpoint, force=args.force,
+              config_path=config_path)
+        together = True
+    except Diverged:  # the losses and states it is decided on are agreed across ranks
+        together = True
+        raise
+    finally:
+        distributed.destroy_process_group(barrier_first=together)
+    return 0
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    return command(argv, run_command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

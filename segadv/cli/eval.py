@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from segadv.cli_args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
+from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import cli_entry
 
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from segadv.engine.evaluate import evaluate
     from segadv.monitor.progress import evaluation_progress
     from segadv.parallel import activate, parse_device_map
-    from segadv.runtime import setup_logging
+    from segadv.training.process import setup_logging
 
     setup_logging()
     device_map = parse_device_map(None if args.device is None else f"g:{args.device}")

@@ -2,7 +2,7 @@
 its data (the method's streams, the val loaders, the images the panels and diagnostics keep),
 its checkpointed state, and G as every rank evaluates it.
 
-A library module: the training loop (``segadv/train.py``) and the dry run
+A library module: the training loop (``segadv/training/loop.py``) and the dry run
 (``segadv/plan/dry_run.py``) both import it, so the plan runs what training runs.
 """
 
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from segadv.build import Training
+from segadv.training.build import Training
 from segadv.checkpoint import NetworkWeights, Stateful
 from segadv.config import Config
 from segadv.data import build_stream_loaders, build_val_loader, pool_has_masks
@@ -26,7 +26,7 @@ from segadv.data.streams import Stream, Streams, close_loader
 from segadv.engine.evaluate import EvalResult, evaluate
 from segadv.parallel import distributed
 from segadv.parallel.placement import for_inference
-from segadv.runtime import RankRNGs
+from segadv.training.process import RankRNGs
 
 
 @dataclass

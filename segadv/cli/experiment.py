@@ -26,7 +26,7 @@ import logging
 import sys
 from pathlib import Path
 
-from segadv.cli_args import HelpFormatter, ListShipped, docs_epilog, parse_args
+from segadv.cli.args import HelpFormatter, ListShipped, docs_epilog, parse_args
 from segadv.config import EXPERIMENTS_DIR, resolve_config
 from segadv.errors import cli_entry
 from segadv.experiment.grid import Grid, load_grid
