@@ -197,12 +197,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if fmt == "onnx":  # fail before the slow part when the export extra is missing
         import_extra("onnx", "ONNX export")
         import_extra("onnxruntime", "verifying an ONNX export")
-    from segadv.export.onnx_export import DEFAULT_OPSET, supported_opsets
+    from segadv.export.onnx_export import DEFAULT_OPSET, check_opset
 
     opset = args.opset if args.opset is not None else DEFAULT_OPSET
-    if fmt == "onnx" and opset not in supported_opsets():
-        opsets = supported_opsets()
-        raise UserError(f"--opset {opset}: this torch exports opsets {opsets.start}..{opsets.stop - 1}")
+    if fmt == "onnx":
+        check_opset(opset)
     precision = "float16" if args.half else "float32"
     atol, rtol, min_agreement = DEFAULT_TOLERANCES[precision]
     atol = atol if args.atol is None else args.atol

@@ -27,6 +27,9 @@ from segadv.export.wrapper import INPUT_NAME
 log = logging.getLogger(__name__)
 
 DEFAULT_OPSET = 17
+# Every generator upsamples its logits bilinearly (F.interpolate), which ONNX writes as Resize;
+# before opset 11 Resize has no coordinate_transformation_mode, so the exporter cannot write it.
+MODEL_MIN_OPSET = 11
 EXPORTER = "torch.onnx.export(dynamo=False)"
 
 
@@ -36,6 +39,17 @@ def supported_opsets() -> range:
     low = getattr(constants, "ONNX_MIN_OPSET", 7)
     high = getattr(constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", getattr(constants, "ONNX_MAX_OPSET", 20))
     return range(low, high + 1)
+
+
+def check_opset(opset: int) -> None:
+    """Refuse, in one line and before anything is traced, an opset this torch cannot write or
+    one below what segadv's generators need."""
+    opsets = supported_opsets()
+    if opset not in opsets:
+        raise UserError(f"--opset {opset}: this torch exports opsets {opsets.start}..{opsets.stop - 1}")
+    if opset < MODEL_MIN_OPSET:
+        raise UserError(f"--opset {opset}: segadv's generators need opset {MODEL_MIN_OPSET} or newer (their "
+                        f"bilinear upsampling is ONNX Resize-{MODEL_MIN_OPSET}); the default is {DEFAULT_OPSET}")
 
 
 def dynamic_axes(output_name: str, argmax: bool) -> dict[str, dict[int, str]]:
@@ -54,11 +68,9 @@ def export_onnx(
     dynamic: bool,
     embed: str,
 ) -> dict[str, Any]:
-    """Export ``model`` to ``path``, embed ``embed`` as metadata, run onnx's checker."""
+    """Export ``model`` to ``path``, embed ``embed`` as metadata, run onnx's checker. ``opset`` is
+    one ``check_opset`` passed."""
     onnx = import_extra("onnx", "ONNX export")
-    opsets = supported_opsets()
-    if opset not in opsets:
-        raise UserError(f"--opset {opset}: this torch exports opsets {opsets.start}..{opsets.stop - 1}")
 
     kwargs: dict[str, Any] = dict(
         input_names=[INPUT_NAME],

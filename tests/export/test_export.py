@@ -284,13 +284,29 @@ def test_a_missing_export_extra_is_a_user_error(model, tmp_path, monkeypatch, ca
         (["--output", "m.onnx", "--input-size", "60", "64"], "multiples of 16"),
         (["--output", "m.pt", "--opset", "13"], "ONNX exports only"),
         (["--output", "m.onnx", "--opset", "99"], "this torch exports opsets"),
+        (["--output", "m.onnx", "--opset", "9"], "need opset 11 or newer"),
     ],
 )
 def test_user_errors_exit_2(model, tmp_path, args, message, capsys):
     _, _, ckpt = model
     args = [str(tmp_path / a) if a.startswith("m.") else a for a in args]
     assert cli.main(["--checkpoint", str(ckpt), *args]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1  # one line: refused before any tracing
+
+
+def test_the_opset_floor_is_the_models(model, tmp_path, capsys):
+    """MODEL_MIN_OPSET is what G needs: the exporter itself fails one below it, and writes it."""
+    from segadv.export.onnx_export import MODEL_MIN_OPSET, export_onnx
+
+    _, generator, _ = model
+    example = torch.zeros(1, 3, 64, 64)
+    with pytest.raises(Exception):
+        export_onnx(generator, example, tmp_path / "low.onnx", output_name="logits", argmax=False,
+                    opset=MODEL_MIN_OPSET - 1, dynamic=False, embed="{}")
+    meta = export_onnx(generator, example, tmp_path / "floor.onnx", output_name="logits", argmax=False,
+                       opset=MODEL_MIN_OPSET, dynamic=False, embed="{}")
+    assert meta["opset"] == MODEL_MIN_OPSET
 
 
 def test_tools_export_is_the_same_entry_point():
