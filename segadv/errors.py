@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -59,13 +60,47 @@ class WriteFailed(RunStopped, OSError):
         return f"cannot write {self.path}: {cause}" + (f"; {self.after}" if self.after else "")
 
 
+# An OSError the OS raises about a path the user gave (a name too long, a link loop, a folder where
+# a file is meant, no permission): the user's to fix, answered as a user error naming the path.
+PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM,
+                         errno.EROFS})
+# An OSError with no file name from a full or closed stream: what a command printed could not be
+# written (``--print-config > /dev/full``, a pipe closed by ``head``). segadv's own files are written
+# through segadv/fsutil.py, whose errors name their file (WriteFailed).
+STREAM_ERRNOS = frozenset({errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EFBIG, errno.EDQUOT})
+
+
+def os_error_message(err: OSError) -> tuple[str, int] | None:
+    """The message and exit code of an OSError a command should not answer with a traceback, or
+    None for any other."""
+    reason = err.strerror or str(err)
+    code = errno.errorcode.get(err.errno or 0, "")
+    reason += f" ({code})" if code else ""
+    if err.filename is not None and err.errno in PATH_ERRNOS:
+        return f"{err.filename}: {reason}", EXIT_USER_ERROR
+    if err.filename is None and (isinstance(err, BrokenPipeError) or err.errno in STREAM_ERRNOS):
+        return f"cannot write the output: {reason}", EXIT_WRITE_FAILED
+    return None
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def cli_entry(main: Callable[[list[str] | None], int | None]) -> Callable[[list[str] | None], int]:
-    """Wrap a CLI ``main(argv)`` so that user errors exit 2 with their message and no traceback."""
+    """Wrap a CLI ``main(argv)`` so that user errors exit 2 with their message and no traceback;
+    what it printed is flushed inside, so a full or closed stdout is answered here too."""
 
     @functools.wraps(main)
     def wrapper(argv: list[str] | None = None) -> int:
         try:
             code = main(argv)
+            sys.stdout.flush()
         except UserError as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_USER_ERROR
@@ -78,6 +113,14 @@ def cli_entry(main: Callable[[list[str] | None], int | None]) -> Callable[[list[
                 raise
             print(f"error: {message}", file=sys.stderr)
             return EXIT_USER_ERROR
+        except OSError as err:
+            answer = os_error_message(err)
+            if answer is None:
+                raise
+            if answer[1] == EXIT_WRITE_FAILED:
+                _silence_stdout()
+            print(f"error: {answer[0]}", file=sys.stderr)
+            return answer[1]
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
@@ -97,6 +140,8 @@ def exit_code_of(err: BaseException) -> int:
         return EXIT_INTERRUPTED
     if isinstance(err, RuntimeError) and input_shape_message(err) is not None:
         return EXIT_USER_ERROR
+    if isinstance(err, OSError) and (answer := os_error_message(err)) is not None:
+        return answer[1]
     return EXIT_FAILURE
 
 
