@@ -1,6 +1,7 @@
 """One strict loader for every source of network weights.
 
-Sources: segadv checkpoints; raw state dicts saved from a plain model, ``nn.DataParallel``,
+Sources: segadv checkpoints; the adversarial references' DeepLab-v2 state dicts
+(segadv/checkpoint/reference_weights.py); raw state dicts saved from a plain model, ``nn.DataParallel``,
 ``DistributedDataParallel`` or ``torch.compile`` (or nestings of them); and dicts keeping the
 weights under a key or prefix (``state_dict``, ``model``, ``generator``/``G``,
 ``discriminator``/``D``: mmengine, Lightning, torchvision references). The target may be wrapped.
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from segadv.checkpoint.io import read_checkpoint
+from segadv.checkpoint.reference_weights import map_reference_weights
 from segadv.config.schema import GeneratorConfig
 from segadv.errors import UserError
 from segadv.models.generator import AUX_HEAD_PREFIX, DroppedStage, local_encoder_weights
@@ -72,6 +74,7 @@ def load_weights(
     target = unwrap(model)
     expected = target.state_dict()
     location, flat = find_state_dict(obj, role)
+    flat = map_reference_weights(flat, target, exclude=exclude, name=name)  # the references' own key names
     flat, dropped_aux = drop_training_only_head(flat, expected)
     flat, dropped_stages = drop_unused_stage_keys(flat, target)
     skipped = sorted(k for k in expected if any(fnmatch.fnmatchcase(k, p) for p in exclude))

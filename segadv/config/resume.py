@@ -67,13 +67,17 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def config_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(key, saved value, value now)`` for each leaf that differs and a resume may not change."""
+def config_differences(saved: Mapping[str, Any], now: Mapping[str, Any],
+                       defaults: Mapping[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
+    """``(key, saved value, value now)`` for each leaf that differs and a resume may not change. A
+    key the saved config lacks (a key added to segadv after it was written) counts as its default
+    in ``defaults`` (a flattened config), so a later release resumes an earlier run."""
     old, new = flatten(saved), flatten(now)
     missing = object()
     found = []
     for key in [*old, *(k for k in new if k not in old)]:
-        before, after = old.get(key, missing), new.get(key, missing)
+        before = old.get(key, missing if defaults is None else defaults.get(key, missing))
+        after = new.get(key, missing)
         if before != after and not may_change_at_resume(key):
             found.append((key, None if before is missing else before, None if after is missing else after))
     return found
@@ -87,7 +91,7 @@ def check_resumed_config(saved: Mapping[str, Any] | None, now: Mapping[str, Any]
         log.warning("%s holds no config: the run's config cannot be compared with the one it was saved with",
                     checkpoint)
         return
-    differ = config_differences(saved, now)
+    differ = config_differences(saved, now, schema_defaults())
     if not differ:
         return
     shown = "; ".join(f"{key} differs from the checkpoint's ({_short(old)} then, {_short(new)} now)"
@@ -99,6 +103,14 @@ def check_resumed_config(saved: Mapping[str, Any] | None, now: Mapping[str, Any]
         f"docs/checkpoints.md lists (train.max_steps, learning rates, amp, logging, ...); resume with "
         f"{key}={_short(old)} (without --config a resume uses the run's own config.yaml), or start a new run dir "
         f"from its weights (init.generator.path={checkpoint} init.discriminator.path={checkpoint})")
+
+
+def schema_defaults() -> dict[str, Any]:
+    """Every key's schema default, flattened."""
+    from segadv.config.loading import config_to_dict
+    from segadv.config.schema import Config
+
+    return flatten(config_to_dict(Config()))
 
 
 def _short(value: Any) -> str:

@@ -56,16 +56,18 @@ Beta = Annotated[float, Field(ge=0, lt=1)]
 @dataclass(frozen=True)
 class ArchLimits:
     """What an architecture's decoder takes from its encoder: the least ``encoder_depth`` (smp's
-    encoders have 5 stages) and the number of ASPP dilations."""
+    encoders have 5 stages), the number of ASPP dilations and the encoder layouts it builds."""
 
     min_encoder_depth: int
     atrous_rates: Optional[int]  # None: decoder_atrous_rates does not apply
+    layouts: tuple[str, ...] = ("smp",)
 
 
 ARCH_LIMITS: dict[str, ArchLimits] = {
     "deeplabv3": ArchLimits(min_encoder_depth=1, atrous_rates=3),
     "deeplabv3plus": ArchLimits(min_encoder_depth=3, atrous_rates=3),  # fuses the stride-4 stage
-    "deeplabv2": ArchLimits(min_encoder_depth=1, atrous_rates=None),  # its own rates: aspp_v2_rates
+    # its own rates (aspp_v2_rates); the references' Caffe layout: any input size, their weights
+    "deeplabv2": ArchLimits(min_encoder_depth=1, atrous_rates=None, layouts=("smp", "caffe")),
 }
 ENCODER_STAGES = 5  # smp's encoders: 5 stride-2 stages (depth limits 1..5)
 
@@ -85,6 +87,11 @@ class GeneratorConfig(Section):
         5, ge=1, le=ENCODER_STAGES,
         description="encoder stages used (1..5; deeplabv3plus needs 3 or more); fewer: a smaller, coarser G")
     output_stride: Literal[8, 16] = Field(16, description="the encoder's output stride (dilated last stages): 8 or 16")
+    layout: Literal["smp", "caffe"] = Field(
+        "smp",
+        description="the ResNet encoder's layout. smp: torchvision's (stride in a Bottleneck's 3x3 conv), what smp's "
+                    "ImageNet weights fit. caffe (deeplabv2 only): the references' Res_Deeplab / DeeplabMulti (stride "
+                    "in the 1x1 conv, max-pool ceil_mode; 41x41 logits at 321 px), what their weights fit")
     # (12, 24, 36) suit ~512 px crops; on small images the feature map is only a few cells wide
     # and large rates sample mostly padding.
     decoder_atrous_rates: list[Annotated[int, Field(ge=1, le=256)]] = Field(
@@ -148,6 +155,16 @@ class GeneratorConfig(Section):
         if depth < least:
             raise ValueError(f"{arch} needs an encoder depth of {least}..{ENCODER_STAGES}, got {depth}")
         return depth
+
+    @field_validator("layout")
+    @classmethod
+    def _layout_fits_arch(cls, layout: str, info: ValidationInfo) -> str:
+        arch = info.data.get("arch")
+        layouts = ARCH_LIMITS[arch].layouts if arch in ARCH_LIMITS else ("smp",)
+        if layout not in layouts:
+            raise ValueError(f"{arch} builds its encoder in layout {' or '.join(layouts)}, not {layout} "
+                             "(the caffe layout is the references' DeepLab-v2: arch deeplabv2)")
+        return layout
 
     @field_validator("decoder_atrous_rates")
     @classmethod
@@ -305,7 +322,19 @@ class OptimizerConfig(Section):
     betas: list[Beta] = Field(
         [0.9, 0.999], min_length=2, max_length=2, description="adam / adamw: the two moment decays, each in [0, 1)")
     poly_power: float = Field(
-        0.9, ge=0, le=100, description="poly schedule: lr = base_lr * (1 - step / max_steps) ** poly_power (0: constant)")
+        0.9, ge=0, le=100,
+        description="poly schedule: lr = base_lr * (1 - step / poly_horizon) ** poly_power (0: constant)")
+    # The references decay over 250,000 iterations and stop earlier (AdaptSegNet 150,000, ADVENT 120,000).
+    poly_horizon: Optional[int] = Field(
+        None, ge=1, le=10**9,
+        description="steps the poly schedule decays over (at least train.max_steps); null: train.max_steps")
+    # The references train their classifier at 10x the backbone's rate (optim_parameters).
+    head_lr_mult: float = Field(
+        1.0, gt=0, le=1000,
+        description="generator: the learning rate of everything but the encoder (the head: classifier, decoder, "
+                    "aux head) as a multiple of lr; the references' DeepLab-v2: 10")
+    head_weight_decay: Optional[float] = Field(
+        None, ge=0, le=1, description="generator: the head's weight decay; null: weight_decay (the references')")
     implementation: Literal["auto", "for_loop", "foreach", "fused"] = Field(
         "auto",
         description="torch's update kernels: auto (foreach on CUDA, a loop on the CPU), for_loop, foreach "
@@ -319,6 +348,17 @@ class OptimConfig(Section):
         OptimizerConfig(name="adam", lr=1e-4, betas=[0.9, 0.99]), description="D's optimizer")
     discriminator_aux: Optional[OptimizerConfig] = Field(
         None, description="the aux D's optimizer; null: D's settings (its own instance)")
+
+    @field_validator("discriminator", "discriminator_aux")
+    @classmethod
+    def _one_group_for_d(cls, optim: Optional[OptimizerConfig], info: ValidationInfo) -> Optional[OptimizerConfig]:
+        """A D is one network with no encoder: no backbone and head to set apart."""
+        if optim is not None:
+            for key, default in (("head_lr_mult", 1.0), ("head_weight_decay", None)):
+                if getattr(optim, key) != default:
+                    raise ValueError(f"{key} is G's (its encoder against its head); {info.field_name} has no "
+                                     f"encoder: leave it at {default}")
+        return optim
 
 
 class LossConfig(Section):

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from segadv.config.schema import OptimizerConfig
+from segadv.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -15,8 +16,32 @@ log = logging.getLogger(__name__)
 IMPLEMENTATIONS = {"auto": {}, "for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 
 
-def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+def parameter_groups(model: nn.Module, cfg: OptimizerConfig) -> list[dict]:
+    """The trained parameters as the optimizer's groups. One group unless the head is set apart
+    (``head_lr_mult``, ``head_weight_decay``): then ``backbone`` (the model's ``encoder``) at
+    ``lr`` and ``weight_decay``, and ``head`` (every other parameter: the classifier, a decoder,
+    the aux head) at ``lr * head_lr_mult`` and ``head_weight_decay``, as the references'
+    ``optim_parameters`` (the classifier at 10x, the same weight decay). One group otherwise, so
+    the optimizer state of a run saved with one group still loads."""
     params = [p for p in model.parameters() if p.requires_grad]
+    head_wd = cfg.weight_decay if cfg.head_weight_decay is None else cfg.head_weight_decay
+    if cfg.head_lr_mult == 1.0 and head_wd == cfg.weight_decay:
+        return [{"params": params}]
+    encoder = getattr(model, "encoder", None)
+    if not isinstance(encoder, nn.Module):
+        raise UserError(f"optim.*.head_lr_mult / head_weight_decay set a head apart from an encoder; "
+                        f"{type(model).__name__} has no encoder")
+    in_backbone = {id(p) for p in encoder.parameters()}
+    groups = [
+        {"name": "backbone", "params": [p for p in params if id(p) in in_backbone]},
+        {"name": "head", "params": [p for p in params if id(p) not in in_backbone],
+         "lr": cfg.lr * cfg.head_lr_mult, "weight_decay": head_wd},
+    ]
+    return [group for group in groups if group["params"]]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    params = parameter_groups(model, cfg)
     kernels = IMPLEMENTATIONS[cfg.implementation]
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **kernels)
@@ -29,10 +54,10 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optim
 
 
 class PolyLR(torch.optim.lr_scheduler.LRScheduler):
-    """lr = base_lr * (1 - step / total_iters) ** power, in closed form.
+    """lr = base_lr * (1 - step / total_iters) ** power, in closed form, per parameter group.
 
     The horizon and the base learning rates are the run's config, not its state: a run resumed
-    with another ``train.max_steps`` or ``optim.*.lr`` (or ``train.lr_scaling``) follows them from
+    with another ``train.max_steps`` / ``optim.*.poly_horizon`` or ``optim.*.lr`` (or ``train.lr_scaling``) follows them from
     the step it resumes at (torch's PolynomialLR would restore the old ones, and its chained form
     cannot change horizon midway), and says so in the log.
     """
@@ -58,7 +83,8 @@ class PolyLR(torch.optim.lr_scheduler.LRScheduler):
             log.info("poly schedule: base lr %s in the checkpoint, %s now (optim.*.lr, train.lr_scaling); "
                      "lr at step %d: %.3g", _shown(saved_lrs), _shown(base_lrs), self.last_epoch, self._last_lr[0])
         if saved_horizon != horizon:
-            log.info("poly schedule: horizon %d steps in the checkpoint, %d now (train.max_steps); "
+            log.info("poly schedule: horizon %d steps in the checkpoint, %d now (optim.*.poly_horizon or "
+                     "train.max_steps); "
                      "lr at step %d: %.3g", saved_horizon, horizon, self.last_epoch, self._last_lr[0])
 
 
@@ -69,3 +95,14 @@ def _shown(lrs: list[float]) -> str:
 def build_poly_scheduler(optimizer: torch.optim.Optimizer, max_steps: int, power: float) -> PolyLR:
     """lr = base_lr * (1 - step / max_steps) ** power, stepped once per training step."""
     return PolyLR(optimizer, total_iters=max_steps, power=power)
+
+
+def poly_horizon(cfg: OptimizerConfig, max_steps: int, role: str) -> int:
+    """The steps ``role``'s poly schedule decays over: ``optim.<role>.poly_horizon``, else
+    ``train.max_steps``. A horizon short of max_steps would train its last steps at lr 0."""
+    if cfg.poly_horizon is None:
+        return max_steps
+    if cfg.poly_horizon < max_steps:
+        raise UserError(f"optim.{role}.poly_horizon: {cfg.poly_horizon} is short of train.max_steps {max_steps} "
+                        "(the steps after it would train at lr 0); give at least max_steps, or null")
+    return cfg.poly_horizon

@@ -8,9 +8,14 @@ DeepLab-v2's classifier (ASPP-v2): one 3x3 convolution straight to the classes p
 their outputs summed; no image pooling, no BatchNorm, no decoder. So no layer of G sees one value
 per channel, and a batch of one trains.
 
-What differs from the references' network, by design: the encoder is smp's (torchvision's ResNet
-layout, the stride in a Bottleneck's 3x3 convolution; the references' Caffe layout puts it in the
-1x1 and pools with ``ceil_mode``), so ImageNet weights from smp fit it.
+Both outputs (the main one and, in :class:`segadv.models.generator.DeepLabV2Aux`, the aux one)
+are upsampled to the input's size with ``align_corners=True``, as every reference upsamples them
+(its ``interp``), so any input size works: no layer after the encoder fuses two resolutions.
+
+The encoder's layout (``encoder_layout``, segadv/models/caffe_resnet.py): ``smp``, torchvision's
+ResNet (the stride in a Bottleneck's 3x3 convolution), what smp's ImageNet weights fit; or
+``caffe``, the references' (the stride in the 1x1, the max-pool rounding up), what their weights
+fit.
 """
 
 from __future__ import annotations
@@ -18,9 +23,12 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from segmentation_models_pytorch.base import SegmentationModel
 from segmentation_models_pytorch.encoders import get_encoder
 from torch import nn
+
+from segadv.models.caffe_resnet import ENCODER_LAYOUTS
 
 # The classifier's dilation rates, by name (model.generator.aspp_v2_rates).
 ASPP_V2_RATES: dict[str, tuple[int, ...]] = {
@@ -67,10 +75,14 @@ class LastStage(nn.Module):
 
 class DeepLabV2(SegmentationModel):
     """DeepLab-v2 (Chen et al., TPAMI 2017) without multi-scale inputs: an smp encoder at
-    ``encoder_output_stride`` (8: the references') and :class:`ASPPV2Classifier` on its last stage,
-    upsampled to the input (bilinear, as smp's DeepLabV3 head). ``segmentation_head`` is the
-    classifier and the upsampling, so the class-count-dependent keys are ``segmentation_head.*``
-    as in smp's models."""
+    ``encoder_output_stride`` (8: the references') in ``encoder_layout`` and
+    :class:`ASPPV2Classifier` on its last stage, upsampled to the input's size (bilinear,
+    ``align_corners=True``: the references' ``interp``). ``segmentation_head`` holds the classifier,
+    so the class-count-dependent keys are ``segmentation_head.*`` as in smp's models."""
+
+    # The classifier reads one stage and the output is upsampled to the input's own size: any
+    # size computes (the references train at 321 px and evaluate at 505 or 1024x512).
+    requires_divisible_input_shape = False
 
     def __init__(
         self,
@@ -81,18 +93,30 @@ class DeepLabV2(SegmentationModel):
         classifier_rates: Sequence[int] = ASPP_V2_RATES["paper"],
         in_channels: int = 3,
         classes: int = 1,
+        encoder_layout: str = "smp",
     ) -> None:
         super().__init__()
         self.encoder = get_encoder(encoder_name, in_channels=in_channels, depth=encoder_depth,
                                    weights=encoder_weights, output_stride=encoder_output_stride)
+        ENCODER_LAYOUTS[encoder_layout](self.encoder)
+        self.encoder_layout = encoder_layout
         self.classifier_rates = tuple(classifier_rates)
         self.decoder = LastStage()
         self.segmentation_head = nn.Sequential(
-            ASPPV2Classifier(self.encoder.out_channels[-1], classes, self.classifier_rates),
-            nn.Upsample(scale_factor=self.encoder.output_stride, mode="bilinear", align_corners=True),
-        )
+            ASPPV2Classifier(self.encoder.out_channels[-1], classes, self.classifier_rates))
         self.classification_head = None
         self.name = f"deeplabv2-{encoder_name}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return self.main_logits(self.encoder(x), x)
+
+    def main_logits(self, features: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return self.upsample_logits(self.segmentation_head(self.decoder(features)), x)
+
+    def upsample_logits(self, logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """A classifier's logits at ``x``'s size, as the references' ``nn.Upsample(size=...,
+        mode="bilinear", align_corners=True)`` makes them (their training and evaluation alike)."""
+        return F.interpolate(logits, size=x.shape[-2:], mode="bilinear", align_corners=True)
 
     def aux_classifier(self, num_classes: int) -> nn.Module:
         """AdaptSegNet's multi-level aux classifier: the same ASPP-v2 classifier on the encoder's

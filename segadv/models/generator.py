@@ -39,9 +39,16 @@ class AuxOutputMixin:
         if not (torch.jit.is_scripting() or torch.jit.is_tracing()):
             self.check_input_shape(x)  # type: ignore[attr-defined]
         features = self.encoder(x)  # type: ignore[attr-defined]
-        main = self.segmentation_head(self.decoder(features))  # type: ignore[attr-defined]
-        aux = F.interpolate(self.aux_head(features[-2]), size=x.shape[-2:], mode="bilinear", align_corners=False)
-        return main, aux
+        return self.main_logits(features, x), self.upsample_aux(self.aux_head(features[-2]), x)
+
+    def main_logits(self, features: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """smp's models: their segmentation head upsamples to the input itself."""
+        return self.segmentation_head(self.decoder(features))  # type: ignore[attr-defined]
+
+    def upsample_aux(self, logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The aux logits at ``x``'s size. smp's archs: ``align_corners=False``, which their runs and
+        checkpoints have been trained with; DeepLab-v2 upsamples as its references do."""
+        return F.interpolate(logits, size=x.shape[-2:], mode="bilinear", align_corners=False)
 
     def aux_classifier(self, num_classes: int) -> nn.Module:
         """A small classifier on the aux stage: 3x3 conv, BatchNorm, ReLU, 1x1 conv to the classes."""
@@ -70,9 +77,13 @@ class DeepLabV3PlusAux(AuxOutputMixin, smp.DeepLabV3Plus):
 
 
 class DeepLabV2Aux(AuxOutputMixin, DeepLabV2):
-    """AdaptSegNet's ``DeeplabMulti``: the aux classifier is DeepLab-v2's own, on layer3."""
+    """AdaptSegNet's ``DeeplabMulti``: the aux classifier is DeepLab-v2's own, on layer3, and both
+    outputs are upsampled as DeepLab-v2's (``align_corners=True``, the references' ``interp`` on
+    both: AdaptSegNet's train_gta2cityscapes_multi.py, ADVENT's train_UDA.py)."""
 
     aux_classifier = DeepLabV2.aux_classifier
+    main_logits = DeepLabV2.main_logits
+    upsample_aux = DeepLabV2.upsample_logits
 
 
 def aspp_settings(cfg: GeneratorConfig) -> dict[str, Any]:
@@ -81,7 +92,8 @@ def aspp_settings(cfg: GeneratorConfig) -> dict[str, Any]:
 
 def aspp_v2_settings(cfg: GeneratorConfig) -> dict[str, Any]:
     rates = cfg.aspp_v2_rates
-    return {"classifier_rates": ASPP_V2_RATES[rates] if isinstance(rates, str) else tuple(rates)}
+    return {"classifier_rates": ASPP_V2_RATES[rates] if isinstance(rates, str) else tuple(rates),
+            "encoder_layout": cfg.layout}
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from segadv.config.schema import OptimizerConfig
-from segadv.engine.optim import IMPLEMENTATIONS, build_optimizer
+from segadv.engine.optim import IMPLEMENTATIONS, build_optimizer, build_poly_scheduler
 
 
 def updated(implementation: str, name: str) -> list[torch.Tensor]:
@@ -64,3 +64,76 @@ def test_settings_at_resume_are_the_configs_and_the_state_the_checkpoints(lr_mul
     assert group["weight_decay"] == 0.01 and group["initial_lr"] == 5e-3 * lr_multiplier
     moments = [s["exp_avg"] for s in resumed.optimizer.state.values()]
     assert moments and all(torch.equal(a, b["exp_avg"]) for a, b in zip(moments, saved.optimizer.state.values()))
+
+
+def reference_g():
+    from segadv.config.schema import GeneratorConfig
+    from segadv.models import build_generator
+
+    cfg = GeneratorConfig(arch="deeplabv2", encoder="resnet18", encoder_depth=5, output_stride=8, aux_head=True,
+                          norm="frozen_affine")
+    return build_generator(cfg, num_classes=3)
+
+
+@pytest.mark.parametrize("head_weight_decay", [None, 0.0])
+def test_the_head_trains_at_its_own_rate_as_the_references(head_weight_decay):
+    """head_lr_mult: the encoder in the backbone group at lr, every other trained parameter (main
+    and aux classifiers) in the head group at lr x 10, both at the references' weight decay unless
+    head_weight_decay says otherwise; BatchNorm's fixed affine in neither. The poly schedule decays
+    each group from its own base."""
+    from segadv.engine.optim import parameter_groups
+
+    g = reference_g()
+    cfg = OptimizerConfig(name="sgd", lr=2.5e-4, momentum=0.9, weight_decay=5e-4, head_lr_mult=10.0,
+                          head_weight_decay=head_weight_decay)
+    opt = build_optimizer(g, cfg)
+    backbone, head = opt.param_groups
+    names = {id(p): n for n, p in g.named_parameters()}
+    assert (backbone["name"], head["name"]) == ("backbone", "head")
+    assert {names[id(p)] for p in head["params"]} == {
+        n for n, _ in g.named_parameters() if n.startswith(("segmentation_head.", "aux_head."))}
+    assert all(names[id(p)].startswith("encoder.") and "bn" not in names[id(p)] for p in backbone["params"])
+    assert {names[id(p)] for p in [*backbone["params"], *head["params"]]} == {
+        n for n, p in g.named_parameters() if p.requires_grad}
+    assert backbone["lr"] == 2.5e-4 and head["lr"] == pytest.approx(2.5e-3)
+    assert backbone["weight_decay"] == 5e-4 and head["weight_decay"] == (5e-4 if head_weight_decay is None else 0.0)
+    scheduler = build_poly_scheduler(opt, 10, 0.9)
+    for _ in range(5):
+        opt.step()
+        scheduler.step()
+    assert [group["lr"] for group in opt.param_groups] == pytest.approx([2.5e-4 * 0.5 ** 0.9, 2.5e-3 * 0.5 ** 0.9])
+    one = parameter_groups(g, cfg.model_copy(update={"head_lr_mult": 1.0, "head_weight_decay": None}))
+    assert len(one) == 1  # the default: one group, as every run saved so far
+
+
+def test_the_poly_horizon_is_its_own():
+    """optim.*.poly_horizon: the schedule decays over it, not over max_steps (the references: 250,000
+    steps, stopped at 150,000 or 120,000); null is max_steps; shorter than max_steps is refused."""
+    from segadv.config.schema import NetworkAmpConfig
+    from segadv.engine.optim import poly_horizon
+    from segadv.errors import UserError
+    from segadv.training.build import build_amp_optimizer
+
+    cfg = OptimizerConfig(name="sgd", lr=1.0, poly_horizon=250, poly_power=0.9)
+    assert poly_horizon(cfg, 150, "generator") == 250
+    assert poly_horizon(cfg.model_copy(update={"poly_horizon": None}), 150, "generator") == 150
+    with pytest.raises(UserError, match="optim.generator.poly_horizon: 100 is short of train.max_steps 150"):
+        poly_horizon(cfg.model_copy(update={"poly_horizon": 100}), 150, "generator")
+    model = nn.Linear(2, 2)
+    opt = build_amp_optimizer(model, cfg, NetworkAmpConfig(), torch.device("cpu"), 150, name="generator")
+    assert opt.scheduler.total_iters == 250
+    for _ in range(150):
+        opt.optimizer.step()
+        opt.scheduler.step()
+    assert opt.lr == pytest.approx((1 - 150 / 250) ** 0.9)
+
+
+def test_a_discriminator_has_no_head_to_set_apart():
+    from pydantic import ValidationError
+
+    from segadv.config.schema import OptimConfig
+
+    with pytest.raises(ValidationError, match="head_lr_mult is G's"):
+        OptimConfig(discriminator=OptimizerConfig(name="adam", lr=1e-4, head_lr_mult=10.0))
+    with pytest.raises(ValidationError, match="head_weight_decay is G's"):
+        OptimConfig(discriminator_aux=OptimizerConfig(name="adam", lr=1e-4, head_weight_decay=0.0))

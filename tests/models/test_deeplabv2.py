@@ -162,3 +162,72 @@ def test_smp_save_pretrained_refuses_deeplabv2(tmp_path):
     with pytest.raises(UserError, match="--smp: smp.from_pretrained cannot build DeepLabV2"):
         save_smp_dir(g, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_both_outputs_and_their_gradient_are_the_references():
+    """The multi-level G against a transcription of the references' forward on the same encoder
+    features: DeeplabMulti's two Classifier_Modules (layer5 on layer3, layer6 on layer4) and the
+    training scripts' ``interp``, ``nn.Upsample(size=input, mode='bilinear', align_corners=True)``
+    on both outputs (AdaptSegNet pytorch_0.4/train_gta2cityscapes_multi.py 250-251, 302-303; ADVENT
+    train_UDA.py 73-76). The aux output and the gradient of the loss they train on, main + 0.1 x aux,
+    are the transcription's, bitwise; the aux output at align_corners=False is not."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    g = build_generator(cfg_of(aux_head=True, aspp_v2_rates="paper"), num_classes=5).eval()
+    main_ref = ReferenceClassifier(512, REFERENCE_RATES, REFERENCE_RATES, 5, returns_early=False)
+    aux_ref = ReferenceClassifier(256, REFERENCE_RATES, REFERENCE_RATES, 5, returns_early=False)
+    main_ref.conv2d_list.load_state_dict(g.segmentation_head[0].branches.state_dict())
+    aux_ref.conv2d_list.load_state_dict(g.aux_head.branches.state_dict())
+    x = torch.randn(2, 3, 72, 56)
+    labels = torch.randint(0, 5, (2, 72, 56))
+    interp = nn.Upsample(size=(72, 56), mode="bilinear", align_corners=True)
+    features = g.encoder(x)
+    ref_main, ref_aux = interp(main_ref(features[-1])), interp(aux_ref(features[-2]))
+    main, aux = g(x, return_aux=True)
+    assert torch.equal(main, ref_main) and torch.equal(aux, ref_aux)
+    misaligned = F.interpolate(aux_ref(features[-2]), size=(72, 56), mode="bilinear", align_corners=False)
+    assert float((misaligned - ref_aux).detach().abs().max()) > 1e-3
+    loss = lambda m, a: F.cross_entropy(m, labels) + 0.1 * F.cross_entropy(a, labels)  # noqa: E731
+    ours = torch.autograd.grad(loss(main, aux), [*g.segmentation_head.parameters(), *g.aux_head.parameters()])
+    theirs = torch.autograd.grad(loss(ref_main, ref_aux), [*main_ref.parameters(), *aux_ref.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+@pytest.mark.parametrize("size, logits", [(321, 41), (513, 65), (512, 65), (320, 41)])
+def test_the_caffe_layout_has_the_references_geometry(size, logits):
+    """layout: caffe strides in each Bottleneck's 1x1 convolution and pools with ceil_mode, as
+    Res_Deeplab; its logits have the references' sizes (41x41 at 321 px; 65x65 at 513 and at 512,
+    where smp's layout gives 64) and G's output the input's, whatever it is."""
+    g = build_generator(cfg_of(encoder="resnet50", layout="caffe", encoder_depth=3), num_classes=3).eval()
+    assert g.encoder.maxpool.ceil_mode
+    assert g.encoder.layer2[0].conv1.stride == (2, 2) and g.encoder.layer2[0].conv2.stride == (1, 1)
+    assert g.encoder.layer2[0].downsample[0].stride == (2, 2)
+    smp_layout = build_generator(cfg_of(encoder="resnet50", encoder_depth=3), num_classes=3)
+    assert smp_layout.encoder.layer2[0].conv2.stride == (2, 2) and not smp_layout.encoder.maxpool.ceil_mode
+    x = torch.zeros(1, 3, size, size)
+    with torch.no_grad():
+        assert g.encoder(x)[-1].shape[-2:] == (logits, logits)
+        assert g(x).shape == (1, 3, size, size)
+
+
+def test_any_input_size_reaches_deeplabv2():
+    """No layer after the encoder fuses two resolutions: smp's divisibility check does not apply
+    (export's size divisor is 1)."""
+    from segadv.export.wrapper import size_divisor
+
+    g = build_generator(cfg_of(encoder_depth=5), num_classes=3).eval()
+    assert size_divisor(g) == 1
+    with torch.no_grad():
+        assert g(torch.zeros(1, 3, 77, 50)).shape == (1, 3, 77, 50)
+
+
+def test_the_caffe_layout_is_deeplabv2s_and_a_resnets():
+    from pydantic import ValidationError
+
+    from segadv.errors import UserError
+
+    with pytest.raises(ValidationError, match="deeplabv3plus builds its encoder in layout smp, not caffe"):
+        GeneratorConfig(arch="deeplabv3plus", layout="caffe")
+    with pytest.raises(UserError, match="model.generator.layout: caffe is a layout of a ResNet encoder"):
+        build_generator(cfg_of(encoder="mobilenet_v2", layout="caffe"), num_classes=3)

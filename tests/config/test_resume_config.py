@@ -1,0 +1,31 @@
+"""What a resume may change (segadv/config/resume.py): a key added to the schema after a run was
+saved counts as its default, so a later release resumes the run; a real change is still refused."""
+
+import pytest
+
+from segadv.config import Config, config_to_dict
+from segadv.config.resume import check_resumed_config
+from segadv.errors import UserError
+
+
+def saved_before(key: str) -> dict:
+    """The current defaults as a config written before ``key`` (dotted) existed."""
+    config = config_to_dict(Config())
+    *path, leaf = key.split(".")
+    section = config
+    for part in path:
+        section = section[part]
+    del section[leaf]
+    return config
+
+
+def test_a_key_the_saved_config_lacks_counts_as_its_default(tmp_path):
+    now = config_to_dict(Config())
+    check_resumed_config(saved_before("model.generator.layout"), now, tmp_path / "last.pt")
+
+
+def test_a_key_the_saved_config_lacks_set_to_another_value_is_refused(tmp_path):
+    now = config_to_dict(Config())
+    now["model"]["generator"]["layout"] = "caffe"
+    with pytest.raises(UserError, match="model.generator.layout differs"):
+        check_resumed_config(saved_before("model.generator.layout"), now, tmp_path / "last.pt")
