@@ -20,9 +20,21 @@ from segadv.errors import UserError, WriteFailed
 PathLike = Union[str, "os.PathLike[str]"]
 
 
+# Most file systems take names of at most 255 bytes; a temp name must fit wherever its file's does.
+NAME_MAX = 255
+
+
 def _temp_path(path: Path) -> Path:
-    """Hidden sibling of ``path``: same directory, so ``os.replace`` is an atomic rename."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """Hidden sibling of ``path``: same directory, so ``os.replace`` is an atomic rename. A name
+    too long to take the temp name's additions is cut, with a digest of the whole name, so any
+    legal name is written the same way."""
+    suffix = f".tmp-{os.getpid()}"
+    name = f".{path.name}{suffix}"
+    if len(os.fsencode(name)) > NAME_MAX:
+        digest = hashlib.sha256(os.fsencode(path.name)).hexdigest()[:12]
+        keep = os.fsencode(path.name)[:NAME_MAX - len(suffix) - len(digest) - 2].decode(errors="ignore")
+        name = f".{keep}~{digest}{suffix}"
+    return path.with_name(name)
 
 
 def _fsync_dir(directory: Path) -> None:

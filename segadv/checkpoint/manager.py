@@ -27,6 +27,7 @@ from segadv.checkpoint.io import read_checkpoint, save_checkpoint
 from segadv.checkpoint.state import Attribute, Stateful, expected_bytes, nonfinite_entries, restore, snapshot
 from segadv.errors import Diverged, UserError, WriteFailed
 from segadv.fsutil import atomic_write_text, unwritable
+from segadv.readback import read_json, whole_number
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
 from segadv.config.resume import check_resumed_config
@@ -311,9 +312,9 @@ class CheckpointManager:
 
     def best_step(self) -> int | None:
         """The step of ``best.pt`` per ``best.json`` (None: no record)."""
-        try:
-            return int(json.loads((self.directory / BEST_RECORD).read_text())["step"])
-        except (OSError, ValueError, KeyError, TypeError):
+        try:  # through segadv/readback.py: bytes, a FIFO, a step of 1e400 are no record
+            return whole_number(read_json(self.directory / BEST_RECORD, cap=1 << 20)["step"])
+        except (OSError, UserError, KeyError, TypeError):
             return None
 
     def step_files(self) -> list[tuple[int, Path]]:

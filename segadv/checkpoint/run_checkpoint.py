@@ -5,12 +5,12 @@ best evaluation by val mIoU, which ``best.json`` names); without one (no evaluat
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from segadv.errors import UserError
+from segadv.readback import read_json, real_number, whole_number
 
 CHECKPOINT_DIR = "checkpoints"
 # Files only a run dir has: a directory with one of them is a run dir, whatever else it lacks.
@@ -24,11 +24,12 @@ class RunCheckpoint:
 
 
 def _best_record(directory: Path) -> str:
-    try:
-        record = json.loads((directory / "best.json").read_text(encoding="utf-8"))
-        return f" (step {int(record['step'])}, val mIoU {float(record['mIoU']):.4f}, per best.json)"
-    except (OSError, ValueError, KeyError, TypeError):
+    try:  # through segadv/readback.py: bytes, a FIFO, a step of 1e400 are no record
+        record = read_json(directory / "best.json", cap=1 << 20)
+        step, miou = whole_number(record["step"]), real_number(record["mIoU"])
+    except (OSError, UserError, KeyError, TypeError):
         return ""
+    return "" if step is None or miou is None else f" (step {step}, val mIoU {miou:.4f}, per best.json)"
 
 
 def checkpoint_of_run(path: str | Path) -> Optional[RunCheckpoint]:

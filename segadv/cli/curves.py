@@ -6,7 +6,9 @@ loop's wall time when that evaluation began) at every evaluation.
     segadv-curves RUN_DIR [RUN_DIR ...] [--threshold 0.80] [--png FILE] [--title TEXT]
 
 Prints per run the first evaluation at or above the threshold (seconds, step) and the final one,
-then the median and worst time to the threshold. ``--png`` needs matplotlib, the ``plot`` extra
+then the median and worst time to the threshold. A run whose ``metrics.jsonl`` cannot be read (not
+UTF-8 text, not a regular file) is set aside with a warning naming it; records whose step, time or
+score is out of range are skipped (segadv/experiment/runs.py). ``--png`` needs matplotlib, the ``plot`` extra
 (``pip install "segadv[plot]"``); without it the command exits 2 before reading anything.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import logging
 import statistics
 import sys
 from dataclasses import dataclass
@@ -23,8 +26,11 @@ from typing import Optional
 
 from segadv.cli.args import HelpFormatter, docs_epilog
 from segadv.errors import UserError, cli_entry
-from segadv.experiment.runs import METRICS_FILE, metrics_records
+from segadv.experiment.runs import METRICS_FILE, metrics_records, score_value
 from segadv.fsutil import atomic_write_bytes, make_dir
+from segadv.readback import Unreadable, real_number
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -36,12 +42,21 @@ class Curve:
         return next((p for p in self.points if p[2] >= threshold), None)
 
 
-def read_curve(run_dir: Path) -> Curve:
+def read_curve(run_dir: Path) -> Optional[Curve]:
+    """The run's curve; None when its metrics file cannot be read (set aside, with a warning)."""
     path = run_dir / METRICS_FILE
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"{path}: no such file (is {run_dir} a run dir?)")
-    points = [(float(record["perf/train_seconds"]), int(record["step"]), float(record["val/mIoU"]))
-              for record in metrics_records(path) if "val/mIoU" in record and "perf/train_seconds" in record]
+    try:
+        records = list(metrics_records(path, set_aside=False))
+    except Unreadable as err:
+        log.warning("%s: set aside", err)
+        return None
+    points = []
+    for record in records:
+        seconds, miou = real_number(record.get("perf/train_seconds")), score_value(record.get("val/mIoU"))
+        if seconds is not None and seconds >= 0 and miou is not None and miou == miou:  # NaN: no point
+            points.append((seconds, record["step"], miou))
     if not points:
         raise UserError(f"{path}: no evaluation with perf/train_seconds (a run from before it was logged?)")
     return Curve(str(run_dir), sorted(points))
@@ -101,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--title", default="val mIoU against training time", help="the PNG's title")
     args = parser.parse_args(argv)
     plt = pyplot() if args.png else None  # a missing extra is said before any run is read
-    curves = [read_curve(run) for run in args.runs]
+    curves = [curve for curve in map(read_curve, args.runs) if curve is not None]
+    if not curves:
+        raise UserError("no run left to report: every metrics.jsonl was set aside (see the warnings)")
     sys.stdout.write(report(curves, args.threshold) + "\n")
     if plt is not None:
         plot(plt, curves, args.threshold, args.png, args.title)

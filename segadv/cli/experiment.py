@@ -5,7 +5,8 @@
     segadv-experiment --list-grids
 
 ``run``: NAME is a shipped grid (``semi``: configs/experiments/semi.yaml, segadv/experiment/grid.py
-gives the format). Runs go one after another, each in ``OUT/<row>/seed<k>`` through
+gives the format). The whole grid is checked first (every row's config, seeds in range): a mistake
+anywhere exits 2 before any run starts. Runs go one after another, each in ``OUT/<row>/seed<k>`` through
 ``segadv-train`` in a subprocess (its log in ``experiment.log`` there); a run is finished when its
 ``status.json`` says so (segadv/experiment/launcher.py). The table goes to ``OUT/results.md`` and
 ``OUT/results.json`` (segadv/experiment/results.py): per run the final and the best val mIoU, per
@@ -30,7 +31,7 @@ from segadv.cli.args import HelpFormatter, ListShipped, docs_epilog, parse_args
 from segadv.config import EXPERIMENTS_DIR, resolve_config
 from segadv.errors import cli_entry
 from segadv.experiment.grid import Grid, load_grid
-from segadv.experiment.launcher import RunSpec, dry_run_line, run_one
+from segadv.experiment.launcher import RunSpec, check_runs, dry_run_line, run_one
 from segadv.experiment.results import warn_few_seeds, write_table
 from segadv.experiment.table import RunTable
 
@@ -70,6 +71,8 @@ def run_grid(args: argparse.Namespace) -> int:
         stem = f"results_vs_{grid.row_named(args.baseline, '--baseline').slug}"
     warn_few_seeds(grid)
     specs = [RunSpec.of(grid, row, seed, out) for row in grid.rows for seed in grid.seeds_of(row)]
+    if not args.table_only:
+        check_runs(specs, grid.name or "grid")
     if args.dry_run:
         for spec in specs:
             sys.stdout.write(f"{spec.label}: {dry_run_line(spec)}\n")

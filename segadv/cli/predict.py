@@ -32,9 +32,12 @@ metadata segadv-export embedded in the file, or else from its sidecar ``FILE.jso
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import functools
 import glob
 import io
 import logging
+import os
 import sys
 import time
 import zipfile
@@ -51,7 +54,7 @@ from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, pa
 from segadv.errors import UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.export.sidecar import EMBED_FILE, EMBED_KEY, parse_metadata, prepare_input, read_sidecar, sidecar_path
-from segadv.fsutil import atomic_write_bytes, list_dir, make_dir, refuse_overwriting
+from segadv.fsutil import NAME_MAX, atomic_write_bytes, list_dir, make_dir, refuse_overwriting
 from segadv.data.images import ImageProblem, open_image, read_rgb
 
 log = logging.getLogger("segadv.cli.predict")
@@ -230,13 +233,60 @@ def find_images(spec: str) -> list[Path]:
             raise UserError(f"--input {spec}: no image files in that folder ({', '.join(sorted(IMAGE_SUFFIXES))})")
         return found
     if glob.has_magic(spec):
-        found = sorted(Path(p) for p in glob.glob(str(path), recursive=True)
-                       if Path(p).is_file() or _broken_link(Path(p)))
+        found = sorted(p for p in _glob(str(path)) if p.is_file() or _broken_link(p))
         if not found:
             _list_pattern_root(spec)  # a folder the pattern starts in that cannot be listed is named
             raise UserError(f"--input {spec}: no files match the pattern")
         return found
     raise UserError(f"--input {spec}: no such file or folder")
+
+
+def _glob(pattern: str) -> list[Path]:
+    """The paths ``pattern`` matches. ``**`` (any number of folders) is walked with each real
+    folder entered once, so links to ``.`` or ``..`` are followed once instead of forever (Python's
+    glob follows them again at every level); without ``**`` this is :func:`glob.glob`."""
+    parts = Path(pattern).parts
+    if "**" not in parts:
+        return [Path(p) for p in glob.glob(pattern)]
+    fixed = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    root = Path(*parts[:fixed]) if fixed else Path(".")
+    wanted = parts[fixed:]
+    found, seen = [], set()
+    try:
+        seen.add((root.stat().st_dev, root.stat().st_ino))
+    except OSError:
+        return []
+    for folder, subfolders, files in os.walk(root, followlinks=True):
+        entered = []
+        for name in subfolders:
+            try:
+                info = os.stat(os.path.join(folder, name))
+            except OSError:
+                continue
+            if (info.st_dev, info.st_ino) not in seen:
+                seen.add((info.st_dev, info.st_ino))
+                entered.append(name)
+        subfolders[:] = entered
+        relative = Path(folder).relative_to(root).parts
+        found += [Path(folder, name) for name in files if _matches(wanted, (*relative, name))]
+    return found
+
+
+def _matches(pattern: Sequence[str], parts: Sequence[str]) -> bool:
+    """Whether path ``parts`` match glob ``pattern`` parts, ``**`` standing for any number of
+    parts; a wildcard never matches a hidden name (as glob)."""
+
+    @functools.lru_cache(maxsize=None)
+    def match(i: int, j: int) -> bool:
+        if i == len(pattern):
+            return j == len(parts)
+        if pattern[i] == "**":
+            return match(i + 1, j) or (j < len(parts) and not parts[j].startswith(".") and match(i, j + 1))
+        if j == len(parts) or (parts[j].startswith(".") and not pattern[i].startswith(".")):
+            return False
+        return fnmatch.fnmatchcase(parts[j], pattern[i]) and match(i + 1, j + 1)
+
+    return match(0, 0)
 
 
 def _list_pattern_root(spec: str) -> None:
@@ -270,6 +320,12 @@ def check_outputs(images: Sequence[Path], out_dir: Path, overlay: bool, inputs: 
     resolved = {p.resolve() for p in images}
     targets = [t for p in images for t in [out_dir / f"{p.stem}.png"] + ([out_dir / OVERLAY_DIR / f"{p.stem}.png"]
                                                                          if overlay else [])]
+    # Before any mask is written: a name the file system cannot take fails here, not halfway.
+    long_name = next((t for t in targets if len(os.fsencode(t.name)) > NAME_MAX), None)
+    if long_name is not None:
+        raise UserError(f"the mask {long_name.name[:40]}... for an input would have a name of "
+                        f"{len(os.fsencode(long_name.name))} bytes, longer than the {NAME_MAX} a file name may have: "
+                        "rename that input")
     for target in targets:
         if target.resolve() in resolved:
             raise UserError(f"writing {target} would overwrite an input image: choose another --output")

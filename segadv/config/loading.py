@@ -15,9 +15,12 @@ fix becomes one :class:`~segadv.errors.UserError` naming the file or key at faul
 
 YAML is read with a ``SafeLoader`` that also reads ``1e-3`` as a float (PyYAML follows YAML 1.1,
 which needs a dot: ``1e-3`` would be the *string* "1e-3" and fail strict validation) and rejects
-duplicate keys (the second silently winning is a typo that does nothing). A file is at most
-1 MiB and a document's aliases may stand for at most ``MAX_YAML_VALUES`` values (an alias bomb is
-refused before it is expanded).
+duplicate keys (the second silently winning is a typo that does nothing). Every YAML file segadv
+reads (a config, its ``_base_`` files, a grid, a run dir's ``config.yaml``) goes through
+:func:`read_yaml`, under caps whose message names the cap hit: at most 1 MiB, at most
+``MAX_YAML_VALUES`` values once aliases are expanded (an alias bomb is refused before it is
+expanded), nested at most ``MAX_YAML_DEPTH`` deep (an override's dotted key too), and at most
+``MAX_BASE_FILES`` ``_base_`` files read for one config.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from segadv.config.schema import Config, Section
 from segadv.config.shipped import DEFAULT_CONFIG_PATH, resolve_config, shipped_hint
 from segadv.errors import UserError
 from segadv.fsutil import atomic_write_text
+from segadv.readback import Unreadable, decode, read_bytes
 
 BASE_KEY = "_base_"
 DELETE_KEY = "_delete_"
@@ -94,27 +98,42 @@ _ConfigLoader.add_implicit_resolver(
 MAX_YAML_VALUES = 100_000
 MAX_YAML_DEPTH = 64
 MAX_CONFIG_BYTES = 1 << 20
+# The shipped configs use one or two; a chain or fan-out of thousands is a generated file gone wrong
+# (and a fan-out's repeated reads grow exponentially with its depth).
+MAX_BASE_FILES = 64
 
 
-def _expanded_size(node: yaml.Node, sizes: dict[int, int], depth: int = 0) -> int:
+class YAMLCap(yaml.YAMLError):
+    """A document over one of the reader's caps; its message names the cap."""
+
+
+def _depth_cap() -> YAMLCap:
+    return YAMLCap(f"values nested deeper than {MAX_YAML_DEPTH} levels (the cap on a config's depth)")
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], aliased: list[bool], depth: int = 0) -> int:
     """How many values ``node`` stands for once its aliases are expanded (each shared node counted
-    once per use, computed once: ``sizes`` by node id), without expanding anything."""
+    once per use, computed once: ``sizes`` by node id), without expanding anything. ``aliased[0]``
+    becomes True once a node is met a second time (an alias)."""
     known = sizes.get(id(node))
     if known is not None:
         if known < 0:
-            raise yaml.YAMLError("an alias refers to a node that contains it (a recursive structure)")
+            raise YAMLCap("an alias refers to a node that contains it (a recursive structure)")
+        aliased[0] = True
         return known
     if depth > MAX_YAML_DEPTH:
-        raise yaml.YAMLError(f"values nested deeper than {MAX_YAML_DEPTH} levels")
+        raise _depth_cap()
     sizes[id(node)] = -1  # in progress: reaching it again is a cycle
     total = 1
     if isinstance(node, yaml.SequenceNode):
-        total += sum(_expanded_size(child, sizes, depth + 1) for child in node.value)
+        total += sum(_expanded_size(child, sizes, aliased, depth + 1) for child in node.value)
     elif isinstance(node, yaml.MappingNode):
-        total += sum(_expanded_size(k, sizes, depth + 1) + _expanded_size(v, sizes, depth + 1) for k, v in node.value)
+        total += sum(_expanded_size(k, sizes, aliased, depth + 1) + _expanded_size(v, sizes, aliased, depth + 1)
+                     for k, v in node.value)
     if total > MAX_YAML_VALUES:
-        raise yaml.YAMLError(
-            f"its aliases expand to more than {MAX_YAML_VALUES} values (a config holds a few hundred)")
+        cause = "its aliases expand to" if aliased[0] else "it holds"
+        raise YAMLCap(f"{cause} more than {MAX_YAML_VALUES} values (the cap on a config's values; a config holds "
+                      "a few hundred)")
     sizes[id(node)] = total
     return total
 
@@ -127,10 +146,10 @@ def _parse_yaml(text: str) -> Any:
         try:
             node = loader.get_single_node()
         except RecursionError:  # PyYAML composes nested collections recursively
-            raise yaml.YAMLError(f"values nested deeper than {MAX_YAML_DEPTH} levels") from None
+            raise _depth_cap() from None
         if node is None:
             return None
-        _expanded_size(node, {})
+        _expanded_size(node, {}, [False])
         return loader.construct_document(node)
     finally:
         loader.dispose()
@@ -159,26 +178,29 @@ def _display(path: Path) -> str:
     return str(path) if rel.startswith("..") else rel
 
 
+def read_yaml(path: PathLike, name: Optional[str] = None, what: str = "a config file") -> Any:
+    """The YAML document in file ``path`` (None when empty) through the config reader: a regular
+    file, UTF-8, duplicate keys refused, and the caps (size, values, aliases, depth). A missing
+    file is a FileNotFoundError; anything else wrong is an :class:`~segadv.readback.Unreadable`
+    naming the file (``name``, default its path) and, for a cap, the cap hit."""
+    name = name or _display(Path(path))
+    text = decode(read_bytes(path, MAX_CONFIG_BYTES, name, what), name)
+    try:
+        return _parse_yaml(text)
+    except YAMLCap as err:
+        raise Unreadable(name, f"is refused: {err}") from None
+    except yaml.YAMLError as err:
+        raise Unreadable(name, f"is not valid YAML: {_yaml_error_text(err)}") from None
+
+
 def _read_yaml_file(path: Path, included_from: Optional[Path]) -> dict:
     """Read one config file into a dict; every failure is a UserError naming the file."""
     where = _display(path)
     via = f" (a {BASE_KEY} of {_display(included_from)})" if included_from else ""
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise UserError(f"config file {where}{via} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a config")
-        text = raw.decode("utf-8")
+        data = read_yaml(path, f"config file {where}{via}")
     except FileNotFoundError as err:
         raise UserError(f"config file not found: {where}{via}{shipped_hint(path)}") from err
-    except UnicodeDecodeError as err:
-        raise UserError(f"config file {where}{via} is not UTF-8 text: {err}") from err
-    except OSError as err:
-        raise UserError(f"cannot read config file {where}{via}: {err.strerror or err}") from err
-    try:
-        data = _parse_yaml(text)
-    except yaml.YAMLError as err:
-        raise UserError(f"YAML error in {where}, {_yaml_error_text(err)}") from err
     if data is None:  # empty or comments only
         return {}
     if not isinstance(data, dict):
@@ -230,19 +252,26 @@ def _base_paths(value: Any, including: Path) -> list[Path]:
         raise UserError(f"config file {_display(including)}: {BASE_KEY}: {err}") from None
 
 
-def _resolve_file(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+def _resolve_file(path: Path, chain: tuple[Path, ...] = (), reads: Optional[list[int]] = None) -> dict:
     """One file with its ``_base_`` files merged underneath it, recursively.
 
     ``chain`` holds the files currently being resolved (resolved paths), to report cycles; a file
-    reached twice along different branches (a diamond) is fine.
+    reached twice along different branches (a diamond) is fine. ``reads`` counts the files read
+    for the whole config, each read of a diamond's file included, against ``MAX_BASE_FILES``.
     """
     if path in chain:
         cycle = " -> ".join(_display(p) for p in (*chain[chain.index(path):], path))
         raise UserError(f"cyclic {BASE_KEY} inheritance: {cycle}")
+    reads = [0] if reads is None else reads
+    reads[0] += 1
+    if reads[0] > MAX_BASE_FILES + 1:
+        raise UserError(f"config file {_display(chain[0])}: its {BASE_KEY} files come to more than {MAX_BASE_FILES} "
+                        f"(the cap on a config's {BASE_KEY} files, each read counted), the latest "
+                        f"{_display(path)}: flatten them")
     data = _read_yaml_file(path, chain[-1] if chain else None)
     merged: dict = {}
     for base in _base_paths(data.pop(BASE_KEY, None), path):
-        merged = _deep_merge(merged, _resolve_file(base, (*chain, path)))
+        merged = _deep_merge(merged, _resolve_file(base, (*chain, path), reads))
     return _deep_merge(merged, data)
 
 
@@ -296,6 +325,10 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     if not sep:
         raise UserError(f"invalid override {text!r}: {_OVERRIDE_FORM}")
     parts = key.strip().split(".")
+    if len(parts) > MAX_YAML_DEPTH:
+        shown = key if len(key) <= _REPR_LIMIT else key[:_REPR_LIMIT - 3] + "..."
+        raise UserError(f"invalid override {shown!r}: a key of {len(parts)} dotted parts is nested deeper than "
+                        f"{MAX_YAML_DEPTH} levels (the cap on a config's depth)")
     if not all(parts):
         raise UserError(f"invalid override {text!r}: empty key; {_OVERRIDE_FORM}")
     try:
@@ -306,6 +339,24 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
             f"({_yaml_error_text(err)})"
         ) from err
     return parts, value
+
+
+def override_settings(text: str) -> list[str]:
+    """The dotted keys whose values an override sets: ``a.b=1`` sets ``a.b``; ``a={b: 1, c: {d: 2}}``
+    sets ``a.b`` and ``a.c.d`` (a mapping's leaves; an empty mapping sets its own key). A
+    UserError as for a bad override."""
+    parts, value = _parse_override(text)
+    found: list[str] = []
+
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, dict) and node:
+            for name, child in node.items():
+                walk(child, f"{key}.{name}")
+        else:
+            found.append(key)
+
+    walk(value, ".".join(parts))
+    return found
 
 
 def _apply_override(data: dict, text: str) -> None:

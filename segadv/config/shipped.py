@@ -69,7 +69,7 @@ def resolve_config(ref: PathLike, relative_to: Optional[Path] = None, folder: Pa
     if relative_to is not None:
         path = relative_to / path
     if path.is_file() or not _is_name(text):
-        return path.resolve()
+        return Path(os.path.realpath(path))  # never raises: a link loop is the reader's to name
     shipped = folder / f"{text}.yaml"
     if shipped.is_file():
         return shipped

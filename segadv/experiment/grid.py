@@ -14,7 +14,11 @@
         seeds: [0]                   # a row may run its own seeds (``--seeds`` overrides all)
                                      # and name its own baseline (``baseline: <row name>``)
 
-A mistake is a :class:`segadv.errors.UserError` (exit 2) naming the grid file and the key.
+A mistake is a :class:`segadv.errors.UserError` (exit 2) naming the grid file and the key. The
+file is read as a config is (segadv/config/loading.py: its caps, duplicate keys refused); seeds are
+in ``train.seed``'s range; a row's override that a common override would replace, in either form
+(``train.max_steps=5`` or ``train={max_steps: 5}``), is refused. That every run's config loads is
+checked before the first run (segadv/experiment/launcher.py, :func:`check_runs`).
 """
 
 from __future__ import annotations
@@ -23,11 +27,11 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, ValidationError,
-                      model_validator)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, TypeAdapter, ValidationError, model_validator
 
 from segadv.config import resolve_config
+from segadv.config.loading import override_settings, read_yaml
+from segadv.config.schema import Seed
 from segadv.errors import UserError
 
 
@@ -50,7 +54,15 @@ def override_key(text: str) -> str:
     return text.split("=", 1)[0].strip()
 
 
-Seeds = Annotated[list[StrictInt], Field(min_length=1), AfterValidator(distinct_seeds)]
+def covers(key: str, setting: str) -> bool:
+    """Whether setting dotted key ``key`` replaces ``setting`` or lies inside it (``train`` and
+    ``train.max_steps`` either way round, or the same key)."""
+    a, b = key.split("."), setting.split(".")
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
+Seeds = Annotated[list[Annotated[Seed, Strict()]], Field(min_length=1), AfterValidator(distinct_seeds)]
 Override = Annotated[str, AfterValidator(dotted_override)]
 
 
@@ -99,10 +111,15 @@ class Grid(BaseModel):
         if self_compared is not None:
             raise ValueError(f"row {self_compared!r} names itself as its baseline")
         # The common overrides come after a row's on the command line, so a key set in both would
-        # silently take the common value: the row's setting would never run.
-        common = {override_key(o) for o in self.common_overrides}
+        # silently take the common value: the row's setting would never run. A common override
+        # replaces what lies under its key, and a row's mapping value sets each of its leaves.
+        common = [override_key(o) for o in self.common_overrides]
         for i, row in enumerate(self.rows):
-            shadowed = sorted(common.intersection(override_key(o) for o in row.overrides))
+            try:
+                settings = [key for o in row.overrides for key in override_settings(o)]
+            except UserError as err:
+                raise ValueError(f"rows[{i}].overrides: {err}") from None
+            shadowed = sorted({s for s in settings if any(covers(key, s) for key in common)})
             if shadowed:
                 raise ValueError(f"rows[{i}].overrides: {', '.join(shadowed)} also in common_overrides, which "
                                  "come after a row's and would win: set each key in one place")
@@ -145,7 +162,9 @@ def _location(loc: tuple) -> str:
 
 def _problem(error: dict) -> str:
     where = _location(error["loc"])
-    if error["type"] == "extra_forbidden":
+    if error["type"] in ("greater_than_equal", "less_than"):  # a grid's one bounded number: a seed
+        message = f"seed {error['input']!r} is out of range: a seed is 0 .. 2**31-1 (train.seed's range)"
+    elif error["type"] == "extra_forbidden":
         parent = Grid if len(error["loc"]) == 1 else Row
         message = f"unknown key(s) {error['loc'][-1]}; keys: {', '.join(sorted(parent.model_fields))}"
         where = _location(error["loc"][:-1])
@@ -168,11 +187,9 @@ def _validated(schema: Any, data: object, what: str) -> Any:
 def load_grid(path: Path) -> Grid:
     """The grid in ``path``, validated, with every row's config found (a file, or a shipped name)."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise UserError(f"grid {path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise UserError(f"grid {path}: not valid YAML ({err})") from None
+        data = read_yaml(path, f"grid {path}", what="a grid file")
+    except FileNotFoundError:
+        raise UserError(f"grid {path}: no such file") from None
     if not isinstance(data, dict):
         raise UserError(f"grid {path}: expected a mapping with name, seeds and rows")
     grid = _validated(Grid, data, f"grid {path}")

@@ -2,8 +2,14 @@
 
 A run whose ``status.json`` says ``finished`` is never repeated (a run whose row has changed since
 is kept, with a warning naming what changed: delete its directory to run it again); any other run
-dir continues with ``--resume auto``. Ctrl-C lets the current run stop at its next step and save
-a checkpoint (the trainer, in the same process group, gets it too); a second Ctrl-C stops at once.
+dir continues with ``--resume auto``. Every run's config is loaded before the first one starts
+(:func:`check_runs`): a typo in the last row is found before the first has trained.
+
+The trainer runs in a process group of its own, and SIGINT, SIGTERM and SIGHUP sent to
+``segadv-experiment`` are passed on to it: it stops at its next step and saves a checkpoint, the
+launcher waits for it to exit (no trainer is left running without its launcher), then stops the
+grid (exit 130 for Ctrl-C, 128 + N for signal N). A second signal is passed on too: the trainer
+then stops at once. A terminal's Ctrl-C reaches the trainer once, through the launcher.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 from segadv.config import config_to_dict, load_config
 from segadv.config.resume import flatten
@@ -28,6 +34,7 @@ from segadv.experiment.results import run_dir_for
 from segadv.experiment.runs import read_run_config, summarize
 from segadv.fsutil import make_dir
 from segadv.monitor.status import STATUS_FILE
+from segadv.signals import Terminated
 
 log = logging.getLogger(__name__)
 
@@ -79,39 +86,92 @@ def _same(a: object, b: object) -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
+def check_runs(specs: Sequence[RunSpec], grid_name: str) -> None:
+    """Before the first run: every row's config loads with its overrides, the common ones and its
+    seed (the seeds themselves are range-checked by the grid), or a UserError naming each row that
+    does not, so that nothing trains before a later row's mistake is found."""
+    problems, checked = [], set()
+    for spec in specs:
+        if spec.row.name in checked:
+            continue
+        checked.add(spec.row.name)
+        try:
+            load_config(spec.row.config, spec.overrides)
+        except UserError as err:
+            problems.append(f"row {spec.row.name!r}: {err}")
+    if problems:
+        raise UserError(f"grid {grid_name}: {len(problems)} row(s) do not load, so no run was started:\n"
+                        + "\n".join(problems))
+
+
+# The signals a run is stopped by; each is passed on to the trainer (module docstring).
+FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+_running: list[subprocess.Popen] = []  # the trainer going on, to pass signals on to
+
+
 @dataclass
 class _Interrupt:
-    requested: bool = False
+    signals: list[int]
+
+    @property
+    def requested(self) -> bool:
+        return bool(self.signals)
+
+    def stop(self) -> BaseException:
+        """What ends the grid after the run the first signal stopped."""
+        first = self.signals[0]
+        return KeyboardInterrupt() if first == signal.SIGINT else Terminated(128 + first)
 
 
 @contextlib.contextmanager
-def deferred_ctrl_c() -> Iterator[_Interrupt]:
-    """While a run is going, the first Ctrl-C only takes note: the trainer (same process group)
-    got it too and stops at its next step with a checkpoint. A second one interrupts at once."""
-    state = _Interrupt()
+def forwarded_signals() -> Iterator[_Interrupt]:
+    """While a run is going, SIGINT, SIGTERM and SIGHUP are passed on to the trainer and noted;
+    the launcher goes on waiting for it. With no trainer process (nothing to wait for), a second
+    signal interrupts at once."""
+    state = _Interrupt([])
     if threading.current_thread() is not threading.main_thread():
         yield state
         return
 
     def handle(signum: int, frame: Optional[FrameType]) -> None:
-        if state.requested:
-            raise KeyboardInterrupt
-        state.requested = True
-        log.warning("Ctrl-C: letting the run stop at its next step and save a checkpoint (Ctrl-C again: stop now)")
+        state.signals.append(signum)
+        for child in _running:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
+        name = signal.Signals(signum).name
+        if len(state.signals) > 1:
+            if not _running:
+                raise state.stop()
+            log.warning("%s again: the run stops now", name)
+            return
+        log.warning("%s: letting the run stop at its next step and save a checkpoint (again: stop now)", name)
 
-    previous = signal.signal(signal.SIGINT, handle)
+    previous = {signum: signal.signal(signum, handle) for signum in FORWARDED}
     try:
         yield state
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
-def launch(command: list[str], log_path: Path) -> tuple[int, bool]:
-    """Runs the command with its output appended to ``log_path``: exit code, and whether Ctrl-C
-    was pressed meanwhile."""
-    with deferred_ctrl_c() as interrupt, open(log_path, "a", encoding="utf-8") as log_file:  # never an unread pipe
-        code = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT).returncode
-    return code, interrupt.requested
+def run_trainer(command: list[str], stdout: object = None, stderr: object = None) -> subprocess.CompletedProcess:
+    """``subprocess.run`` for the trainer: in a process group of its own, reachable by the signals
+    passed on (:func:`forwarded_signals`, whose handler never raises while it runs), and waited for."""
+    with subprocess.Popen(command, stdout=stdout, stderr=stderr, start_new_session=True) as child:
+        _running.append(child)
+        try:
+            code = child.wait()
+        finally:
+            _running.remove(child)
+    return subprocess.CompletedProcess(command, code)
+
+
+def launch(command: list[str], log_path: Path) -> tuple[int, Optional[_Interrupt]]:
+    """Runs the command with its output appended to ``log_path``: exit code, and the signals
+    received meanwhile (None: none)."""
+    with forwarded_signals() as interrupt, open(log_path, "a", encoding="utf-8") as log_file:  # never an unread pipe
+        code = run_trainer(command, stdout=log_file, stderr=subprocess.STDOUT).returncode
+    return code, interrupt if interrupt.requested else None
 
 
 def log_tail(run_dir: Path, lines: int = 20) -> str:
@@ -139,9 +199,9 @@ def run_one(spec: RunSpec) -> bool:
     make_dir(spec.run_dir)
     log.info("run: %s: %s", spec.label, " ".join(command))
     code, interrupted = launch(command, spec.run_dir / LOG_FILE)
-    if interrupted:
+    if interrupted is not None:
         log.warning("interrupted: %s (exit %d); run again to continue it", spec.label, code)
-        raise KeyboardInterrupt
+        raise interrupted.stop()
     summary = summarize(spec.run_dir) if (spec.run_dir / STATUS_FILE).is_file() else None
     if summary is not None and summary.finished:
         final, best = summary.final, summary.best

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from segadv.experiment.grid import Grid, Row
-from segadv.experiment.runs import DIAGNOSTICS, METRICS_FILE, read_train_diagnostics, summarize
+from segadv.experiment.runs import METRICS_FILE, diagnostics, read_train_diagnostics, summarize
 from segadv.experiment.stats import PairedTest, WelchTest, paired_test, welch_test
 from segadv.fsutil import atomic_write_text, make_dir
 
@@ -81,7 +81,7 @@ class RowResult:
 
     @classmethod
     def of(cls, row: Row, seeds: list[int], runs: list[RunResult]) -> "RowResult":
-        keys = [k for k in DIAGNOSTICS if any(k in r.diagnostics for r in runs)]
+        keys = [k for k in diagnostics() if any(k in r.diagnostics for r in runs)]
         walls = [r.wall_s for r in runs if r.wall_s is not None]
         return cls(row.name, row.config, row.overrides, seeds, len(runs),
                    *_mean_std([r.final_mIoU for r in runs if r.final_mIoU is not None]),
@@ -229,17 +229,17 @@ def markdown_table(results: GridResults) -> str:
 
 
 def diagnostics_table(rows: Mapping[str, Mapping[str, float]]) -> list[str]:
-    """Markdown lines: each row's :data:`DIAGNOSTICS` (row name -> its means; those any row
-    logged), or none at all."""
-    keys = [k for k in DIAGNOSTICS if any(k in diagnostics for diagnostics in rows.values())]
+    """Markdown lines: each row's diagnostics (:func:`diagnostics`; row name -> its means; those any
+    row logged), or none at all."""
+    keys = [k for k in diagnostics() if any(k in means for means in rows.values())]
     if not keys:
         return []
     lines = ["", "Diagnostics: the mean of each logged `train/` value (`diag/` for d_confidence_auroc and "
              "d_mask_precision, measured at evaluations) over the last quarter of a run, then over its seeds "
              "(- : not logged by that method). A CE-only row's D trains but reaches nothing.", "",
              "| row | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
-    for name, diagnostics in rows.items():
-        cells = [f"{diagnostics[k]:.3f}" if k in diagnostics else "-" for k in keys]
+    for name, means in rows.items():
+        cells = [f"{means[k]:.3f}" if k in means else "-" for k in keys]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 

@@ -5,11 +5,15 @@ A run with no status.json (a segadv from before it, or a start that failed) has 
 ``unknown``; its step and scores are then read from ``metrics.jsonl`` and its ``max_steps`` from
 ``config.yaml``. A status still ``running`` whose run dir no process holds is ``killed`` (SIGKILL,
 the OOM killer, a lost node: nothing could write the end).
+
+Every file is read through segadv/readback.py (``config.yaml`` through the config loader and its
+caps): a file that cannot be read (not UTF-8, a FIFO, an alias bomb) is set aside with a warning
+naming it, and the run is described without it; a step or a score out of its range is no step or
+score. These readers serve tools that read many run dirs (``segadv-experiment``, ``segadv-curves``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import statistics
@@ -17,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-import yaml
-
+from segadv.config.loading import read_yaml
 from segadv.config.resume import flatten
 from segadv.errors import UserError
+from segadv.methods.registry import METHODS
 from segadv.monitor.status import STATUS_FILE, RunStatus, Score, read_status
+from segadv.readback import Unreadable, parse_json, read_text, real_number, whole_number
 
 log = logging.getLogger(__name__)
 
@@ -29,22 +34,44 @@ CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def score_value(value: Any) -> Optional[float]:
+    """A val score (mIoU, pixel accuracy) as a float in 0..1, NaN kept (an unknown score); anything
+    else (a string, inf, 1e400, 7) None."""
+    number = real_number(value)
+    return number if number is not None and (math.isnan(number) or 0.0 <= number <= 1.0) else None
 
 
-def metrics_records(metrics_path: Path) -> Iterator[dict[str, Any]]:
-    """The records of a run's ``metrics.jsonl`` that carry a step, in order (none if it is missing;
-    a line that is not JSON, e.g. cut short by a crash, is skipped)."""
-    if not metrics_path.is_file():
+def metrics_records(metrics_path: Path, set_aside: bool = True) -> Iterator[dict[str, Any]]:
+    """The records of a run's ``metrics.jsonl`` that carry a step, in order, ``step`` an int (none
+    if the file is missing). A line that is not a JSON record (cut short by a crash) is skipped; a
+    record whose step is not a whole number in range (``1e400``, NaN, ``"3"``) is skipped with a
+    warning; a file that cannot be read (not UTF-8, not a regular file) is set aside with one
+    (``set_aside`` False: its :class:`Unreadable` is raised)."""
+    try:
+        text = read_text(metrics_path)
+    except FileNotFoundError:
         return
-    for line in metrics_path.read_text(encoding="utf-8").splitlines():
+    except Unreadable as err:
+        if not set_aside:
+            raise
+        log.warning("%s: set aside", err)
+        return
+    bad_steps = []
+    for number, line in enumerate(text.splitlines(), 1):
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            record = parse_json(line)
+        except ValueError:
             continue
-        if isinstance(record, dict) and _is_number(record.get("step")):
-            yield record
+        if not isinstance(record, dict) or "step" not in record:
+            continue
+        step = whole_number(record["step"])
+        if step is None:
+            bad_steps.append(number)
+            continue
+        yield {**record, "step": step}
+    if bad_steps:
+        log.warning("%s: line(s) %s set aside: their step is not a whole number from 0 to 2**63-1", metrics_path,
+                    ", ".join(map(str, bad_steps[:5])) + (", ..." if len(bad_steps) > 5 else ""))
 
 
 @dataclass(frozen=True)
@@ -56,32 +83,34 @@ class ValScores:
 def read_val_metrics(metrics_path: Path) -> ValScores:
     """Final and best ``val/mIoU`` of a run from its metrics (a resumed run's repeated steps: the
     last record wins; a NaN is never the best)."""
-    by_step = {int(r["step"]): r for r in metrics_records(metrics_path) if _is_number(r.get("val/mIoU"))}
+    by_step = {r["step"]: r for r in metrics_records(metrics_path) if score_value(r.get("val/mIoU")) is not None}
     if not by_step:
         return ValScores(None, None)
 
-    def score(step: int) -> Score:
-        pixel_acc = by_step[step].get("val/pixel_acc")
-        return Score(step=step, mIoU=by_step[step]["val/mIoU"], pixel_acc=pixel_acc if _is_number(pixel_acc) else None)
+    def miou(step: int) -> float:
+        return score_value(by_step[step]["val/mIoU"])
 
-    scored = [s for s in by_step if not math.isnan(by_step[s]["val/mIoU"])]
-    best = max(scored, key=lambda s: (by_step[s]["val/mIoU"], -s)) if scored else None
+    def score(step: int) -> Score:
+        return Score(step=step, mIoU=miou(step), pixel_acc=score_value(by_step[step].get("val/pixel_acc")))
+
+    scored = [s for s in by_step if not math.isnan(miou(s))]
+    best = max(scored, key=lambda s: (miou(s), -s)) if scored else None
     return ValScores(score(max(by_step)), score(best) if best is not None else None)
 
 
-# What a run's log says about why a method did or did not help (docs/experiments.md): D's loss and
-# accuracies (real/fake, or source/target), the share of unlabeled pixels (AdvSemiSeg) or images
-# (s4GAN) self-training took, G's supervised loss. Averaged over the last quarter of the run.
-DIAGNOSTICS = ("loss_seg", "loss_d", "d_acc_real", "d_acc_fake", "d_acc_source", "d_acc_target",
-               "semi_pixel_ratio", "st_image_ratio", "d_confidence_auroc", "d_mask_precision")
-# Logged at evaluations under diag/ (does D know which of G's pixels are right?), the rest under train/.
-DIAGNOSTIC_PREFIX = {"d_confidence_auroc": "diag", "d_mask_precision": "diag"}
+def diagnostics() -> dict[str, str]:
+    """What a run's log says about why a method did or did not help (docs/experiments.md), as each
+    registered method declares it (``Method.diagnostics``): key -> its logged tag (``loss_d`` ->
+    ``train/loss_d``), in the registry's order."""
+    return {tag.partition("/")[2]: tag for cls in METHODS.values() for tag in cls.diagnostics}
 
 
-def read_train_diagnostics(metrics_path: Path, keys: tuple[str, ...] = DIAGNOSTICS) -> dict[str, float]:
-    """The mean of each ``train/<key>`` (``diag/<key>``, :data:`DIAGNOSTIC_PREFIX`) a run logged
-    over the last quarter of its steps (steps past 3/4 of its last logged step); keys it never
-    logged are left out."""
+def read_train_diagnostics(metrics_path: Path, keys: tuple[str, ...] | None = None) -> dict[str, float]:
+    """The mean of each diagnostic (``keys``; None: every method's, :func:`diagnostics`) a run
+    logged over the last quarter of its steps (steps past 3/4 of its last logged step); keys it
+    never logged are left out."""
+    tags = diagnostics()
+    keys = tuple(tags) if keys is None else keys
     records = list(metrics_records(metrics_path))
     if not records:
         return {}
@@ -90,21 +119,22 @@ def read_train_diagnostics(metrics_path: Path, keys: tuple[str, ...] = DIAGNOSTI
     for record in records:
         if record["step"] > since:
             for key in keys:
-                value = record.get(f"{DIAGNOSTIC_PREFIX.get(key, 'train')}/{key}")
-                if _is_number(value) and math.isfinite(value):
+                value = real_number(record.get(tags.get(key, f"train/{key}")))
+                if value is not None and math.isfinite(value):
                     values.setdefault(key, []).append(value)
     return {key: statistics.fmean(values[key]) for key in keys if key in values}
 
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:
-    """The run's saved ``config.yaml``, flattened to dotted keys ({} when it has none)."""
+    """The run's saved ``config.yaml`` (through the config loader and its caps), flattened to
+    dotted keys ({} when it has none; one that cannot be read is set aside with a warning)."""
     path = run_dir / CONFIG_FILE
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = read_yaml(path, str(path))
     except FileNotFoundError:
         return {}
-    except (OSError, yaml.YAMLError) as err:
-        log.warning("cannot read %s: %s", path, err)
+    except Unreadable as err:
+        log.warning("%s: set aside", err)
         return {}
     return flatten(data) if isinstance(data, dict) else {}
 
@@ -156,10 +186,10 @@ def summarize(run_dir: Path) -> RunSummary:
         return RunSummary(run_dir, outcome, status.step, status.max_steps, status.final, status.best,
                           status.total_wall_s, config, status)
     scores = read_val_metrics(run_dir / METRICS_FILE)
-    steps = [int(r["step"]) for r in metrics_records(run_dir / METRICS_FILE)]
-    max_steps = config.get("train.max_steps")
-    return RunSummary(run_dir, "unknown", max(steps) if steps else None,
-                      max_steps if isinstance(max_steps, int) else None, scores.final, scores.best, None, config)
+    steps = [r["step"] for r in metrics_records(run_dir / METRICS_FILE)]
+    max_steps = whole_number(config.get("train.max_steps"))
+    return RunSummary(run_dir, "unknown", max(steps) if steps else None, max_steps, scores.final, scores.best, None,
+                      config)
 
 
 def _held(run_dir: Path) -> bool:

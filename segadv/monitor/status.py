@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from segadv import __version__
 from segadv.errors import Diverged, EXIT_OK, exit_code_of
 from segadv.fsutil import atomic_write_text
+from segadv.readback import Unreadable, read_text
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +74,11 @@ def read_status(run_dir: Path) -> Optional[RunStatus]:
     file is reported, never taken for a missing one silently)."""
     path = Path(run_dir) / STATUS_FILE
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, cap=1 << 20, what="a status file")  # bytes, a FIFO: segadv/readback.py
     except FileNotFoundError:
         return None
-    except OSError as err:
-        log.warning("cannot read %s: %s", path, err.strerror or err)
+    except Unreadable as err:
+        log.warning("%s: set aside", err)
         return None
     try:
         return RunStatus.model_validate_json(text)

@@ -4,10 +4,16 @@ Two launches into one run dir would interleave their metrics and overwrite each 
 checkpoints without a word. The lock is an ``flock`` on ``RUN/.segadv.lock``: the kernel drops it
 when its holder dies however it dies (kill -9 included), so a crashed run never leaves a stale
 lock behind. The file names the holder (pid, host, start time) for the second launch's message.
+
+A run dir this process cannot write in (read-only, another user's) is locked through the lock file
+opened for reading, or, where there is none, not at all: no run can write there, and a command that
+only reads it (``--resume auto`` of a finished run saying it is finished) needs no more. Whatever
+would write is refused before the lock by its own check (``check_writable``).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -26,6 +32,8 @@ except ImportError:  # Windows: no flock; runs there are single-process anyway
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".segadv.lock"
+# What opening the lock file for writing answers in a run dir this process cannot write in.
+READ_ONLY_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 
 
 class RunDirLock:
@@ -54,7 +62,12 @@ class RunDirLock:
 
     def _acquire(self) -> str | None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            if err.errno not in READ_ONLY_ERRNOS:
+                raise
+            return self._acquire_read_only()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -69,6 +82,26 @@ class RunDirLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
                  .encode())
+        self._fd = fd
+        return None
+
+    def _acquire_read_only(self) -> str | None:
+        """The lock in a run dir this process cannot write in (module docstring)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:  # no lock file either: nobody can have locked it through one
+            log.debug("run dir %s is not writable and has no lock file: not locked", self.path.parent)
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            return (f"run dir {self.path.parent} is in use by {holder}: wait for that run to end, "
+                    "stop it, or give another --run-dir")
+        except OSError:
+            os.close(fd)
+            return None
         self._fd = fd
         return None
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -22,14 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from segadv.config import Config, config_from_dict, load_config
+from segadv.config.loading import read_yaml
 from segadv.config.resume import check_resumed_config
 from segadv.errors import UserError
 from segadv.fsutil import unwritable, user_path
 from segadv.monitor.writer import read_records
 from segadv.parallel.distributed import DistEnv
+from segadv.readback import Unreadable, os_reason
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ def run_files(run_dir: Path) -> list[str]:
 def check_start(run_dir: Path, resume: str | None, config_path: Path | None = None) -> None:
     """Before anything is written: ``run_dir`` must be a directory (or not exist) and writable,
     and a fresh start (``resume`` None) needs one that holds no run's files."""
+    check_reachable(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"run dir {run_dir} exists and is not a directory")
     if resume is not None or not run_dir.is_dir():
@@ -86,6 +88,20 @@ def check_start(run_dir: Path, resume: str | None, config_path: Path | None = No
     if present:
         raise UserError(f"run dir {run_dir} already holds a run ({', '.join(present)}): continue it with "
                         f"segadv-train --run-dir {run_dir} --resume auto, or start a new run in another --run-dir")
+
+
+def check_reachable(run_dir: Path) -> None:
+    """A run dir that is a link leading nowhere (dangling, or a loop) is a UserError naming it:
+    neither a directory to use nor a name ``mkdir`` can take."""
+    if not run_dir.is_symlink():
+        return
+    try:
+        os.stat(run_dir)
+    except OSError as err:
+        target = os.readlink(run_dir)
+        what = "a symbolic link loop" if err.errno == errno.ELOOP else f"a symbolic link to {target}, which does not exist"
+        raise UserError(f"run dir {run_dir} is {what} ({os_reason(err)}): remove the link or give another --run-dir") \
+            from None
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -156,19 +172,14 @@ def _remove(path: Path) -> None:
 
 def saved_config_problem(path: Path) -> str | None:
     """What is wrong with a run dir's ``config.yaml`` before it is validated: "missing", "empty",
-    or why it cannot be read; None when it reads as a mapping."""
+    or why it cannot be read (through the config loader and its caps: bytes, nesting, aliases);
+    None when it reads as a mapping."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        data = read_yaml(path, str(path))
     except FileNotFoundError:
         return "missing"
-    except UnicodeDecodeError:
-        return "not UTF-8 text"
-    except OSError as err:
-        return f"unreadable ({err.strerror or err})"
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return "not readable YAML"
+    except Unreadable as err:
+        return err.reason.removeprefix("is ")
     if data is None or data == {}:
         return "empty"
     if not isinstance(data, dict):
@@ -183,6 +194,7 @@ def resume_config(run_dir: Path, resume: str, overrides: list[str], trusted: boo
     warning, when a checkpoint holds the config, else a UserError naming it. Without any
     checkpoint (``--resume auto`` in a run dir that has none) the run starts fresh: from the
     embedded default config when there is no config.yaml."""
+    check_reachable(run_dir)
     saved = run_dir / CONFIG_FILE
     problem = saved_config_problem(saved)
     if problem is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -72,3 +73,63 @@ def test_schema_refusals_read_as_one_line_naming_the_key(override, message):
         load_config(None, [override])
     assert message in str(err.value)
     assert "255 is a real class id" not in str(err.value)
+
+
+# ---------------------------------------------------------------- each cap names the cap hit
+
+
+def test_plain_values_over_the_cap_are_not_called_aliases(tmp_path):
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("x: [" + ",".join(["1"] * 100_001) + "]\n")
+    with pytest.raises(UserError, match=r"plain.yaml is refused: it holds more than 100000 values "
+                                        r"\(the cap on a config's values") as raised:
+        load_config(plain)
+    assert "alias" not in str(raised.value)
+
+
+def test_a_long_base_chain_and_a_base_fan_out_hit_the_base_cap_quickly(tmp_path):
+    for i in range(1500):
+        (tmp_path / f"c{i}.yaml").write_text(f"_base_: c{i + 1}.yaml\n" if i < 1499 else "{}\n")
+    with pytest.raises(UserError, match=r"c0.yaml: its _base_ files come to more than 64 \(the cap on a "
+                                        r"config's _base_ files") as raised:
+        load_config(tmp_path / "c0.yaml")
+    assert "nested" not in str(raised.value)
+    for depth in range(12):  # each file names the next one 8 times: 8**11 reads unbounded
+        (tmp_path / f"f{depth}.yaml").write_text(
+            "_base_: [" + ", ".join([f"f{depth + 1}.yaml"] * 8) + "]\n" if depth < 11 else "{}\n")
+    started = time.perf_counter()
+    with pytest.raises(UserError, match="the cap on a config's _base_ files"):
+        load_config(tmp_path / "f0.yaml")
+    assert time.perf_counter() - started < 10
+
+
+def test_deep_nesting_is_a_user_error_never_a_recursion_error(tmp_path, capsys):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("x: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n")
+    with pytest.raises(UserError, match=r"deep.yaml is refused: values nested deeper than 64 levels \(the cap on a "
+                                        r"config's depth\)"):
+        load_config(deep)
+    key = ".".join(["a"] * 5000)
+    with pytest.raises(UserError, match=r"a key of 5000 dotted parts is nested deeper than 64 levels \(the cap on "
+                                        r"a config's depth\)"):
+        load_config(None, [f"{key}=1"])
+    assert train_main(["--print-config", f"{key}=1"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err) < 400
+
+
+def test_a_config_that_is_not_a_regular_file_or_not_utf8_is_refused(tmp_path, capsys):
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    started = time.perf_counter()
+    assert train_main(["--print-config", "--config", str(fifo)]) == 2  # reading it would wait for a writer
+    assert time.perf_counter() - started < 30
+    assert "fifo.yaml is a FIFO (named pipe), not a file" in capsys.readouterr().err
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"train:\n  max_steps: \xff\n")
+    with pytest.raises(UserError, match=r"bin.yaml is not UTF-8 text: byte 20 is 0xff"):
+        load_config(binary)
+    (tmp_path / "loop.yaml").symlink_to(tmp_path / "loop2.yaml")
+    (tmp_path / "loop2.yaml").symlink_to(tmp_path / "loop.yaml")
+    with pytest.raises(UserError, match=r"loop.yaml cannot be read: Too many levels of symbolic links \(ELOOP\)"):
+        load_config(tmp_path / "loop.yaml")

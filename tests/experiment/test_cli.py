@@ -38,7 +38,7 @@ def write_grid(path, rows, seeds=(0, 1), **extra):
 def run_grid_text(tmp_path, monkeypatch, grid_text):
     """experiment.main on a grid written from text, from the repository root, where nothing may run."""
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(launcher.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
+    monkeypatch.setattr(launcher, "run_trainer", lambda *a, **k: pytest.fail("nothing may run"))
     path = tmp_path / "grid.yaml"
     path.write_text(grid_text)
     return run_cli(path, "--out", tmp_path / "out")
@@ -69,7 +69,7 @@ def test_grid_runs_tabulates_and_never_repeats_a_finished_run(tmp_path, monkeypa
     def no_run(*args, **kwargs):
         raise AssertionError("a finished run was started again")
 
-    monkeypatch.setattr(launcher.subprocess, "run", no_run)
+    monkeypatch.setattr(launcher, "run_trainer", no_run)
     assert run_cli(grid, "--out", out) == 0
 
     # --baseline: every row against another row, in a table of its own; results.md stays.
@@ -84,12 +84,13 @@ def test_grid_runs_tabulates_and_never_repeats_a_finished_run(tmp_path, monkeypa
 
 
 def test_a_failed_run_is_named_and_the_others_still_finish(tmp_path, caplog):
-    rows = [{"name": "broken", "config": str(ROOT / "configs" / "default.yaml"), "overrides": ["train.max_stpes=3"]},
-            ROWS[1]]
+    # A failure only the run meets (the config loads; its init file is missing when it starts).
+    rows = [{"name": "broken", "config": str(ROOT / "configs" / "default.yaml"),
+             "overrides": ["init.generator.path=nowhere.pt"]}, ROWS[1]]
     grid = write_grid(tmp_path / "grid.yaml", rows, seeds=[0])
     with caplog.at_level("ERROR"):
         assert run_cli(grid, "--out", tmp_path / "out") == 1
-    assert "broken (seed 0)" in caplog.text and "train.max_stpes" in caplog.text
+    assert "broken (seed 0)" in caplog.text and "init.generator.path" in caplog.text
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [r["n"] for r in results["rows"]] == [0, 1]
 
@@ -198,7 +199,7 @@ def write_status(run_dir, outcome, step, max_steps, final=None, best=None, wall_
 
 
 def fake_trainer(val_steps, max_steps=4, code=0, during=None):
-    """A stand-in for subprocess.run: parses the command as segadv-train does, writes the run dir's
+    """A stand-in for launcher.run_trainer: parses the command as segadv-train does, writes the run dir's
     config.yaml, val records at ``val_steps`` (appended, as a resumed run would) and a status.json
     (finished at ``max_steps``, else stopped by SIGTERM; its wall time added to the earlier
     attempt's), records the command, exits ``code``."""
@@ -238,14 +239,14 @@ def test_a_run_stopped_early_with_exit_0_is_not_done_and_resumes(tmp_path, monke
     """The trainer exits 0 when a SIGTERM stops it at a checkpoint: that run is not finished."""
     grid, out = one_row_grid(tmp_path), tmp_path / "out"
     run_dir = out / "a" / "seed0"
-    monkeypatch.setattr(launcher.subprocess, "run", fake_trainer([2]))
+    monkeypatch.setattr(launcher, "run_trainer", fake_trainer([2]))
     with caplog.at_level("ERROR"):
         assert run_cli(grid, "--out", out) == 1
     assert "stopped (SIGTERM) at step 2/4: a, seed 0; run again to continue it" in caplog.text
     assert json.loads((out / "results.json").read_text())["rows"][0]["n"] == 0  # not counted as done
 
     second = fake_trainer([4])
-    monkeypatch.setattr(launcher.subprocess, "run", second)
+    monkeypatch.setattr(launcher, "run_trainer", second)
     assert run_cli(grid, "--out", out) == 0
     assert second.calls[0][-2:] == ["--resume", "auto"]
     (done,) = json.loads((out / "results.json").read_text())["rows"][0]["runs"]
@@ -259,12 +260,12 @@ def test_ctrl_c_lets_the_run_save_a_checkpoint_then_exits_130(tmp_path, monkeypa
     grid, out = one_row_grid(tmp_path, seeds=[0, 1]), tmp_path / "out"
     before = signal.getsignal(signal.SIGINT)
     fake = fake_trainer([2], during=lambda: signal.raise_signal(signal.SIGINT))
-    monkeypatch.setattr(launcher.subprocess, "run", fake)
+    monkeypatch.setattr(launcher, "run_trainer", fake)
     assert run_cli(grid, "--out", out) == 130  # the fake "trainer" stopped at step 2
     assert len(fake.calls) == 1  # seed 1 never started
     assert "interrupted" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGINT) is before
-    monkeypatch.setattr(launcher.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
+    monkeypatch.setattr(launcher, "run_trainer", lambda *a, **k: pytest.fail("nothing may run"))
     capsys.readouterr()
     assert run_cli(grid, "--out", out, "--dry-run") == 0  # not done: the next run resumes it
     assert "a, seed 0: " + " ".join(launcher.RunSpec.of(load_grid(grid), load_grid(grid).rows[0], 0, out).command()) \
@@ -273,9 +274,9 @@ def test_ctrl_c_lets_the_run_save_a_checkpoint_then_exits_130(tmp_path, monkeypa
 
 def test_a_done_run_whose_row_changed_is_kept_with_a_warning(tmp_path, monkeypatch, caplog, capsys):
     grid, out = one_row_grid(tmp_path, ["loss.lambda_adv=0"]), tmp_path / "out"
-    monkeypatch.setattr(launcher.subprocess, "run", fake_trainer([2, 4]))
+    monkeypatch.setattr(launcher, "run_trainer", fake_trainer([2, 4]))
     assert run_cli(grid, "--out", out) == 0
-    monkeypatch.setattr(launcher.subprocess, "run", lambda *a, **k: pytest.fail("a finished run was started again"))
+    monkeypatch.setattr(launcher, "run_trainer", lambda *a, **k: pytest.fail("a finished run was started again"))
     with caplog.at_level("INFO"):  # the same row: a plain skip, also from another --out spelling
         assert run_cli(grid, "--out", out / ".." / "out") == 0
     assert "skip (done): a, seed 0" in caplog.text and "skip (done, but" not in caplog.text
@@ -309,7 +310,7 @@ def test_more_bad_grids_exit_2(tmp_path, capsys, monkeypatch, grid_text, message
 
 def test_seeds_option_replaces_the_grids_seeds(tmp_path, monkeypatch, capsys):
     grid, out = one_row_grid(tmp_path, seeds=[0, 1, 2]), tmp_path / "out"
-    monkeypatch.setattr(launcher.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
+    monkeypatch.setattr(launcher, "run_trainer", lambda *a, **k: pytest.fail("nothing may run"))
     assert run_cli(grid, "--out", out, "--seeds", "5", "--dry-run") == 0
     printed = capsys.readouterr().out
     assert "a, seed 5:" in printed and "train.seed=5" in printed and "seed 0" not in printed
@@ -331,7 +332,7 @@ def test_a_row_may_run_its_own_seeds(tmp_path, monkeypatch, capsys):
     path.write_text(yaml.safe_dump({"name": "t", "seeds": [0, 1], "rows": [
         {"name": "a", "config": default}, {"name": "ref", "config": default, "seeds": [0]}]}))
     trainer = fake_trainer([2, 4])
-    monkeypatch.setattr(launcher.subprocess, "run", trainer)
+    monkeypatch.setattr(launcher, "run_trainer", trainer)
     out = tmp_path / "out"
     assert run_cli(path, "--out", out) == 0
     seeds_run = [(c[c.index("--run-dir") + 1].split("/")[-2], c[-1]) for c in trainer.calls]
@@ -362,7 +363,7 @@ def test_rows_are_compared_with_their_baseline(tmp_path, monkeypatch, caplog):
     for seed, (final, best) in enumerate([(0.61, 0.65), (0.64, 0.66), (0.60, 0.62)]):  # seed 3 unfinished
         write_done(out, "a", seed, final, best)
     write_done(out, "c", 0, 0.70, 0.70)
-    monkeypatch.setattr(launcher.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run"))
+    monkeypatch.setattr(launcher, "run_trainer", lambda *a, **k: pytest.fail("nothing may run"))
     with caplog.at_level("WARNING"):
         assert run_cli(path, "--out", out, "--table-only") == 0
     assert "row 'c' runs 1 seed(s); a comparison wants at least 3" in caplog.text

@@ -45,3 +45,21 @@ def test_png_without_matplotlib_exits_2_naming_the_extra(tmp_path, monkeypatch, 
     captured = capsys.readouterr()
     assert 'pip install "segadv[plot]"' in captured.err and captured.out == ""  # said before reading any run
     assert not (tmp_path / "c.png").exists()
+
+
+def test_a_metrics_file_that_cannot_be_read_is_set_aside(tmp_path, capsys, caplog):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for run in (good, bad):
+        run.mkdir()
+    (good / "metrics.jsonl").write_text(
+        '{"step": 1e400, "val/mIoU": 0.9, "perf/train_seconds": 1}\n'
+        '{"step": 2, "val/mIoU": 0.9, "perf/train_seconds": "soon"}\n'
+        '{"step": 4, "val/mIoU": 0.85, "perf/train_seconds": 12.0}\n')
+    (bad / "metrics.jsonl").write_bytes(b'{"step": 2, "val/mIoU": 0.9, "perf/train_seconds": 1}\n\xff\n')
+    with caplog.at_level("WARNING"):
+        assert curves.main([str(good), str(bad)]) == 0
+    out = capsys.readouterr().out
+    assert f"{good}: mIoU >= 0.80 at 12 s (step 4" in out and str(bad) not in out
+    assert f"{bad / 'metrics.jsonl'} is not UTF-8 text: byte 54 is 0xff: set aside" in caplog.text
+    assert curves.main([str(bad)]) == 2
+    assert "no run left to report" in capsys.readouterr().err

@@ -72,3 +72,43 @@ def test_a_directory_that_is_no_run_exits_2(tmp_path, capsys):
     assert experiment.main(["table", str(tmp_path / "empty")]) == 2
     assert f"{tmp_path / 'empty'} is not a run dir: it has none of status.json, config.yaml, metrics.jsonl" in \
         capsys.readouterr().err
+
+
+# 9 levels of 9 aliases: a few hundred bytes standing for 9**9 values (254 MB of Markdown unbounded).
+ALIAS_BOMB = "a: &a [" + ",".join(["lol"] * 9) + "]\n" + "".join(
+    f"{c}: &{c} [" + ",".join([f"*{p}"] * 9) + "]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+
+
+def test_files_that_cannot_be_read_are_set_aside_with_a_warning(tmp_path, capsys, caplog):
+    final = Score(step=8, mIoU=0.5, pixel_acc=0.9)
+    good = make_run(tmp_path / "good", config(0), {"outcome": "finished", "step": 8, "max_steps": 8,
+                                                   "final": final, "best": final, "exit_code": 0})
+    bomb = make_run(tmp_path / "bomb", config(1), vals=[(4, 0.4)])
+    (bomb / "config.yaml").write_text(ALIAS_BOMB)
+    binary = make_run(tmp_path / "binary", config(2), {"outcome": "finished", "step": 8, "max_steps": 8,
+                                                       "exit_code": 0}, vals=[(8, 0.3)])
+    (binary / "status.json").write_bytes(b'{"outcome": "finished\xff"}')
+    (binary / "metrics.jsonl").write_bytes(b'{"step": 8, "val/mIoU": 0.3}\n\xfe\n')
+    deep = make_run(tmp_path / "deep", config(3), vals=[(8, 0.2)])
+    (deep / "config.yaml").write_text("x: " + "[" * 3000 + "]" * 3000 + "\n")
+    huge = make_run(tmp_path / "huge", config(4))  # steps no writer writes: out of range, not a crash
+    (huge / "metrics.jsonl").write_text('{"step": 1e400, "val/mIoU": 0.5}\n{"step": NaN, "val/mIoU": 0.5}\n'
+                                        '{"step": 4, "val/mIoU": 1e400}\n{"step": 6, "val/mIoU": 0.25}\n'
+                                        '{"step": ' + "[" * 5000 + '\n')
+    runs = [good, bomb, binary, deep, huge]
+    with caplog.at_level("WARNING"):
+        assert experiment.main(["table", *map(str, runs)]) == 0
+    out = capsys.readouterr().out
+    assert len(out) < 5000
+    lines = out.splitlines()
+    assert lines[2].startswith(f"| {good} | finished | 8/8 | 0.5000 (8) |")
+    assert lines[3].startswith(f"| {bomb} | unknown | 4 | 0.4000 (4) |")  # its config set aside, not expanded
+    assert lines[4].startswith(f"| {binary} | unknown | - | - | - |")  # status.json and metrics.jsonl set aside
+    assert lines[5].startswith(f"| {deep} | unknown | 8 | 0.2000 (8) |")
+    assert lines[6].startswith(f"| {huge} | unknown | 6/8 | 0.2500 (6) | 0.2500 (6) |")
+    warnings = caplog.text
+    assert f"{bomb / 'config.yaml'} is refused: its aliases expand to more than 100000 values" in warnings
+    assert f"{binary / 'status.json'} is not UTF-8 text: byte 21 is 0xff: set aside" in warnings
+    assert f"{binary / 'metrics.jsonl'} is not UTF-8 text: byte 29 is 0xfe: set aside" in warnings
+    assert f"{deep / 'config.yaml'} is refused: values nested deeper than 64 levels" in warnings
+    assert f"{huge / 'metrics.jsonl'}: line(s) 1, 2 set aside: their step is not a whole number" in warnings

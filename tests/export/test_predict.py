@@ -399,3 +399,40 @@ def test_an_overlay_keeps_the_images_brightness_where_the_mask_is_background():
     assert np.array_equal(out[background], image[background])
     expected = np.clip(image[~background] * 0.5 + colours[1] * 0.5 + 0.5, 0, 255).astype(np.uint8)
     assert np.array_equal(out[~background], expected)
+
+
+def test_legal_long_input_names_are_all_written_or_refused_before_any(onnx_model, image_dir, tmp_path, capsys):
+    folder, _ = image_dir
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    first = sorted(folder.glob("*.png"))[0]
+    shutil.copy(first, inputs / "a.png")
+    long_name = "b" * 250 + ".png"  # 254 bytes: its temp file's name would be longer than 255
+    shutil.copy(first, inputs / long_name)
+    code, _ = predict_main("--model", onnx_model, "--input", inputs, "--output", tmp_path / "out", "--device", "cpu")
+    assert code == 0, capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(["a.png", long_name])
+    # An input named with any suffix whose mask name would pass 255 bytes: refused before any mask.
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    name = "c" * 253 + ".x"
+    shutil.copy(first, odd / name)
+    code, _ = predict_main("--model", onnx_model, "--input", odd / name, "--output", tmp_path / "out2", "--device",
+                           "cpu")
+    err = capsys.readouterr().err
+    assert code == 2 and "would have a name of 257 bytes, longer than the 255" in err
+    assert not (tmp_path / "out2").exists()
+
+
+def test_a_recursive_glob_through_links_to_dot_and_dotdot_terminates(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in" / "a" / "b").mkdir(parents=True)
+    for path in ("in/x.png", "in/a/y.png", "in/a/b/z.png", "in/a/.hidden.png"):
+        (tmp_path / path).write_bytes(b"")
+    (tmp_path / "in" / "a" / "self").symlink_to(".")
+    (tmp_path / "in" / "a" / "b" / "up").symlink_to("..")
+    (tmp_path / "in" / "root").symlink_to(tmp_path)
+    found = predict.find_images("in/**/*.png")  # Python's glob follows these links at every level
+    assert sorted(map(str, found)) == ["in/a/b/z.png", "in/a/y.png", "in/x.png"]
+    assert predict.find_images("in/*/*.png") == [Path("in/a/y.png")]
+    assert predict.find_images("in/**/b/*.png") == [Path("in/a/b/z.png")]

@@ -363,3 +363,94 @@ def test_a_val_file_that_fails_to_decode_is_left_out_of_train_and_eval_scores(sk
     out = capsys.readouterr().out
     assert "skipped    1 val sample left out of the scores (data.on_error=skip):" in out
     assert "val/images/val_002.png: cannot read image" in out
+
+
+# ---------------------------------------------------------------- files read back, the run dir's path
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A run of 2 steps that reached train.max_steps (copied by each test before it is damaged)."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    assert train_cli.main(["--run-dir", str(run_dir), "--device-map", "cpu", *TINY_OVERRIDES, "log.tensorboard=false",
+                           "train.max_steps=2", "train.eval_every=2"]) == 0
+    return run_dir
+
+
+ALIAS_BOMB = "a: &a [" + ",".join(["lol"] * 9) + "]\n" + "".join(
+    f"{c}: &{c} [" + ",".join([f"*{p}"] * 9) + "]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("damage, warning", [
+    ("config_deep", "config.yaml is refused: values nested deeper than 64 levels"),
+    ("config_bomb", "config.yaml is refused: its aliases expand to more than 100000 values"),
+    ("metrics_huge_step", "is finished: step 2"),
+])
+def test_resume_auto_of_a_run_dir_with_garbled_files_answers_without_a_traceback(
+        finished_run, tmp_path, damage, warning, caplog, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    if damage == "config_deep":
+        (run_dir / "config.yaml").write_text("x: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n")
+    elif damage == "config_bomb":
+        (run_dir / "config.yaml").write_text(ALIAS_BOMB)
+    else:
+        with open(run_dir / "metrics.jsonl", "a") as fh:
+            fh.write('{"step": 1e400, "val/mIoU": 0.5}\n')
+    with caplog.at_level("INFO"):
+        assert train_cli.main(["--run-dir", str(run_dir), "--resume", "auto"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert warning in caplog.text and "is finished: step 2 of train.max_steps=2" in caplog.text
+
+
+def test_resume_auto_with_a_status_json_that_is_not_utf8_sets_it_aside_and_goes_on(finished_run, tmp_path, caplog):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    (run_dir / "status.json").write_bytes(b"\xff\xfe{}")
+    with caplog.at_level("WARNING"):
+        assert train_cli.main(["--run-dir", str(run_dir), "--resume", "auto", "train.max_steps=3"]) == 0
+    assert f"{run_dir / 'status.json'} is not UTF-8 text: byte 0 is 0xff: set aside" in caplog.text
+    status = json.loads((run_dir / "status.json").read_text())
+    assert (status["outcome"], status["step"], status["start_step"]) == ("finished", 3, 2)
+
+
+def test_resume_auto_of_a_read_only_finished_run_needs_no_write_lock(finished_run, tmp_path, monkeypatch, caplog):
+    """Tests run as root, whom a chmod does not stop: the OS's answer to the lock file is simulated."""
+    from segadv.training import lock
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    real_open = os.open
+
+    def read_only(path, flags, *args, **kwargs):
+        if str(path).startswith(str(run_dir)) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(lock.os, "open", read_only)
+    with caplog.at_level("INFO"):
+        assert train_cli.main(["--run-dir", str(run_dir), "--resume", "auto"]) == 0
+    assert "is finished: step 2 of train.max_steps=2" in caplog.text
+    # With no lock file there either, nobody can hold it: still answered.
+    monkeypatch.setattr(lock.os, "open", real_open)
+    (run_dir / lock.LOCK_FILE).unlink()
+    monkeypatch.setattr(lock.os, "open", read_only)
+    assert train_cli.main(["--run-dir", str(run_dir), "--resume", "auto"]) == 0
+
+
+@pytest.mark.parametrize("kind", ["dangling", "loop"])
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_run_dir_that_is_a_link_leading_nowhere_is_named(tmp_path, capsys, kind, resume):
+    run_dir = tmp_path / "run"
+    if kind == "dangling":
+        run_dir.symlink_to(tmp_path / "gone")
+        expected = f"run dir {run_dir} is a symbolic link to {tmp_path / 'gone'}, which does not exist"
+    else:
+        (tmp_path / "other").symlink_to(run_dir)
+        run_dir.symlink_to(tmp_path / "other")
+        expected = f"run dir {run_dir} is a symbolic link loop"
+    argv = ["--run-dir", str(run_dir), "--device-map", "cpu", *TINY_OVERRIDES, "train.max_steps=1"]
+    assert train_cli.main(argv + (["--resume", "auto"] if resume else [])) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "File exists" not in err and "Traceback" not in err
+    assert not (tmp_path / "gone").exists()
