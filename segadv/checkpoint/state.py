@@ -7,6 +7,7 @@ and :func:`restore` loads a file's dict back into it, every piece strictly.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from typing import Any, Iterator, Mapping, Protocol
 
@@ -14,8 +15,11 @@ import torch
 from torch import nn
 
 from segadv import __version__
+from segadv.config.roles import ROLES
 from segadv.errors import UserError
 from segadv.parallel.placement import unwrap
+
+log = logging.getLogger(__name__)
 
 FORMAT = "segadv"
 FORMAT_VERSION = 1
@@ -115,11 +119,13 @@ def restore(ckpt: dict[str, Any], states: Mapping[str, Stateful]) -> int:
     if not is_segadv_checkpoint(ckpt):
         raise UserError("not a segadv training checkpoint (no 'format': 'segadv' entry): it can "
                         "initialise weights (init.generator.path) but not resume a run")
-    saved_aux, run_aux = "discriminator_aux" in ckpt, "discriminator_aux" in states
-    if saved_aux != run_aux:
-        has = {True: "has an aux discriminator", False: "has none"}
-        raise UserError(f"the checkpoint {has[saved_aux]} and this run {has[run_aux]} "
-                        "(model.generator.aux_head or method.name differ from the run that saved it)")
+    ignored = [name for name in ROLES if name in ckpt and name not in states]
+    if ignored:
+        # Written when every run trained a D (a MinEnt checkpoint of before): what the run does not
+        # train is left out; a network the run trains and the file lacks is refused below.
+        log.info("the checkpoint holds the %s, which this run does not train: ignored", " and the ".join(ignored))
+        ckpt = {key: value for key, value in ckpt.items()
+                if key not in ignored and key.removeprefix("optim_") not in ignored}
     if ckpt.get("data_streams") is None and "data_streams" in states:
         # Saved before stream positions were: every stream drew one batch a step (supervised).
         ckpt = {**ckpt, "data_streams": {name: {"batches": ckpt["step"]}

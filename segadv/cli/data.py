@@ -113,10 +113,11 @@ def _scan(samples: list[Sample], split: str, labeled: bool, spec, report: SplitR
 
 
 def check_files(cfg: DataConfig, workers: int) -> Report:
+    """Every file of a checked section (``check_config``), each split listed once."""
     from segadv.data.config_checks import class_names
-    from segadv.data.listing import collect, empty_split_message
+    from segadv.data.listing import empty_split_message, list_source
 
-    found = collect(cfg)
+    found = list_source(cfg)
     train = SplitReport("train", labeled=len(found.labeled), unlabeled=len(found.unlabeled))
     val = SplitReport("val", labeled=len(found.val.samples))
     for p in found.problems:

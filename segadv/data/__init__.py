@@ -10,9 +10,12 @@ from typing import Any
 _HOMES = {
     "build_transform": "augment",
     "SampleError": "files",
-    "DataBundle": "bundle", "build_data": "bundle", "build_datasets": "bundle", "pool_has_masks": "bundle",
+    "DataBundle": "bundle", "build_data": "bundle", "build_datasets": "bundle", "build_pools": "bundle",
+    "pool_has_masks": "bundle",
+    "Catalog": "catalog",
     "check_config": "config_checks", "class_names": "config_checks",
-    "build_dataloaders": "loaders", "build_stream_loaders": "loaders", "build_val_loader": "loaders",
+    "build_dataloaders": "loaders", "build_run_loaders": "loaders", "build_stream_loaders": "loaders",
+    "build_val_loader": "loaders",
     "StreamSpec": "streams",
     "SHAPE_CLASSES": "synthetic", "SyntheticShapes": "synthetic",
 }
@@ -31,6 +34,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "SHAPE_CLASSES",
+    "Catalog",
     "DataBundle",
     "SampleError",
     "StreamSpec",
@@ -39,6 +43,8 @@ __all__ = [
     "build_data",
     "build_datasets",
     "build_dataloaders",
+    "build_pools",
+    "build_run_loaders",
     "build_stream_loaders",
     "build_val_loader",
     "check_config",

@@ -1,4 +1,5 @@
-"""Batches G cannot train on, refused before the first step.
+"""Batches that cannot be drawn or trained on, refused before the first step: each stream's batch
+against its pool (a full batch must exist), and the batches G's BatchNorm cannot train on.
 
 In train mode BatchNorm normalises each channel by the batch's own statistics, and a batch of one
 sample through DeepLabV3's image pooling (one value per channel) has none: torch stops with a
@@ -13,11 +14,14 @@ when ``data.drop_last`` is false.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
 
+from segadv.data.stream_spec import StreamSpec
 from segadv.errors import UserError
 
-__all__ = ["MIN_BATCH", "BatchTooSmall", "check_last_batches", "check_micro_batches", "replica_chunks"]
+__all__ = ["MIN_BATCH", "BatchTooSmall", "Pool", "check_last_batches", "check_micro_batches", "check_stream_pools",
+           "replica_chunks"]
 
 MIN_BATCH = 2  # the least batch BatchNorm can train on
 
@@ -25,6 +29,43 @@ MIN_BATCH = 2  # the least batch BatchNorm can train on
 class BatchTooSmall(UserError):
     """A batch G cannot train on; segadv-plan's batch searches treat it as a batch that does not
     train, as they do an iteration the networks refuse."""
+
+
+_POOL_ITEMS = {"labeled": "labeled samples", "unlabeled": "unlabeled samples", "target": "target images"}
+
+
+@dataclass(frozen=True)
+class Pool:
+    """How many samples a stream's pool holds, and where a message says the count comes from."""
+
+    count: int
+    source: str
+
+    @classmethod
+    def counted(cls, name: str, count: int) -> "Pool":
+        return cls(count, f"{count} {_POOL_ITEMS[name]}")
+
+
+def check_stream_pools(streams: Sequence[StreamSpec], pools: Mapping[str, Optional[Pool]],
+                       batch_sizes: Mapping[str, int], drop_last: bool, world_size: int) -> None:
+    """Each stream's pool exists and (with ``drop_last``) holds a full batch on every rank.
+    ``pools``: by pool name, None for an unlabeled pool left empty, no entry for an absent target.
+    An empty labeled or target pool passes: the header scan names the empty split."""
+    for spec in streams:
+        if spec.pool not in pools:
+            raise UserError("target_data: the method adapts to a target domain; give target_data "
+                            "(docs/methods.md \"Domain adaptation\")")
+        pool = pools[spec.pool]
+        if pool is None:
+            raise UserError(
+                "data.labeled_fraction: the method draws unlabeled images but every training sample "
+                "is labeled; set data.labeled_fraction below 1 or give data.labeled_list")
+        batch_size = batch_sizes[spec.name]
+        if not drop_last or not pool.count or batch_size <= pool.count // world_size:
+            continue
+        ranks = f" over {world_size} ranks" if world_size > 1 else ""
+        raise UserError(f"{spec.batch_size_key}: {batch_size} is larger than the {spec.name} set "
+                        f"({pool.source}{ranks}), so no full batch exists")
 
 
 def replica_chunks(batch: int, replicas: int) -> list[int]:

@@ -1,11 +1,12 @@
-"""Datasets from a ``DataConfig``: the labeled train set, val, the unlabeled pool and a domain
-adaptation target, each with its augmentation pipeline attached.
+"""The scan and pools stages of the data path (``catalog.py`` lists; this reads): from a
+``Catalog``, the labeled train set, val, the unlabeled pool and a domain adaptation target's
+images and val, each with its augmentation pipeline attached.
 
-``build_data`` lists the configured dataset, splits the training set into labeled / unlabeled,
-runs a cheap header scan of every file (``listing.py``) and applies ``data.on_error``: ``raise``
-stops with every problem named, ``skip`` drops the bad samples and lists them in
-``RUN/skipped.json``. Decoding errors and bad label values are found when a sample is read
-(``dataset.py``) and follow the same rule. ``segadv-data check`` runs the full check up front.
+``build_pools`` runs a cheap header scan of every listed file (``listing.py``) and applies
+``data.on_error``: ``raise`` stops with every problem named, ``skip`` drops the bad samples and
+lists them in ``RUN/skipped.json``. Decoding errors and bad label values are found when a sample
+is read (``dataset.py``) and follow the same rule. ``segadv-data check`` runs the full check up
+front.
 
 Synthetic data is a pure function of ``(data.synthetic.seed, split, index)``; the labeled split
 of ``data.labeled_seed``.
@@ -25,13 +26,14 @@ from torch.utils.data import Dataset, Subset
 
 from segadv.config.schema import DataConfig
 from segadv.data.augment import build_transform, one_line
+from segadv.data.batch_checks import Pool
+from segadv.data.catalog import Catalog
 from segadv.data.config_checks import check_config
 from segadv.data.dataset import SegmentationFiles, UnlabeledImages
-from segadv.data.files import SampleError, probe_image
+from segadv.data.files import Listing, Sample, SampleError, probe_image
 from segadv.data.layouts import LABEL_SPECS
-from segadv.data.listing import checked_split, collect, empty_split_message, raise_problems, scan_headers
+from segadv.data.listing import Listed, empty_split_message, list_val, raise_problems, scan_headers
 from segadv.data.skips import SkipRecorder
-from segadv.data.splits import split_labeled
 from segadv.data.synthetic import SyntheticShapes
 from segadv.errors import UserError
 from segadv.fsutil import atomic_write_text
@@ -42,7 +44,7 @@ __all__ = [
     "DataBundle",
     "build_data",
     "build_datasets",
-    "build_target_data",
+    "build_pools",
     "build_val_dataset",
     "synthetic_split",
 ]
@@ -98,13 +100,24 @@ def pool_has_masks(cfg: DataConfig) -> bool:
 
 @dataclass
 class DataBundle:
-    """Everything ``build_data`` makes: the labeled train set, val, and the unlabeled pool."""
+    """Every pool ``build_pools`` makes: the labeled train set, val, the unlabeled pool, and with
+    a target its images and its val."""
 
     train: Dataset
-    val: Dataset
+    val: Dataset  # the source's val (``val_source/*`` under domain adaptation)
     unlabeled: Optional[Dataset]  # None when every training sample is labeled
     split: dict  # what RUN/data_split.json holds
     skipped: SkipRecorder = field(default_factory=SkipRecorder)
+    target: Optional[Dataset] = None  # the target's train images (no target: None)
+    target_val: Optional[Dataset] = None
+
+    def pools(self) -> dict[str, Optional[Pool]]:
+        """Each pool a stream may draw from, as scanned (``check_stream_pools``' ``pools``)."""
+        pools = {"labeled": Pool.counted("labeled", len(self.train)),
+                 "unlabeled": Pool.counted("unlabeled", len(self.unlabeled)) if self.unlabeled is not None else None}
+        if self.target is not None:
+            pools["target"] = Pool.counted("target", len(self.target))
+        return pools
 
 
 def _describe(dataset: Any) -> str:
@@ -146,58 +159,64 @@ def synthetic_split(cfg: DataConfig, split: str, transform: Any) -> SyntheticSha
                            image_size=syn.image_size, num_classes=cfg.num_classes, seed=syn.seed, domain=syn.domain)
 
 
-def _synthetic(cfg: DataConfig, train_tf: Any, val_tf: Any) -> DataBundle:
+def _synthetic(listed: Listed, train_tf: Any, val_tf: Any) -> DataBundle:
+    cfg = listed.cfg
     train, val = synthetic_split(cfg, "train", train_tf), synthetic_split(cfg, "val", val_tf)
-    labeled, unlabeled, problems, record = split_labeled([str(i) for i in range(len(train))], cfg, None)
-    if problems:
-        raise_problems(problems)  # a labeled_list naming ids that do not exist: no file to skip
-    record = {"kind": "synthetic", **record}
-    if len(labeled) == len(train):
-        return DataBundle(train, val, None, record)
-    return DataBundle(_Subset(train, labeled), val, _ImagesOnly(_Subset(train, unlabeled)), record)
+    if listed.problems:
+        raise_problems(listed.problems)  # a labeled_list naming ids that do not exist: no file to skip
+    if not listed.unlabeled_idx:
+        return DataBundle(train, val, None, dict(listed.split_record))
+    return DataBundle(_Subset(train, listed.labeled_idx), val, _ImagesOnly(_Subset(train, listed.unlabeled_idx)),
+                      dict(listed.split_record))
 
 
-def _files(cfg: DataConfig, train_tf: Any, val_tf: Any, recorder: SkipRecorder) -> DataBundle:
-    found = collect(cfg)
-    if found.shared:
-        log.warning("data: %s", found.shared)
+def _files(listed: Listed, train_tf: Any, val_tf: Any, recorder: SkipRecorder) -> DataBundle:
+    cfg = listed.cfg
+    if listed.shared:
+        log.warning("data: %s", listed.shared)
     t0 = time.perf_counter()
-    labeled, bad_labeled = scan_headers(found.labeled, "train", with_masks=True)
-    unlabeled, bad_unlabeled = scan_headers(found.unlabeled, "unlabeled", with_masks=False)
-    val, bad_val = scan_headers(found.val.samples, "val", with_masks=True)
-    problems = [*found.problems, *bad_labeled, *bad_unlabeled, *bad_val]
+    labeled_listed, unlabeled_listed = listed.labeled, listed.unlabeled
+    labeled, bad_labeled = scan_headers(labeled_listed, "train", with_masks=True)
+    unlabeled, bad_unlabeled = scan_headers(unlabeled_listed, "unlabeled", with_masks=False)
+    val, bad_val = scan_headers(listed.val.samples, "val", with_masks=True)
+    problems = [*listed.problems, *bad_labeled, *bad_unlabeled, *bad_val]
     log.info(
         "data: checked the headers of %d samples in %.1f s",
-        len(found.labeled) + len(found.unlabeled) + len(found.val.samples), time.perf_counter() - t0,
+        len(labeled_listed) + len(unlabeled_listed) + len(listed.val.samples), time.perf_counter() - t0,
     )
     if problems and cfg.on_error == "raise":
         raise_problems(problems)
     recorder.add(problems)
     for split, samples, listing, dropped in (
-        ("train", labeled, found.train, len(bad_labeled)),
-        ("val", val, found.val, len(bad_val)),
+        ("train", labeled, listed.train, len(bad_labeled)),
+        ("val", val, listed.val, len(bad_val)),
     ):
         if not samples:
-            if split == "train" and found.train.samples and not found.labeled:
+            if split == "train" and listed.train.samples and not labeled_listed:
                 raise UserError("data.labeled_list: no training sample is labeled")
             raise UserError(f"data: {empty_split_message(split, listing.source, dropped)}")
-    record = {"kind": cfg.kind, "root": str(found.root), **found.split_record}
     return DataBundle(
-        SegmentationFiles("train", labeled, found.spec, train_tf, cfg.on_error),
-        SegmentationFiles("val", val, found.spec, val_tf, cfg.on_error, drop_bad=True),
+        SegmentationFiles("train", labeled, listed.spec, train_tf, cfg.on_error),
+        SegmentationFiles("val", val, listed.spec, val_tf, cfg.on_error, drop_bad=True),
         UnlabeledImages("unlabeled", unlabeled, train_tf, cfg.on_error) if unlabeled else None,
-        record,
+        dict(listed.split_record),
         recorder,
     )
 
 
-def build_data(cfg: DataConfig, *, run_dir: Optional[Path | str] = None) -> DataBundle:
-    """Datasets with the train and val pipelines attached; see the module docstring.
+def build_pools(catalog: Catalog, *, run_dir: Optional[Path | str] = None) -> DataBundle:
+    """The catalog's splits scanned and made datasets with their pipelines: the training data's
+    (see the module docstring), then the target's. With ``run_dir`` the split is saved as
+    ``data_split.json`` there, and (file kinds) the samples dropped under ``data.on_error=skip``
+    as ``skipped.json``."""
+    bundle = _source_pools(catalog.source, run_dir)
+    if catalog.target is not None:
+        bundle.target, bundle.target_val = _target_pools(catalog.target, bundle.skipped)
+    return bundle
 
-    With ``run_dir`` the split is saved as ``data_split.json`` there, and (file kinds) the
-    samples dropped under ``data.on_error=skip`` as ``skipped.json``.
-    """
-    check_config(cfg)
+
+def _source_pools(listed: Listed, run_dir: Optional[Path | str]) -> DataBundle:
+    cfg = listed.cfg
     train_tf = build_transform(
         cfg.train_transforms, cfg.mean, cfg.std, TRAIN_KEY, ignore_index=cfg.ignore_index
     )
@@ -206,10 +225,10 @@ def build_data(cfg: DataConfig, *, run_dir: Optional[Path | str] = None) -> Data
     )
     recorder = SkipRecorder(Path(run_dir) if run_dir is not None else None)
     if cfg.kind == "synthetic":
-        bundle = _synthetic(cfg, train_tf, val_tf)
+        bundle = _synthetic(listed, train_tf, val_tf)
         bundle.skipped = recorder
     else:
-        bundle = _files(cfg, train_tf, val_tf, recorder)
+        bundle = _files(listed, train_tf, val_tf, recorder)
         recorder.watch(bundle.train)
         recorder.watch(bundle.val)
     n_unlabeled = len(bundle.unlabeled) if bundle.unlabeled is not None else 0
@@ -230,18 +249,51 @@ def build_data(cfg: DataConfig, *, run_dir: Optional[Path | str] = None) -> Data
     return bundle
 
 
-def build_val_dataset(cfg: DataConfig, skipped: Optional[SkipRecorder] = None, split: str = "val") -> Dataset:
-    """The val split alone, with the val pipeline (segadv-eval): the train split is neither listed
-    nor opened, so evaluating needs only the val files. Bad val samples follow ``data.on_error``;
-    under skip they are left out of the scores and recorded in ``skipped`` (watched: the ones
-    found bad as they are read too). ``split``: what the samples' problems call the split."""
-    check_config(cfg)
+def _target_pools(listed: Listed, skipped: SkipRecorder) -> tuple[Dataset, Dataset]:
+    """Domain adaptation's target: its train split as images only, with the train pipeline
+    (masks are neither needed nor opened), and its val split with the val pipeline. Samples
+    dropped under skip are recorded in ``skipped``."""
+    cfg = listed.cfg
+    train_tf = build_transform(cfg.train_transforms, cfg.mean, cfg.std, "target_data.train_transforms",
+                               ignore_index=cfg.ignore_index)
+    try:
+        if cfg.kind == "synthetic":
+            images: Dataset = _ImagesOnly(synthetic_split(cfg, "train", train_tf))
+        else:
+            samples = _scanned(cfg, listed.train, with_masks=False, skipped=skipped)
+            images = UnlabeledImages("target", samples, train_tf, cfg.on_error)
+            skipped.watch(images)
+        val = _val_dataset(cfg, listed.val, skipped)
+    except UserError as err:
+        raise UserError(f"target_data: {err}") from None
+    log.info("target data: %s; train %d images (labels not read), val %d", cfg.kind, len(images), len(val))
+    return images, val
+
+
+def _scanned(cfg: DataConfig, listing: Listing, with_masks: bool, skipped: Optional[SkipRecorder]) -> list[Sample]:
+    """One listed split's header-checked samples; bad samples follow ``data.on_error`` and are
+    recorded in ``skipped`` (or only logged)."""
+    samples, bad = scan_headers(listing.samples, listing.split, with_masks=with_masks)
+    problems = [*listing.problems, *bad]
+    if problems and cfg.on_error == "raise":
+        raise_problems(problems)
+    (skipped if skipped is not None else SkipRecorder()).add(problems)
+    if not samples:
+        raise UserError(f"data: {empty_split_message(listing.split, listing.source, len(bad))}")
+    return samples
+
+
+def _val_dataset(cfg: DataConfig, listing: Optional[Listing], skipped: Optional[SkipRecorder]) -> Dataset:
+    """A val split with the val pipeline, its listing scanned (None: synthetic, generated). Bad
+    val samples follow ``data.on_error``; under skip they are left out of the scores and recorded
+    in ``skipped`` (watched: the ones found bad as they are read too)."""
     val_tf = build_transform(cfg.val_transforms, cfg.mean, cfg.std, VAL_KEY, ignore_index=cfg.ignore_index)
-    if cfg.kind == "synthetic":
+    if listing is None:
         val = synthetic_split(cfg, "val", val_tf)
     else:
-        samples = checked_split(cfg, "val", with_masks=True, skipped=skipped, split_name=split)
-        val = SegmentationFiles(split, samples, LABEL_SPECS[cfg.kind](cfg), val_tf, cfg.on_error, drop_bad=True)
+        samples = _scanned(cfg, listing, with_masks=True, skipped=skipped)
+        val = SegmentationFiles(listing.split, samples, LABEL_SPECS[cfg.kind](cfg), val_tf, cfg.on_error,
+                                drop_bad=True)
         if skipped is not None:
             skipped.watch(val)
     _probe(val, VAL_KEY)
@@ -250,30 +302,20 @@ def build_val_dataset(cfg: DataConfig, skipped: Optional[SkipRecorder] = None, s
     return val
 
 
-def build_target_data(cfg: DataConfig, skipped: Optional[SkipRecorder] = None) -> tuple[Dataset, Dataset]:
-    """Domain adaptation's target (``target_data``): its train split as images only, with the
-    train pipeline (masks are neither listed as needed nor opened, and may be absent), and its
-    val split with the val pipeline. Samples dropped under skip are recorded in ``skipped``."""
+def build_data(cfg: DataConfig, *, run_dir: Optional[Path | str] = None) -> DataBundle:
+    """The training data's pools (no target): its catalog opened, then ``build_pools``."""
+    return build_pools(Catalog.open(cfg), run_dir=run_dir)
+
+
+def build_val_dataset(cfg: DataConfig, skipped: Optional[SkipRecorder] = None, split: str = "val") -> Dataset:
+    """The val split alone, with the val pipeline (segadv-eval): the train split is neither listed
+    nor opened, so evaluating needs only the val files. ``split``: what the samples' problems
+    call the split; see ``_val_dataset``."""
     check_config(cfg)
-    train_tf = build_transform(cfg.train_transforms, cfg.mean, cfg.std, "target_data.train_transforms",
-                               ignore_index=cfg.ignore_index)
-    try:
-        if cfg.kind == "synthetic":
-            images: Dataset = _ImagesOnly(synthetic_split(cfg, "train", train_tf))
-        else:
-            samples = checked_split(cfg, "train", with_masks=False, skipped=skipped, split_name="target")
-            images = UnlabeledImages("target", samples, train_tf, cfg.on_error)
-            if skipped is not None:
-                skipped.watch(images)
-        val = build_val_dataset(cfg, skipped, "target_val")
-    except UserError as err:
-        raise UserError(f"target_data: {err}") from None
-    log.info("target data: %s; train %d images (labels not read), val %d", cfg.kind, len(images), len(val))
-    return images, val
+    return _val_dataset(cfg, None if cfg.kind == "synthetic" else list_val(cfg, split), skipped)
 
 
 def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
     """``(train, val)`` datasets with the train and val augmentation pipelines attached."""
     bundle = build_data(cfg)
     return bundle.train, bundle.val
-

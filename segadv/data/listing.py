@@ -1,65 +1,101 @@
-"""Listing a file dataset and the cheap header scan of its files, before any file is decoded.
+"""Listing a data section and the cheap header scan of its files, before any file is decoded.
 
-``collect`` lists both splits and splits train into labeled / unlabeled; ``scan_headers`` opens
-every file's header (exists, readable, image and mask sizes agree). Problems found either way
-follow ``data.on_error``: ``raise_problems`` names them all in one error.
+Listing looks at directory entries and list files only (``layouts.py``'s listers): each split of
+a section is listed once, by the catalog (``catalog.py``), and the listing is handed on to the
+scan. ``scan_headers`` opens every file's header (exists, readable, image and mask sizes agree).
+Problems found either way follow ``data.on_error``: ``raise_problems`` names them all in one
+error. The listers expect a section that passed ``config_checks.check_config``.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
 from segadv.config.schema import DataConfig
-from segadv.data.config_checks import check_config, data_root
+from segadv.data.config_checks import data_root
 from segadv.data.files import LabelSpec, Listing, Problem, Sample, SampleError, check_sizes, probe_image, probe_mask, shown_id
 from segadv.data.layouts import DISJOINT_SPLITS, LABEL_SPECS, LISTERS
-from segadv.data.skips import SKIPPED_FILE, SkipRecorder
+from segadv.data.skips import SKIPPED_FILE
 from segadv.data.splits import split_labeled
 from segadv.errors import UserError
 
-__all__ = ["Collected", "checked_split", "collect", "empty_split_message", "raise_problems", "scan_headers"]
+__all__ = ["Listed", "empty_split_message", "list_source", "list_target", "list_val", "raise_problems",
+           "scan_headers"]
 
 _MAX_SHOWN = 10
 
 
-@dataclass
-class Collected:
-    """A file dataset as listed and split, before any file is opened."""
+@dataclass(frozen=True)
+class Listed:
+    """One data section as listed, before any file is opened: each split's samples and the
+    training split cut into labeled and unlabeled (indices into its samples). A synthetic
+    section is generated, not listed: ``root``, ``spec``, ``train`` and ``val`` are None and
+    the cut indexes its ``data.synthetic.train_size`` samples."""
 
-    kind: str
-    root: Path
-    spec: LabelSpec
-    train: Listing
-    val: Listing
-    labeled: list[Sample]
-    unlabeled: list[Sample]
-    problems: list[Problem]  # from listing (list files naming missing ids, duplicate ids)
-    split_record: dict
+    cfg: DataConfig
+    root: Optional[Path]
+    spec: Optional[LabelSpec]
+    train: Optional[Listing]
+    val: Optional[Listing]
+    labeled_idx: list[int]
+    unlabeled_idx: list[int]
+    problems: list[Problem] = field(default_factory=list)  # listing and the cut's (list files naming missing ids)
+    split_record: dict = field(default_factory=dict)  # what RUN/data_split.json says of the cut
     shared: Optional[str] = None  # train and val share image files: the warning (a folder layout)
 
+    @property
+    def labeled(self) -> list[Sample]:
+        return [self.train.samples[i] for i in self.labeled_idx]
 
-def collect(cfg: DataConfig) -> Collected:
-    """List both splits of a file dataset and split train into labeled / unlabeled."""
-    check_config(cfg)
+    @property
+    def unlabeled(self) -> list[Sample]:
+        return [self.train.samples[i] for i in self.unlabeled_idx]
+
+
+def _list(cfg: DataConfig, root: Path, split: str, name: str) -> Listing:
+    """One split, its problems called ``name``'s."""
+    listing = LISTERS[cfg.kind](cfg, root, split)
+    if name != split:
+        listing = replace(listing, split=name, problems=[replace(p, split=name) for p in listing.problems])
+    return listing
+
+
+def list_source(cfg: DataConfig) -> Listed:
+    """The training data (``data``): both splits, train cut into labeled / unlabeled."""
+    if cfg.kind == "synthetic":
+        ids = [str(i) for i in range(cfg.synthetic.train_size)]
+        labeled, unlabeled, problems, record = split_labeled(ids, cfg, None)
+        return Listed(cfg, None, None, None, None, labeled, unlabeled, problems, {"kind": "synthetic", **record})
     root = data_root(cfg)
-    spec = LABEL_SPECS[cfg.kind](cfg)
-    train = LISTERS[cfg.kind](cfg, root, "train")
-    val = LISTERS[cfg.kind](cfg, root, "val")
+    train, val = _list(cfg, root, "train", "train"), _list(cfg, root, "val", "val")
     shared = shared_images(cfg.kind, train, val)
-    labeled_idx, unlabeled_idx, split_problems, record = split_labeled(
-        [s.id for s in train.samples], cfg, root
-    )
-    return Collected(
-        cfg.kind, root, spec, train, val,
-        labeled=[train.samples[i] for i in labeled_idx],
-        unlabeled=[train.samples[i] for i in unlabeled_idx],
-        problems=[*train.problems, *split_problems, *val.problems],
-        split_record=record,
-        shared=shared,
-    )
+    labeled, unlabeled, split_problems, record = split_labeled([s.id for s in train.samples], cfg, root)
+    return Listed(cfg, root, LABEL_SPECS[cfg.kind](cfg), train, val, labeled, unlabeled,
+                  [*train.problems, *split_problems, *val.problems], {"kind": cfg.kind, "root": str(root), **record},
+                  shared)
+
+
+def list_target(cfg: DataConfig) -> Listed:
+    """Domain adaptation's target (``target_data``): its train split as ``target``, every sample
+    unlabeled (its mask is never read and may be absent), and its val split as ``target_val``.
+    An error says it is the target's."""
+    try:
+        if cfg.kind == "synthetic":
+            return Listed(cfg, None, None, None, None, [], list(range(cfg.synthetic.train_size)))
+        root = data_root(cfg)
+        train, val = _list(cfg, root, "train", "target"), _list(cfg, root, "val", "target_val")
+    except UserError as err:
+        raise UserError(f"target_data: {err}") from None
+    return Listed(cfg, root, LABEL_SPECS[cfg.kind](cfg), train, val, [], list(range(len(train.samples))),
+                  [*train.problems, *val.problems])
+
+
+def list_val(cfg: DataConfig, name: str = "val") -> Listing:
+    """The val split alone, its problems called ``name``'s (the train split is not listed)."""
+    return _list(cfg, data_root(cfg), "val", name)
 
 
 def shared_images(kind: str, train: Listing, val: Listing) -> Optional[str]:
@@ -113,23 +149,3 @@ def empty_split_message(split: str, listing_source: str, dropped: int) -> str:
         return (f"the {split} split has no usable samples: all {dropped} were dropped as bad "
                 f"(data.on_error=skip; see {SKIPPED_FILE} in the run dir)")
     return f"the {split} split is empty: no samples in {listing_source}"
-
-
-def checked_split(
-    cfg: DataConfig, split: str, with_masks: bool, skipped: Optional[SkipRecorder] = None,
-    split_name: Optional[str] = None,
-) -> list[Sample]:
-    """One split of a file dataset, listed and header-checked on its own (the other split is not
-    opened); bad samples follow ``data.on_error`` and are recorded in ``skipped`` (or only
-    logged). ``split_name``: what the problems call the split (default ``split``)."""
-    listing = LISTERS[cfg.kind](cfg, data_root(cfg), split)
-    samples, bad = scan_headers(listing.samples, split, with_masks=with_masks)
-    problems = [*listing.problems, *bad]
-    if split_name is not None:
-        problems = [replace(p, split=split_name) for p in problems]
-    if problems and cfg.on_error == "raise":
-        raise_problems(problems)
-    (skipped if skipped is not None else SkipRecorder()).add(problems)
-    if not samples:
-        raise UserError(f"data: {empty_split_message(split_name or split, listing.source, len(bad))}")
-    return samples

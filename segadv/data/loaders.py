@@ -1,4 +1,5 @@
-"""DataLoaders: a training loader per stream a method declares, and the val loader.
+"""DataLoaders, the loaders stage of the data path: a training loader per stream a method
+declares over its pool (``bundle.py``), and the val loaders.
 
 Reproducibility: the shuffle order, the worker seeds and the augmentation RNGs derive from the
 ``seed`` given here (the training seed), each stream's ``seed_word`` and the rank, never from
@@ -9,8 +10,9 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -18,16 +20,18 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_
 
 from segadv.config.schema import DataConfig
 from segadv.data.augment import seed_transform
-from segadv.data.bundle import TRAIN_KEY, build_data, build_target_data, build_val_dataset
+from segadv.data.batch_checks import Pool, check_stream_pools
+from segadv.data.bundle import TRAIN_KEY, DataBundle, build_pools, build_val_dataset
+from segadv.data.catalog import Catalog, listed_pools
 from segadv.data.files import Problem
 from segadv.data.resumable import PerSampleSeeded, ResumableSampler, derived_seed
 from segadv.data.skips import SkipRecorder
 from segadv.data.streams import StreamSpec
-from segadv.data.synthetic import SyntheticShapes
 from segadv.errors import UserError
 from segadv.signals import ignore_stop_signals
 
-__all__ = ["build_dataloaders", "build_stream_loaders", "build_val_loader", "left_out", "seed_worker"]
+__all__ = ["RunLoaders", "build_dataloaders", "build_run_loaders", "build_stream_loaders", "build_val_loader",
+           "left_out", "seed_worker"]
 
 
 def seed_worker(worker_id: int) -> None:
@@ -196,28 +200,58 @@ def build_stream_loaders(
     batch_sizes: Optional[dict[str, int]] = None,
     target: Optional[DataConfig] = None,
 ) -> tuple[dict[str, DataLoader], DataLoader]:
-    """A training loader per declared stream, by stream name, and the val loader.
+    """A training loader per declared stream, by stream name, and the val loader (the target's
+    with ``target``): ``build_run_loaders``' without the source val loader."""
+    loaders = build_run_loaders(cfg, streams, seed=seed, pin_memory=pin_memory, run_dir=run_dir, rank=rank,
+                                world_size=world_size, batch_sizes=batch_sizes, target=target)
+    return loaders.streams, loaders.val
+
+
+@dataclass
+class RunLoaders:
+    streams: dict[str, DataLoader]  # by stream name
+    val: DataLoader  # val/*: the target's under domain adaptation
+    source_val: Optional[DataLoader] = None  # val_source/*: the source's val, whole on every rank
+
+
+def build_run_loaders(
+    cfg: DataConfig,
+    streams: Sequence[StreamSpec],
+    *,
+    seed: int,
+    pin_memory: bool,
+    run_dir: Optional[Path | str] = None,
+    rank: int = 0,
+    world_size: int = 1,
+    batch_sizes: Optional[dict[str, int]] = None,
+    target: Optional[DataConfig] = None,
+    catalog: Optional[Catalog] = None,
+    source_val: bool = False,
+) -> RunLoaders:
+    """A training loader per declared stream and the val loaders, from ``catalog`` (the start's,
+    checked against these streams: segadv/training/preflight.py) or, given none, from ``cfg`` and
+    ``target`` checked and listed here.
 
     Each stream draws its pool (``StreamSpec.pool``): the labeled split, the unlabeled pool or
-    ``target``'s train images. With ``target`` the val loader is the target's val split. Each
-    shuffles deterministically from its own seed, is sharded per rank and (with
-    ``data.drop_last``) drops its last partial batch (D and BatchNorm prefer full batches).
-    ``batch_sizes``: per stream name, default ``data.batch_size``.
+    the target's train images. With a target the val loader is the target's val split, and
+    ``source_val`` adds the source's (every rank evaluates all of it). Each stream shuffles
+    deterministically from its own seed, is sharded per rank and (with ``data.drop_last``) drops
+    its last partial batch (D and BatchNorm prefer full batches). ``batch_sizes``: per stream
+    name, default ``data.batch_size``.
 
     ``pin_memory``: whether a CUDA device will consume the batches (and ``data.pin_memory``
     allows it). With ``world_size`` > 1 each rank gets its shard of train and of val, and only
     rank 0 writes ``data_split.json`` / ``skipped.json`` (other ranks log their skips).
     """
-    bundle = build_data(cfg, run_dir=run_dir if rank == 0 else None)
-    pools: dict[str, Optional[Dataset]] = {"labeled": bundle.train, "unlabeled": bundle.unlabeled}
-    val = bundle.val
-    if target is not None:
-        pools["target"], val = build_target_data(target, bundle.skipped)
+    sizes = {spec.name: (batch_sizes or {}).get(spec.name, cfg.batch_size) for spec in streams}
+    if catalog is None:
+        catalog = Catalog.for_streams(cfg, target, streams, sizes, world_size)
+    bundle = build_pools(catalog, run_dir=run_dir if rank == 0 else None)
+    pools = _drawn_pools(bundle)
+    _check_shrunk_pools(catalog, bundle, streams, sizes, world_size)
     loaders: dict[str, DataLoader] = {}
     for spec in streams:
-        dataset = _pool(pools, spec)
-        batch_size = (batch_sizes or {}).get(spec.name, cfg.batch_size)
-        _check_batch_size(cfg, dataset, spec, batch_size, world_size)
+        dataset = pools[spec.pool]
         stream_seed = seed if spec.seed_word is None else derived_seed(seed, spec.seed_word)
         # Seed the in-process pipeline too: with num_workers = 0 no worker_init_fn runs.
         seed_transform(getattr(dataset, "transform", None), stream_seed)
@@ -226,7 +260,7 @@ def build_stream_loaders(
         # the same whatever the number of workers (segadv/data/resumable.py).
         loaders[spec.name] = SegLoader(
             PerSampleSeeded(dataset),
-            batch_size=batch_size,
+            batch_size=sizes[spec.name],
             sampler=ResumableSampler(len(dataset), seed=stream_seed, shuffle=True, rank=rank,
                                      world_size=world_size),
             drop_last=cfg.drop_last,
@@ -235,39 +269,36 @@ def build_stream_loaders(
             skipped=bundle.skipped,
             **workers,
         )
+    val = bundle.target_val if bundle.target_val is not None else bundle.val
     seed_transform(getattr(val, "transform", None), seed + 1)
     workers = _worker_options(cfg, pin_memory, [val])
-    return loaders, _val_loader(val, cfg, seed, rank, world_size, workers, bundle.skipped)
+    run = RunLoaders(loaders, _val_loader(val, cfg, seed, rank, world_size, workers, bundle.skipped))
+    if source_val and bundle.target_val is not None:
+        # The source's val, scanned once with the rest; no pinned memory (a side evaluation).
+        seed_transform(getattr(bundle.val, "transform", None), seed + 1)
+        run.source_val = _val_loader(bundle.val, cfg, seed, 0, 1, _worker_options(cfg, False, [bundle.val]),
+                                     bundle.skipped)
+    return run
 
 
-def _pool(pools: dict[str, Optional[Dataset]], spec: StreamSpec) -> Dataset:
-    if spec.pool == "target" and "target" not in pools:
-        raise UserError("target_data: the method adapts to a target domain; give target_data "
-                        "(docs/methods.md \"Domain adaptation\")")
-    dataset = pools[spec.pool]
-    if dataset is None:
-        raise UserError(
-            "data.labeled_fraction: the method draws unlabeled images but every training sample "
-            "is labeled; set data.labeled_fraction below 1 or give data.labeled_list"
-        )
-    return dataset
+def _drawn_pools(bundle: DataBundle) -> dict[str, Optional[Dataset]]:
+    pools = {"labeled": bundle.train, "unlabeled": bundle.unlabeled}
+    if bundle.target is not None:
+        pools["target"] = bundle.target
+    return pools
 
 
-_POOL_ITEMS = {"labeled": "labeled samples", "unlabeled": "unlabeled samples", "target": "target images"}
+def _check_shrunk_pools(catalog: Catalog, bundle: DataBundle, streams: Sequence[StreamSpec],
+                        sizes: Mapping[str, int], world_size: int) -> None:
+    """The streams whose pool the scan left samples out of (``data.on_error=skip``) against the
+    pool as scanned; the others were checked against their pool as listed, with the catalog."""
+    listed, scanned = listed_pools(catalog), bundle.pools()
+    shrunk = [spec for spec in streams if _count(scanned.get(spec.pool)) != _count(listed.get(spec.pool))]
+    check_stream_pools(shrunk, scanned, sizes, catalog.data.drop_last, world_size)
 
 
-def _check_batch_size(cfg: DataConfig, dataset: Dataset, spec: StreamSpec, batch_size: int, world_size: int) -> None:
-    if not cfg.drop_last or batch_size <= len(dataset) // world_size:
-        return
-    if spec.pool == "labeled" and isinstance(dataset, SyntheticShapes):
-        source = f"data.synthetic.train_size = {len(dataset)}"
-    else:
-        source = f"{len(dataset)} {_POOL_ITEMS[spec.pool]}"
-    ranks = f" over {world_size} ranks" if world_size > 1 else ""
-    raise UserError(
-        f"{spec.batch_size_key}: {batch_size} is larger than the {spec.name} set ({source}{ranks}), "
-        "so no full batch exists"
-    )
+def _count(pool: Optional[Pool]) -> int:
+    return pool.count if pool is not None else 0
 
 
 def build_val_loader(

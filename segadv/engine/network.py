@@ -9,13 +9,13 @@ import torch
 from torch import nn
 
 from segadv.engine.amp_optimizer import AmpOptimizer
-from segadv.parallel.device_map import SHORT_NAMES
+from segadv.config.roles import role
 from segadv.parallel.placement import unwrap
 
 
 @dataclass
 class Network:
-    role: str  # "generator" | "discriminator" | "discriminator_aux" (also its checkpoint keys)
+    role: str  # its role's name (segadv/config/roles.py), also its checkpoint keys
     module: nn.Module  # as trained: bare, DataParallel- or DDP-wrapped
     opt: AmpOptimizer  # optimizer with its GradScaler, LR schedule and autocast
     devices: tuple[torch.device, ...]  # devices[0]: where its parameters live and its output is gathered
@@ -23,7 +23,7 @@ class Network:
     @property
     def short(self) -> str:
         """The role's short name (g, d, d_aux): the device map's, and its scalars' (train/lr_g)."""
-        return SHORT_NAMES[self.role]
+        return role(self.role).short
 
     @property
     def device(self) -> torch.device:

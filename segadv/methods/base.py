@@ -4,10 +4,11 @@ asks of it every iteration (``__call__``, its ``schedule``, an optional image pa
 
 The declarations are class attributes and class methods, read from the config alone: the config,
 build.py, the loaders and segadv-plan ask the method's class
-(``segadv.methods.registry.method_class``) before they build anything. This module and the
-built-in declarations (``segadv.methods.specs``) import no torch, so the config (which validates
-every registered method's settings) loads without it; a built-in's iteration subclasses its
-declaration in the method's own module, which ``from_config`` imports when a run is built.
+(``segadv.methods.registry.method_class``) before they build anything. A built-in method is one
+folder, ``segadv/methods/<name>/``: ``declaration.py`` (this module's subclass, importing no torch,
+so the config, which validates every registered method's settings, loads without it) and
+``iteration.py`` (a subclass of the declaration that runs it, imported by ``iteration_class`` when
+a run is built). A plugin is one class that does both.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional
 
 from segadv.config.schema import Section
 from segadv.errors import UserError
@@ -60,23 +61,27 @@ class Method(ABC):
     panel_stream: ClassVar[Optional[str]] = None  # the stream whose first images feed panel(), or None
     discriminator_kind: ClassVar[str] = "fc"  # the D it trains: fc (scores pixels) or image (whole images)
     trains_aux_output: ClassVar[bool] = False  # whether it trains G's aux head (model.generator.aux_head)
-    # Where the class running its iteration is, as "module:Class" (a subclass of this one), for a
-    # declaration that keeps it in a module of its own (the built-ins: their declarations import
-    # no torch, their iterations do); None: this class runs it.
-    implementation: ClassVar[Optional[str]] = None
-
+    # What its ``__call__`` returns, logged as train/<name> (some only under some settings); of them,
+    # D's losses (the "D wins" watch reads them; () without a D); and what a grid's table reports
+    # of its runs, as logged tags (train/loss_d, diag/d_confidence_auroc).
+    losses: ClassVar[tuple[str, ...]] = ()
+    d_losses: ClassVar[tuple[str, ...]] = ()
+    diagnostics: ClassVar[tuple[str, ...]] = ()
     schedule: Schedule  # when each term is on (segadv-plan runs every step where one switches on)
 
     # ---------------------------------------------------------------- what it declares (from the config)
 
     @classmethod
     @abstractmethod
-    def from_config(
-        cls, cfg: Config, g: Network, d: Network, d_aux: Optional[Network], phases: PhaseTimer
-    ) -> Method:
-        """The method every network of the run trains under: G, the main D and, where the run
-        has one (``has_aux_discriminator``), the aux D; ``phases`` is the timer its iteration
-        marks its phases on."""
+    def from_config(cls, cfg: Config, nets: Mapping[str, Network], phases: PhaseTimer) -> Method:
+        """The method built on the run's networks, by role name: those ``networks(cfg)`` names;
+        ``phases`` is the timer its iteration marks its phases on."""
+
+    @classmethod
+    def networks(cls, cfg: Config) -> tuple[str, ...]:
+        """The roles of the networks it trains under ``cfg`` (segadv/config/roles.py), G first: the
+        run builds, places, optimises, logs and checkpoints these and no other."""
+        return ("generator", "discriminator")
 
     @classmethod
     @abstractmethod
@@ -85,17 +90,21 @@ class Method(ABC):
         needs G's loss scaled (build.py), else that term's gradient underflows in D's backward."""
 
     @classmethod
-    def has_aux_discriminator(cls, cfg: Config) -> bool:
-        """Whether the run trains a second D, on G's aux output (multi-level adaptation)."""
-        return False
-
-    @classmethod
     def iteration_class(cls) -> type[Method]:
-        """The class that runs its iteration (``implementation``), imported now."""
-        if cls.implementation is None:
+        """The class that runs its iteration: for a declaration in a method's folder
+        (``<folder>/declaration.py``), the subclass of it named as it in ``<folder>/iteration.py``,
+        imported now; else the class itself (a plugin runs its own iteration)."""
+        folder, _, module = cls.__module__.rpartition(".")
+        if module != "declaration":
             return cls
-        module, _, name = cls.implementation.partition(":")
-        return getattr(importlib.import_module(module), name)
+        iteration = importlib.import_module(f"{folder}.iteration")
+        found = [value for value in vars(iteration).values()
+                 if isinstance(value, type) and issubclass(value, cls) and value.__module__ == iteration.__name__
+                 and getattr(value, "name", None) == cls.name]
+        if len(found) != 1:
+            raise TypeError(f"{iteration.__name__} must define one subclass of {cls.__qualname__}, "
+                            f"found {len(found)}")
+        return found[0]
 
     @classmethod
     def settings(cls, cfg: Config) -> Any:

@@ -1,5 +1,5 @@
-"""``method.name`` -> the method's class. Adding a built-in method adds its declaration
-(``specs.py``), its iteration module and a line here.
+"""``method.name`` -> the method's class. Adding a built-in method adds its folder (its
+``declaration.py`` and ``iteration.py``) and a line here.
 
 Everything about a method (its config section, streams, checks, whether G's loss passes through a
 D, how it is built) is on its class (``segadv.methods.base.Method``); callers ask the class. A
@@ -13,7 +13,10 @@ from __future__ import annotations
 import inspect
 
 from segadv.methods.base import Method
-from segadv.methods.specs import AdaptSegNetSpec, AdventSpec, AdvSemiSegSpec, MinEntSpec, S4GanSpec, SupervisedSpec
+from segadv.methods.advsemiseg.declaration import AdvSemiSegSpec
+from segadv.methods.domain_adaptation.declaration import AdaptSegNetSpec, AdventSpec, MinEntSpec
+from segadv.methods.s4gan.declaration import S4GanSpec
+from segadv.methods.supervised.declaration import SupervisedSpec
 
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (
     SupervisedSpec,
@@ -54,9 +57,6 @@ def check_declaration(cls: type[Method]) -> None:
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name.isidentifier():
         raise TypeError(f"method class {cls.__qualname__}: name must be an identifier (its method.name), got {name!r}")
-    if cls.implementation is not None and not all(part.replace(".", "").isidentifier()
-                                                   for part in cls.implementation.partition(":")[::2]):
-        raise TypeError(f"method {name}: implementation must be 'module:Class', got {cls.implementation!r}")
     fields = cls.config.model_fields if cls.config is not None else {}
     for spec in cls.streams:
         prefix, _, field = spec.batch_size_key.rpartition(".")

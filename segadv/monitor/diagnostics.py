@@ -103,14 +103,11 @@ class DWinsDetector:
         return True
 
 
-D_LOSSES = ("loss_d", "loss_d_aux")  # the methods' D losses: the main D's, the aux level's D's
-
-
 class DWinsWatch:
     """One :class:`DWinsDetector` per D loss, fed the averaged losses of each log step. A loss the
     run does not log (``loss_d_aux`` with one D, any with MinEnt) is skipped."""
 
-    def __init__(self, cfg: LogConfig, names: tuple[str, ...] = D_LOSSES) -> None:
+    def __init__(self, cfg: LogConfig, names: tuple[str, ...]) -> None:
         detectors = (DWinsDetector.from_config(cfg, name) for name in names)
         self.detectors = [detector for detector in detectors if detector is not None]
 

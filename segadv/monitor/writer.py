@@ -13,6 +13,7 @@ import torch
 
 from segadv.errors import UserError, WriteFailed
 from segadv.fsutil import atomic_write_text
+from segadv.readback import parse_json, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +66,14 @@ def read_records(path: Path) -> list[tuple[str, dict]]:
     bytes, an edit) is a UserError naming the file and the line: the file is the run's history, so
     it is never rewritten without it."""
     try:
-        lines = path.read_bytes().splitlines()
+        lines = read_bytes(path).splitlines()  # a FIFO or a link loop: UserError naming it
     except OSError as err:
         raise UserError(f"cannot read {path}: {err.strerror or err}") from None
     records = []
     for number, raw in enumerate(lines, 1):
         try:
             line = raw.decode("utf-8")
-            record = json.loads(line)
+            record = parse_json(line)  # nesting too deep for the interpreter: a ValueError too
             if not isinstance(record, dict):
                 raise ValueError(f"a JSON {type(record).__name__}, not a record")
         except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
@@ -197,3 +198,11 @@ class NullWriter:
 
     def close(self) -> None:
         pass
+
+
+def open_writer(run_dir: Path, tensorboard: bool, is_main: bool,
+                resume_step: int | None = None) -> MetricWriter | NullWriter:
+    """Rank 0's writer (``resume_step``: see :class:`MetricWriter`); a :class:`NullWriter` on the others."""
+    if not is_main:
+        return NullWriter(run_dir)
+    return MetricWriter(run_dir, tensorboard=tensorboard, resume_step=resume_step)

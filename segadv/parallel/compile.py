@@ -24,6 +24,7 @@ import logging
 import torch
 from torch import nn
 
+from segadv.config.roles import setting
 from segadv.config.schema import CompileConfig
 from segadv.errors import UserError
 from segadv.versions import require_torch
@@ -32,10 +33,8 @@ log = logging.getLogger(__name__)
 
 
 def compile_enabled(cfg: CompileConfig, role: str) -> bool:
-    """Whether ``role``'s network is compiled (the aux D follows D unless set)."""
-    if role == "discriminator_aux" and cfg.discriminator_aux is None:
-        return cfg.discriminator
-    return bool(getattr(cfg, role))
+    """Whether ``role``'s network is compiled (a role without its own setting follows its fallback's)."""
+    return bool(setting(cfg, role))
 
 
 def check_compile(cfg: CompileConfig, role: str, devices: tuple[torch.device, ...], parallel_mode: str,

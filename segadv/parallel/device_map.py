@@ -1,11 +1,12 @@
 """The device map: which device(s) each network lives on, e.g. ``g:1,d:0`` or ``g:1+2,d:0``.
 
-Grammar: comma-separated ``ROLE:DEVICES`` entries. ROLE is ``g``/``generator``,
-``d``/``discriminator`` or ``d_aux``/``discriminator_aux`` (the auxiliary output's D of
-multi-level domain adaptation). DEVICES is one device (``cpu``, ``cuda``, ``cuda:N`` or a bare
+Grammar: comma-separated ``ROLE:DEVICES`` entries. ROLE is a role's short or full name
+(segadv/config/roles.py): ``g``/``generator``, ``d``/``discriminator``, ``d_aux``/``discriminator_aux``
+(the auxiliary output's D of multi-level domain adaptation). DEVICES is one device (``cpu``, ``cuda``, ``cuda:N`` or a bare
 CUDA index ``N``) or a DataParallel replica set of CUDA devices joined by ``+`` (``1+2`` =
 ``cuda:1+cuda:2``): the network is replicated on each and its outputs are gathered on the first.
-Of g and d, one left out shares the other's devices; d_aux left out shares d's; a bare DEVICES
+Of g and d, one left out shares the other's devices; another role left out shares the devices of
+the role it falls back to (d_aux: d's); a bare DEVICES
 (``cpu``, ``cuda:1``) puts every network there.
 An empty map means every network on ``cuda:0`` when CUDA is available, else ``cpu``.
 
@@ -20,66 +21,55 @@ torch keeps a device index in 8 bits, and ``torch.device("cuda", 256)`` would si
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Mapping
 
 import torch
 
+from segadv.config import roles
 from segadv.errors import UserError
 
-ROLES = {
-    "g": "generator", "generator": "generator",
-    "d": "discriminator", "discriminator": "discriminator",
-    "d_aux": "discriminator_aux", "discriminator_aux": "discriminator_aux",
-}
-SHORT_NAMES = {"generator": "g", "discriminator": "d", "discriminator_aux": "d_aux"}
 # torch's DeviceIndex is an int8: a larger index wraps (256 -> 0) or is refused as negative.
 MAX_CUDA_INDEX = 127
 
 
 @dataclass(frozen=True)
 class DeviceMap:
-    generator_devices: tuple[torch.device, ...]
-    discriminator_devices: tuple[torch.device, ...]
-    # The aux D's devices when the map names them; None: it shares D's (``aux_discriminator_devices``).
-    named_aux_discriminator_devices: tuple[torch.device, ...] | None = None
+    """Each role's devices by role name (segadv/config/roles.py), as the map names them."""
+
+    named: Mapping[str, tuple[torch.device, ...]]  # the roles the map names, by role name
+    # What a role takes that is not named and falls back to no other role (the first of g and d
+    # named, or the bare device): G and D share it when one of them is left out.
+    default: tuple[torch.device, ...]
 
     @property
     def generator(self) -> torch.device:
         """Where G's parameters live and its outputs are gathered."""
-        return self.generator_devices[0]
-
-    @property
-    def discriminator(self) -> torch.device:
-        return self.discriminator_devices[0]
-
-    @property
-    def aux_discriminator_devices(self) -> tuple[torch.device, ...]:
-        return self.named_aux_discriminator_devices or self.discriminator_devices
-
-    @property
-    def aux_discriminator(self) -> torch.device:
-        return self.aux_discriminator_devices[0]
+        return self.devices_of("generator")[0]
 
     def devices_of(self, role: str) -> tuple[torch.device, ...]:
-        """``role``'s devices (generator, discriminator or discriminator_aux)."""
-        if role not in SHORT_NAMES:
-            raise KeyError(f"no role {role!r}; roles are {', '.join(SHORT_NAMES)}")
-        return {"generator": self.generator_devices, "discriminator": self.discriminator_devices,
-                "discriminator_aux": self.aux_discriminator_devices}[role]
+        """``role``'s devices: as named, else those of the role it falls back to, else the default."""
+        spec = roles.role(role)
+        if spec.name in self.named:
+            return self.named[spec.name]
+        return self.devices_of(spec.falls_back_to) if spec.falls_back_to is not None else self.default
 
     @property
     def devices(self) -> tuple[torch.device, ...]:
-        """Every distinct device named, generator's first."""
-        return tuple(dict.fromkeys([*self.generator_devices, *self.discriminator_devices,
-                                    *(self.named_aux_discriminator_devices or ())]))
+        """Every distinct device of the map, generator's first."""
+        return tuple(dict.fromkeys([*self.devices_of("generator"), *self.default,
+                                    *(d for devices in self.named.values() for d in devices)]))
+
+    def with_devices(self, swap: Callable[[torch.device], torch.device]) -> DeviceMap:
+        """The same map with every device replaced by ``swap(device)``."""
+        return DeviceMap({role: tuple(map(swap, devices)) for role, devices in self.named.items()},
+                         tuple(map(swap, self.default)))
 
     def __str__(self) -> str:
         def fmt(devices: tuple[torch.device, ...]) -> str:
             return "+".join(shown(d) for d in devices)
 
-        text = f"g:{fmt(self.generator_devices)},d:{fmt(self.discriminator_devices)}"
-        if self.named_aux_discriminator_devices is not None:
-            text += f",d_aux:{fmt(self.named_aux_discriminator_devices)}"
-        return text
+        return ",".join(f"{spec.short}:{fmt(self.devices_of(spec.name))}" for spec in roles.ROLES.values()
+                        if spec.name in self.named or spec.falls_back_to is None)
 
 
 def parse_device_map(
@@ -91,32 +81,31 @@ def parse_device_map(
         device = torch.device("cuda", local_rank) if visible > 0 else torch.device("cpu")
         if device.type == "cuda" and local_rank >= visible:
             raise UserError(f"local rank {local_rank} needs cuda:{local_rank}, but only {visible} CUDA devices are visible")
-        return DeviceMap((device,), (device,))
+        return DeviceMap({}, (device,))
     head = spec.split(",")[0].partition(":")[0].strip().lower()
-    if "," not in spec and head not in ROLES:  # a bare device (set): both networks there
+    if "," not in spec and roles.find_role(head) is None:  # a bare device (set): every network there
         devices = _parse_devices(spec.strip(), "g and d", spec)
-        chosen = {"generator": devices, "discriminator": devices}
-        return _offset_and_check(spec, chosen, local_rank, visible, label="g and d")
+        return DeviceMap({}, _offset_and_check(spec, {"g and d": devices}, local_rank, visible)["g and d"])
     chosen: dict[str, tuple[torch.device, ...]] = {}
     for entry in spec.split(","):
         entry = entry.strip()
         role_name, sep, device_text = entry.partition(":")
         if not sep or not role_name or not device_text:
             raise UserError(f"device map {spec!r}: entry {entry!r} is not ROLE:DEVICE (e.g. g:1,d:0)")
-        role = ROLES.get(role_name.strip().lower())
+        role = roles.find_role(role_name.strip().lower())
         if role is None:
-            raise UserError(
-                f"device map {spec!r}: unknown role {role_name!r}; roles are g (generator), "
-                "d (discriminator) and d_aux (the aux output's discriminator)"
-            )
-        if role in chosen:
+            known = ", ".join(f"{r.short} ({r.name})" for r in roles.ROLES.values())
+            raise UserError(f"device map {spec!r}: unknown role {role_name!r}; roles are {known}")
+        if role.name in chosen:
             raise UserError(f"device map {spec!r}: role {role_name!r} is given twice")
-        chosen[role] = _parse_devices(device_text.strip(), role_name, spec)
-    if "generator" not in chosen and "discriminator" not in chosen:
-        raise UserError(f"device map {spec!r}: names only d_aux; give g or d as well (e.g. g:0,d:1,d_aux:1)")
-    chosen.setdefault("generator", chosen.get("discriminator"))
-    chosen.setdefault("discriminator", chosen["generator"])
-    return _offset_and_check(spec, chosen, local_rank, visible)
+        chosen[role.name] = _parse_devices(device_text.strip(), role_name, spec)
+    placed = _offset_and_check(spec, chosen, local_rank, visible)
+    # G and D, each the other's fallback: the first of them named is the default.
+    default = next((placed[r.name] for r in roles.ROLES.values() if r.falls_back_to is None and r.name in placed), None)
+    if default is None:
+        raise UserError(f"device map {spec!r}: names only {', '.join(roles.role(r).short for r in placed)}; give g or "
+                        "d as well (e.g. g:0,d:1,d_aux:1)")
+    return DeviceMap(placed, default)
 
 
 def _parse_devices(text: str, role: str, spec: str) -> tuple[torch.device, ...]:
@@ -149,16 +138,18 @@ def _parse_device(text: str, role: str, spec: str) -> torch.device:
 
 
 def _offset_and_check(
-    spec: str, chosen: dict[str, tuple[torch.device, ...]], local_rank: int, visible: int, label: str | None = None
-) -> DeviceMap:
+    spec: str, chosen: dict[str, tuple[torch.device, ...]], local_rank: int, visible: int
+) -> dict[str, tuple[torch.device, ...]]:
+    """``chosen``'s devices (by role name, or by what a bare device is for) shifted by the local
+    rank, each checked against the visible devices."""
     cuda_indices = [d.index for devices in chosen.values() for d in devices if d.type == "cuda"]
     block = max(cuda_indices, default=-1) + 1
-    names = SHORT_NAMES
     placed = {}
     for role, devices in chosen.items():
+        label = roles.role(role).short if role in roles.ROLES else role
         shifted = [d.index + local_rank * block for d in devices if d.type == "cuda"]
         if any(i > MAX_CUDA_INDEX for i in shifted):
-            raise UserError(f"device map {spec!r}: local rank {local_rank} shifts {label or names[role]} to CUDA index "
+            raise UserError(f"device map {spec!r}: local rank {local_rank} shifts {label} to CUDA index "
                             f"{max(shifted)}, beyond {MAX_CUDA_INDEX}")
         moved = tuple(
             torch.device("cuda", d.index + local_rank * block) if d.type == "cuda" else d for d in devices
@@ -169,9 +160,9 @@ def _offset_and_check(
                     "no CUDA device is visible"
                 )
                 where = f" (cuda:{original.index} shifted by local rank {local_rank})" if local_rank else ""
-                raise UserError(f"device map {spec!r}: {device} requested for {label or names[role]}{where}, but {seen}")
+                raise UserError(f"device map {spec!r}: {device} requested for {label}{where}, but {seen}")
         placed[role] = moved
-    return DeviceMap(placed["generator"], placed["discriminator"], placed.get("discriminator_aux"))
+    return placed
 
 
 def shown(device: torch.device) -> str:

@@ -25,10 +25,11 @@ from torch.overrides import TorchFunctionMode
 
 from segadv.training.build import Training, build_training, network_settings, run_role_names
 from segadv.config import Config
+from segadv.config.roles import ROLES
 from segadv.data import pool_has_masks
 from segadv.errors import UserError
 from segadv.parallel.compile import compile_enabled
-from segadv.parallel.device_map import SHORT_NAMES, DeviceMap, parse_device_map
+from segadv.parallel.device_map import DeviceMap, parse_device_map
 from segadv.plan import standin, torch_surfaces
 from segadv.plan.accounting import DryRunMode, PlacementError, segadv_line
 from segadv.plan.batches import BatchShape, FixedStream, make_batch, stream_shapes, val_size
@@ -95,8 +96,8 @@ def map_devices(spec: str | None) -> DeviceMap:
     device_map = parse_device_map(spec, cuda_device_count=standin.DEVICE_COUNT)
     if spec is None or not spec.strip():
         raise UserError("segadv-plan: give the device map to plan (--device-map g:1,d:0, or cpu)")
-    for role, short in SHORT_NAMES.items():
-        devices = device_map.devices_of(role)
+    for role in ROLES.values():
+        devices, short = device_map.devices_of(role.name), role.short
         if len(devices) > 1:
             names = "+".join(str(d) for d in devices)
             raise UserError(f"device map {spec!r}: {short}:{names} is a DataParallel replica set, which segadv-plan "
@@ -120,11 +121,7 @@ def without_one_device_dp(cfg: Config, device_map: DeviceMap) -> tuple[Config, l
 
 
 def standin_map(device_map: DeviceMap, device_type: str) -> DeviceMap:
-    def swap(devices: tuple[torch.device, ...] | None) -> tuple[torch.device, ...] | None:
-        return None if devices is None else tuple(standin.standin_for(d, device_type) for d in devices)
-
-    return DeviceMap(swap(device_map.generator_devices), swap(device_map.discriminator_devices),
-                     swap(device_map.named_aux_discriminator_devices))
+    return device_map.with_devices(lambda device: standin.standin_for(device, device_type))
 
 
 class PlaceEmpty(TorchFunctionMode):
@@ -351,9 +348,14 @@ def transfer_totals(tracker: DryRunMode) -> tuple[int, int]:
     return between, host
 
 
-def device_rows(tracker: DryRunMode, planned: DeviceMap, real: DeviceMap) -> dict[str, DevicePlan]:
+def device_rows(tracker: DryRunMode, planned: DeviceMap, real: DeviceMap, parts: Training) -> dict[str, DevicePlan]:
+    """One row per device a trained network is placed on: a device the map names for a role the
+    method does not train (MinEnt's d) holds nothing, and is left out."""
+    used = {device for role in parts.roles for device in role.devices}
     rows = {}
     for device, shown in zip(planned.devices, real.devices):
+        if device not in used:
+            continue
         memory = tracker.memory[device]
         most = memory.training_largest
         peak, peak_step = memory.training_peak()
@@ -395,7 +397,7 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
             between, host = transfer_totals(tracker)
             evaluation_pass(parts, cfg, tracker, panel, lambda batch: _fake(fake, batch))
             checkpoint_pass(parts, tracker)
-    return Plan(device_rows(tracker, planned, real), between, host, steps, time.perf_counter() - start, notes, run)
+    return Plan(device_rows(tracker, planned, real, parts), between, host, steps, time.perf_counter() - start, notes, run)
 
 
 def _fake(mode: Any, batch: Any) -> Any:
@@ -429,7 +431,9 @@ def measure(cfg: Config, plan: Plan, steps: int = 2) -> None:
         peaks, source = _measured_peaks(cfg, steps)
     plan.notes.append(f"measured on {source}")
     for device, (tensor_peak, allocator_peak) in peaks.items():
-        row = plan.devices[device]
+        row = plan.devices.get(device)
+        if row is None:  # a device no trained network is on
+            continue
         row.measured_peak_bytes, row.allocator_peak_bytes = tensor_peak, allocator_peak
 
 

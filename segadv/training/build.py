@@ -15,6 +15,7 @@ from torch import nn
 
 from segadv.checkpoint import load_encoder_weights
 from segadv.config import Config
+from segadv.config.roles import ROLES, built_as, role, setting
 from segadv.config.schema import (
     DiscriminatorConfig,
     GeneratorConfig,
@@ -27,7 +28,7 @@ from segadv.data.config_checks import training_side
 from segadv.engine.accumulation import Accumulation
 from segadv.engine.amp_optimizer import AmpOptimizer, uses_float16
 from segadv.engine.network import Network
-from segadv.engine.optim import build_optimizer, build_poly_scheduler
+from segadv.engine.optim import build_optimizer, build_poly_scheduler, poly_horizon
 from segadv.errors import UserError
 from segadv.methods import Method, method_class
 from segadv.models import build_discriminator, build_generator
@@ -35,7 +36,6 @@ from segadv.models.discriminator import check_input_side
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel import DeviceMap, place_networks
 from segadv.parallel.compile import check_compile, compile_enabled
-from segadv.parallel.device_map import SHORT_NAMES
 from segadv.parallel.distributed import DistEnv
 from segadv.parallel.report import gather_rows, network_row, placement_table
 from segadv.parallel.wrap import check_batch_for_replicas, parallelize_network, resolve_mode
@@ -60,8 +60,8 @@ class Role:
     where the generator and the discriminators differ (``network_roles``). The rest of the package
     loops over a run's roles and asks them."""
 
-    name: str  # generator | discriminator | discriminator_aux: its config key and checkpoint keys
-    short: str  # g | d | d_aux: the device map's name, and its scalars' (train/lr_g, amp/scale_d_aux)
+    name: str  # its role (segadv/config/roles.py): its config key and checkpoint keys
+    short: str  # its role's short name: the device map's, and its scalars' (train/lr_g, amp/scale_d_aux)
     settings: NetworkSettings
     devices: tuple[torch.device, ...]  # devices[0]: where its parameters live and its output is gathered
     mode: str  # its wrapper: none, dp or ddp
@@ -77,7 +77,7 @@ class Role:
 
 @dataclass
 class Training:
-    roles: tuple[Role, ...]  # G first, then D, then the aux D where the run has one
+    roles: tuple[Role, ...]  # the method's networks (Method.networks), G first
     nets: tuple[Network, ...]  # one per role, in the same order
     method: Method  # what one training iteration does (cfg.method)
     device_map: DeviceMap
@@ -86,7 +86,7 @@ class Training:
     step: Accumulation  # one optimizer step: the method over train.accumulation_steps micro-batches
 
     def networks(self) -> list[Network]:
-        """Every network trained: G, D, then the aux D if any."""
+        """Every network trained, G first."""
         return list(self.nets)
 
     def members(self) -> Iterator[tuple[Role, Network]]:
@@ -102,7 +102,8 @@ class Training:
         return self.network("generator")
 
     @property
-    def d(self) -> Network:
+    def d(self) -> Network | None:
+        """D, or None where the method trains none (MinEnt)."""
         return self.network("discriminator")
 
     @property
@@ -112,39 +113,69 @@ class Training:
 
 
 def run_role_names(cfg: Config) -> tuple[str, ...]:
-    """The roles of the networks ``cfg`` trains: G, D, and the aux output's D where the method
-    adapts at two levels."""
-    aux = method_class(cfg.method.name).has_aux_discriminator(cfg)
-    return ("generator", "discriminator") + (("discriminator_aux",) if aux else ())
+    """The roles of the networks ``cfg`` trains: its method's (``Method.networks``)."""
+    names = method_class(cfg.method.name).networks(cfg)
+    for name in names:
+        if name not in ROLES:
+            raise TypeError(f"method {cfg.method.name} trains a network of role {name!r}, which is not a role "
+                            f"({', '.join(ROLES)}; segadv/config/roles.py register_role)")
+    return names
 
 
 def network_settings(cfg: Config, role: str) -> NetworkSettings:
-    """``role``'s model, optimizer, AMP, parallel and init settings; the aux D's that are not given
-    are the main D's (each network still gets its own instances: optimizer, GradScaler, wrapper),
-    and it has no ``init`` key: it starts from its own initialisation."""
-
-    def own(section):
-        value = getattr(section, role)
-        return section.discriminator if value is None and role == "discriminator_aux" else value
-
-    return NetworkSettings(own(cfg.model), own(cfg.optim), own(cfg.amp), own(cfg.parallel),
+    """``role``'s model, optimizer, AMP and parallel settings, its own or where it has none those of
+    the role it falls back to (each network still gets its own instances: optimizer, GradScaler,
+    wrapper); and its ``init`` weights, its own only: a role without an ``init`` key starts from its
+    own initialisation."""
+    return NetworkSettings(*(setting(section, role) for section in (cfg.model, cfg.optim, cfg.amp, cfg.parallel)),
                            getattr(cfg.init, role, None))
 
 
-def network_roles(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) -> tuple[Role, ...]:
+def check_map_roles(device_map: DeviceMap, names: tuple[str, ...], method: str, env: DistEnv) -> None:
+    """The roles the device map names against those the run trains. G and D may be named on any
+    run (each fills the other in; a MinEnt run trains no D): one line says what is not used. A role
+    beyond them (one that falls back to another) named where the run lacks it is refused: the
+    config does not train what the map was written for."""
+    unused = [role(name) for name in device_map.named if name not in names]
+    for spec in unused:
+        if spec.falls_back_to is not None:
+            raise UserError(f"device map {device_map}: {spec.short} names a device, but this run trains no {spec.name} "
+                            f"(the {method} method trains {', '.join(names)} here)")
+    if unused and env.is_main:
+        log.info("device map %s: %s not used (the %s method trains %s)", device_map,
+                 ", ".join(spec.short for spec in unused), method, ", ".join(names))
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A config checked for its build on a device map (``check_build``). segadv-train's start
+    makes the checks before anything slow (segadv/training/preflight.py) and hands this on, so the
+    build does not make them again; a caller that gives none (segadv-plan, a test) has them made
+    by the build."""
+
+    micro_batch: int  # the labeled micro-batch, checked against G's BatchNorm on each of its replicas
+
+
+def check_build(cfg: Config, device_map: DeviceMap) -> Checked:
+    """The method against the model and the data (its ``check_config``), then the accumulation and
+    the micro-batches on G's replicas (``check_accumulation``)."""
+    method_class(cfg.method.name).check_config(cfg)
+    return Checked(check_accumulation(cfg, replicas=len(device_map.devices_of("generator"))))
+
+
+def network_roles(cfg: Config, device_map: DeviceMap, env: DistEnv, checked: Checked) -> tuple[Role, ...]:
     """The run's roles, G first, each checked against the device map and the launch."""
     names = run_role_names(cfg)
-    if "discriminator_aux" not in names and device_map.named_aux_discriminator_devices is not None:
-        raise UserError(f"device map {device_map}: d_aux names a device, but this run has no aux discriminator "
-                        "(it needs model.generator.aux_head and a method that adapts each level with a D)")
+    check_map_roles(device_map, names, cfg.method.name, env)
     settings = [network_settings(cfg, name) for name in names]
-    micro_batch = check_accumulation(cfg, replicas=len(device_map.devices_of("generator")))
+    micro_batch = checked.micro_batch
     # G's loss passes through a D's backward when an adversarial term is on: scale it if that D is fp16.
     through_float16 = method_class(cfg.method.name).passes_generator_loss_through_discriminator(cfg) and any(
-        uses_float16(own.amp) for name, own in zip(names, settings) if name != "generator")
+        uses_float16(own.amp) for name, own in zip(names, settings) if built_as(name) != "generator")
     roles = []
     for name, own in zip(names, settings):
-        generator = name == "generator"
+        # The one place a generator and a discriminator differ: a role is built as one or the other.
+        generator = built_as(name) == "generator"
         if not generator:
             check_discriminator_input(cfg, own.model, f"model.{name}")
         devices = device_map.devices_of(name)
@@ -163,7 +194,7 @@ def network_roles(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) 
         if sync_bn and devices[0].type != "cuda":
             raise UserError("parallel.sync_bn needs the generator on CUDA (SyncBatchNorm has no CPU kernel)")
         roles.append(Role(
-            name, SHORT_NAMES[name], own, devices, mode,
+            name, role(name).short, own, devices, mode,
             checkpointing=checkpointing, compiled=compiled,
             build=generator_model if generator else build_discriminator, broadcast_buffers=generator,
             loss_scaling=(uses_float16(own.amp) or through_float16) if generator else None, sync_bn=sync_bn))
@@ -183,22 +214,22 @@ def build_amp_optimizer(
     skip_nonfinite: bool = False, accumulation_steps: int = 1,
 ) -> AmpOptimizer:
     optimizer = build_optimizer(model, optim.model_copy(update={"lr": optim.lr * lr_multiplier}))
-    scheduler = build_poly_scheduler(optimizer, max_steps, optim.poly_power)
+    scheduler = build_poly_scheduler(optimizer, poly_horizon(optim, max_steps, name), optim.poly_power)
     return AmpOptimizer(optimizer, scheduler, device, amp, loss_scaling, name, skip_nonfinite, accumulation_steps)
 
 
-def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) -> Training:
+def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv(),
+                   checked: Checked | None = None) -> Training:
+    """The run's networks, placed, wrapped and with their optimisers, and its method built on them.
+    ``checked``: the start's checks of ``cfg`` (``check_build``), made here where not given."""
     method_cls = method_class(cfg.method.name)
-    method_cls.check_config(cfg)
-    roles = network_roles(cfg, device_map, env)
+    roles = network_roles(cfg, device_map, env, checked or check_build(cfg, device_map))
     models = [role.build(role.settings.model, cfg.data.num_classes) for role in roles]
     place_networks([(role.name, model, role.devices[0]) for role, model in zip(roles, models)], device_map,
                    channels_last=cfg.train.channels_last)
     nets = tuple(build_network(cfg, env, role, model) for role, model in zip(roles, models))
     phases = PhaseTimer(precise=cfg.train.profile)
-    by_role = {net.role: net for net in nets}
-    method = method_cls.from_config(cfg, by_role["generator"], by_role["discriminator"],
-                                    by_role.get("discriminator_aux"), phases)
+    method = method_cls.from_config(cfg, {net.role: net for net in nets}, phases)
     step = Accumulation(method, list(nets), cfg.train.accumulation_steps)
     return Training(roles, nets, method, device_map, env, phases, step)
 

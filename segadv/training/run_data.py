@@ -19,9 +19,11 @@ from torch.nn.parallel import DistributedDataParallel
 from segadv.training.build import Training
 from segadv.checkpoint import NetworkWeights, Stateful
 from segadv.config import Config
-from segadv.data import build_stream_loaders, build_val_loader, pool_has_masks
+from segadv.data import pool_has_masks
 from segadv.data.augment import seed_transform
 from segadv.data.batch_checks import check_last_batches
+from segadv.data.catalog import Catalog
+from segadv.data.loaders import build_run_loaders
 from segadv.data.streams import Stream, Streams, close_loader
 from segadv.engine.evaluate import EvalResult, evaluate
 from segadv.parallel import distributed
@@ -45,28 +47,26 @@ class RunData:
             close_loader(loader)
 
 
-def build_data(cfg: Config, parts: Training, run_dir: Path) -> RunData:
+def build_data(cfg: Config, parts: Training, run_dir: Path, catalog: Catalog | None = None) -> RunData:
+    """The run's data from ``catalog``, the start's checked and listed data (preflight's), or,
+    given none (segadv-plan, tests), from the config: the rest of the data path (scan, pools,
+    loaders, streams) runs once."""
     env, device_map = parts.env, parts.device_map
-    loaders, val_loader = build_stream_loaders(
+    loaders = build_run_loaders(
         cfg.data, parts.method.streams, seed=cfg.train.seed, pin_memory=device_map.generator.type != "cpu",
         run_dir=run_dir, rank=env.rank, world_size=env.world_size, batch_sizes=parts.method.stream_batch_sizes(cfg),
-        target=cfg.target_data,
+        target=cfg.target_data, catalog=catalog, source_val=cfg.train.eval_source,
     )
     keys = {spec.name: spec.batch_size_key for spec in parts.method.streams}
-    check_last_batches(loaders, keys, cfg.train.accumulation_steps,
+    check_last_batches(loaders.streams, keys, cfg.train.accumulation_steps,
                        not cfg.model.generator.trains_on_one_sample)
-    streams = Streams({name: Stream(name, loader, keys[name]) for name, loader in loaders.items()})
-    source_val_loader = None
-    if cfg.train.eval_source and cfg.target_data is not None:
-        # Every rank evaluates the whole source val split (small; the confusion counts it
-        # all-reduces scale together, so the metrics are the single-process ones).
-        source_val_loader = build_val_loader(cfg.data, seed=cfg.train.seed, pin_memory=False)
+    streams = Streams({name: Stream(name, loader, keys[name]) for name, loader in loaders.streams.items()})
     panel_images = first_images(streams[parts.method.panel_stream], cfg.log.num_images) \
         if parts.method.panel_stream and cfg.log.num_images else None
     diagnostic = None
     if panel_images is not None and cfg.log.diagnostic_images and pool_has_masks(cfg.data):
         diagnostic = first_labeled_samples(streams[parts.method.panel_stream], cfg.log.diagnostic_images)
-    return RunData(streams, val_loader, source_val_loader, panel_images, diagnostic)
+    return RunData(streams, loaders.val, loaders.source_val, panel_images, diagnostic)
 
 
 def first_images(stream: Stream, count: int) -> torch.Tensor:

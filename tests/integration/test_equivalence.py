@@ -827,7 +827,7 @@ def test_domain_adaptation_iteration_matches_the_plain_float32_loop(case, method
 def test_the_harness_sees_the_aux_discriminator_trained_on_the_wrong_maps(uda_references, monkeypatch):
     """A subtle miswiring: D_aux's own update fed a uniform map as its source half. G's update and
     both adversarial gradients are untouched, so only the D_aux comparison can catch it."""
-    from segadv.methods.domain_adaptation import DomainAdaptation
+    from segadv.methods.domain_adaptation.iteration import DomainAdaptation
 
     real = DomainAdaptation.discriminator_maps
 

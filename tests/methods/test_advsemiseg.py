@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from segadv.engine.losses import masked_cross_entropy, pseudo_labels
-from segadv.methods.advsemiseg import AdvSemiSeg
-from segadv.methods.specs import AdvSemiSegConfig
+from segadv.methods.advsemiseg.iteration import AdvSemiSeg
+from segadv.methods.advsemiseg.declaration import AdvSemiSegConfig
 from segadv.models.discriminator import FCDiscriminator
 from segadv.monitor.profile import PhaseTimer
 from segadv.training.loop import train
@@ -73,7 +73,7 @@ def test_pseudo_labels_are_masked_exactly_where_d_is_not_confident(monkeypatch):
     method.settings.mask_threshold = threshold
 
     seen = {}
-    import segadv.methods.advsemiseg as module
+    import segadv.methods.advsemiseg.iteration as module
 
     real = module.masked_cross_entropy
     monkeypatch.setattr(module, "masked_cross_entropy",

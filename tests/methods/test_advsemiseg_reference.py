@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from segadv.methods.advsemiseg import AdvSemiSeg
-from segadv.methods.specs import AdvSemiSegConfig
+from segadv.methods.advsemiseg.iteration import AdvSemiSeg
+from segadv.methods.advsemiseg.declaration import AdvSemiSegConfig
 from segadv.models.discriminator import FCDiscriminator
 from segadv.monitor.profile import PhaseTimer
 

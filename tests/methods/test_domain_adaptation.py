@@ -25,8 +25,8 @@ from segadv.config.schema import GeneratorConfig, NetworkAmpConfig, OptimizerCon
 from segadv.engine.network import Network
 from segadv.errors import UserError
 from segadv.cli import export as export_cli
-from segadv.methods.domain_adaptation import AdaptSegNet, Advent, MinEnt, mean_entropy, self_information
-from segadv.methods.specs import DomainAdaptationConfig, MinEntConfig
+from segadv.methods.domain_adaptation.iteration import AdaptSegNet, Advent, MinEnt, mean_entropy, self_information
+from segadv.methods.domain_adaptation.declaration import DomainAdaptationConfig, MinEntConfig
 
 ITERATIONS = {cls.name: cls for cls in (AdaptSegNet, Advent, MinEnt)}
 from segadv.models import build_generator, build_generator_for_weights

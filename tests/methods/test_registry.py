@@ -57,8 +57,8 @@ class Toy(Method):
         self.schedule = Schedule(entropy=(settings.entropy_weight, settings.entropy_start))
 
     @classmethod
-    def from_config(cls, cfg, g, d, d_aux, phases) -> Toy:
-        return cls(g, d, phases, cls.settings(cfg), cfg.data.num_classes, cfg.data.ignore_index)
+    def from_config(cls, cfg, nets, phases) -> Toy:
+        return cls(nets["generator"], nets["discriminator"], phases, cls.settings(cfg), cfg.data.num_classes, cfg.data.ignore_index)
 
     @classmethod
     def passes_generator_loss_through_discriminator(cls, cfg) -> bool:
@@ -144,7 +144,7 @@ def test_registration_refuses_an_incomplete_declaration(toy):
         streams = (StreamSpec("labeled", "labeled"),)
 
         @classmethod
-        def from_config(cls, cfg, g, d, d_aux, phases):
+        def from_config(cls, cfg, nets, phases):
             raise AssertionError
 
         def __call__(self, streams, step):
@@ -210,3 +210,20 @@ def test_a_built_ins_iteration_is_its_declaration_with_a_call(name):
     assert issubclass(iteration, declaration) and iteration.name == name
     assert any("__call__" in vars(c) for c in iteration.__mro__[:-1])  # it runs one
     assert iteration.streams == declaration.streams and iteration.iteration_class() is iteration
+
+
+def test_the_built_ins_declare_what_they_log():
+    """Each built-in names its losses, D's among them, and the diagnostics a grid's table reports:
+    the loop's "D wins" watch and segadv-experiment read them from the class."""
+    for cls in registry.METHODS.values():
+        assert set(cls.d_losses) <= set(cls.losses)
+        assert all(tag.partition("/")[0] in ("train", "diag") for tag in cls.diagnostics)
+        assert {tag.partition("/")[2] for tag in cls.diagnostics if tag.startswith("train/")} <= set(cls.losses)
+    assert method_class("minent").d_losses == () and method_class("advent").d_losses == ("loss_d", "loss_d_aux")
+
+
+def test_a_method_declares_the_networks_it_trains():
+    cfg = load_config(None, ["model.generator.aux_head=true", "method.name=minent"])
+    assert method_class("minent").networks(cfg) == ("generator",)
+    assert method_class("advent").networks(cfg) == ("generator", "discriminator", "discriminator_aux")
+    assert method_class("supervised").networks(load_config(None, [])) == ("generator", "discriminator")

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from segadv.config import load_config
 from segadv.errors import UserError
 from segadv.methods import method_class
-from segadv.methods.s4gan import S4Gan
-from segadv.methods.specs import S4GanConfig
+from segadv.methods.s4gan.iteration import S4Gan
+from segadv.methods.s4gan.declaration import S4GanConfig
 from segadv.models.discriminator import ImageDiscriminator
 from segadv.monitor.profile import PhaseTimer
 from segadv.checkpoint import read_checkpoint
@@ -145,7 +145,7 @@ def test_one_iteration_equals_the_hand_written_update(passing):
 def test_self_training_takes_whole_images_above_the_threshold(monkeypatch):
     """The pseudo labels are G's argmax on every pixel of each image D scores above the
     threshold and ignored on every pixel of the others; none before st_start."""
-    import segadv.methods.s4gan as module
+    import segadv.methods.s4gan.iteration as module
 
     method, streams = make_method(st_start=1), make_streams()
     scores = fake_scores(method, streams)

@@ -37,7 +37,7 @@ def build(cfg, spec="g:cpu,d:cpu"):
 @pytest.mark.parametrize("spec", DEVICE_MAPS)
 def test_placement_and_cross_device_forward(tiny_cfg, spec):
     parts = build(tiny_cfg, spec)
-    g_dev, d_dev = parts.device_map.generator, parts.device_map.discriminator
+    g_dev, d_dev = parts.device_map.generator, parts.device_map.devices_of("discriminator")[0]
     assert devices_of(parts.g.module) == {g_dev}
     assert devices_of(parts.d.module) == {d_dev}
 

@@ -31,13 +31,13 @@ CPU = torch.device("cpu")
 )
 def test_parse(spec, count, g, d):
     device_map = parse_device_map(spec, cuda_device_count=count)
-    assert (device_map.generator, device_map.discriminator) == (g, d)
+    assert (device_map.generator, device_map.devices_of("discriminator")[0]) == (g, d)
 
 
 def test_default_follows_cuda_visibility():
     assert parse_device_map(None, cuda_device_count=0).generator == CPU
     both = parse_device_map("", cuda_device_count=2)
-    assert both.generator == both.discriminator == cuda(0)
+    assert both.generator == both.devices_of("discriminator")[0] == cuda(0)
 
 
 @pytest.mark.parametrize(
@@ -67,11 +67,11 @@ def test_errors_name_the_problem(spec, count, message):
 
 def test_replica_sets_and_local_rank_offsets():
     dm = parse_device_map("g:1+2,d:0", cuda_device_count=3)
-    assert dm.generator_devices == (cuda(1), cuda(2)) and dm.generator == cuda(1)
-    assert dm.discriminator_devices == (cuda(0),)
+    assert dm.devices_of("generator") == (cuda(1), cuda(2)) and dm.generator == cuda(1)
+    assert dm.devices_of("discriminator") == (cuda(0),)
     # Local rank r shifts every index by r * (highest index + 1).
     rank1 = parse_device_map("g:0,d:1", cuda_device_count=4, local_rank=1)
-    assert (rank1.generator, rank1.discriminator) == (cuda(2), cuda(3))
+    assert (rank1.generator, rank1.devices_of("discriminator")[0]) == (cuda(2), cuda(3))
     assert parse_device_map("g:0,d:cpu", cuda_device_count=2, local_rank=1).generator == cuda(1)
     assert parse_device_map("cpu", cuda_device_count=0, local_rank=3).generator == CPU
     assert parse_device_map(None, cuda_device_count=2, local_rank=1).generator == cuda(1)

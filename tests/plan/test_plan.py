@@ -16,9 +16,9 @@ from segadv.config import CONFIGS_DIR
 from segadv.errors import UserError
 from segadv.plan.accounting import PlacementError
 from segadv.cli.plan import MAX_BATCH_LIMIT, main
-from segadv.methods.advsemiseg import AdvSemiSeg
+from segadv.methods.advsemiseg.iteration import AdvSemiSeg
 from segadv.methods import method_class
-from segadv.methods.supervised import Supervised
+from segadv.methods.supervised.iteration import Supervised
 from segadv.plan.dry_run import dry_run, measure
 
 pytestmark = needs_planner_torch
@@ -27,7 +27,7 @@ SHIPPED = sorted(p.name for p in CONFIGS_DIR.glob("*.yaml"))
 
 
 def has_aux_discriminator(cfg):
-    return method_class(cfg.method.name).has_aux_discriminator(cfg)
+    return "discriminator_aux" in method_class(cfg.method.name).networks(cfg)
 
 
 AUX_D = {name for name in SHIPPED if has_aux_discriminator(load_config(CONFIGS_DIR / name))}
@@ -245,6 +245,18 @@ def test_the_plan_runs_every_regime_and_names_the_step_of_each_peak(capsys):
     assert all(entry["peak_step"] in data["steps_run"] for entry in data["devices"].values())
 
 
+def test_a_method_without_a_d_places_none(monkeypatch, capsys):
+    """MinEnt trains G alone: the d the map names holds nothing and has no row. Planted bug: a
+    method that declares G alone but builds a D on the map's d is caught (a row for cuda:0)."""
+    argv = ["--config", "uda", "method.name=minent", "--device-map", "g:1,d:0", "--json", "--steps", "1"]
+    assert main(argv) == 0
+    assert list(json.loads(capsys.readouterr().out)["devices"]) == ["cuda:1"]
+    minent = method_class("minent")
+    monkeypatch.setattr(minent, "networks", classmethod(lambda cls, cfg: ("generator", "discriminator")))
+    assert main(argv) == 0
+    assert set(json.loads(capsys.readouterr().out)["devices"]) == {"cuda:1", "cuda:0"}
+
+
 def test_the_evaluation_is_planned_with_its_own_peak(capsys):
     assert main(["--config", "semi", "--device-map", "g:1,d:0", "--json", "--steps", "1"]) == 0
     devices = json.loads(capsys.readouterr().out)["devices"]
@@ -340,7 +352,7 @@ def test_cuda_without_an_index_resolves_to_the_current_device_as_on_a_gpu(monkey
 
 def test_cuda_on_the_maps_d_receives_is_caught(monkeypatch, capsys):
     """G's maps handed to D with a bare .cuda() (G's device on a GPU) instead of D's device."""
-    import segadv.methods.supervised as supervised
+    import segadv.methods.supervised.iteration as supervised
 
     monkeypatch.setattr(supervised, "hand_over", lambda phases, maps, source, target: maps.cuda())
     assert main(["--device-map", "g:1,d:0", "--steps", "1"]) == 2

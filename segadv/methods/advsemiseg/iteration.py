@@ -39,7 +39,7 @@ from segadv.methods.adversarial import (
 )
 from segadv.methods.base import PanelMaps
 from segadv.methods.schedule import Schedule
-from segadv.methods.specs import AdvSemiSegConfig, AdvSemiSegSpec
+from segadv.methods.advsemiseg.declaration import AdvSemiSegConfig, AdvSemiSegSpec
 from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import for_inference, to_device

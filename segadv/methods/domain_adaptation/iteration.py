@@ -43,7 +43,7 @@ from segadv.methods.adversarial import (
     optimizer_step,
 )
 from segadv.methods.schedule import Schedule
-from segadv.methods.specs import AdaptSegNetSpec, AdventSpec, DomainAdaptationConfig, MinEntSpec
+from segadv.methods.domain_adaptation.declaration import AdaptSegNetSpec, AdventSpec, DomainAdaptationConfig, MinEntSpec
 from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import to_device
@@ -84,7 +84,7 @@ class Level:
 
 class DomainAdaptation:
     """The iteration the three methods share; each method's class (below) joins it to its
-    declaration (``segadv.methods.specs``) and gives the map its D sees."""
+    declaration (``declaration.py``) and gives the map its D sees."""
 
     settings: DomainAdaptationConfig
     has_discriminator: bool  # from the declaration
@@ -94,7 +94,7 @@ class DomainAdaptation:
     def __init__(
         self,
         g: Network,
-        d: Network,
+        d: Optional[Network],
         d_aux: Optional[Network],
         phases: PhaseTimer,
         settings: DomainAdaptationConfig,
@@ -102,7 +102,8 @@ class DomainAdaptation:
         ignore_index: int,
         multi_level: bool = False,
     ) -> None:
-        """``d_aux``: the aux level's D (multi-level with a D)."""
+        """``d``: the main level's D, ``d_aux`` the aux level's (multi-level); None where the
+        method trains none (MinEnt)."""
         self.g, self.phases = g, phases
         self.settings = settings
         self.schedule = Schedule()  # every term from the first step

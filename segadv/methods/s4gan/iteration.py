@@ -44,7 +44,7 @@ from segadv.methods.adversarial import (
     optimizer_step,
 )
 from segadv.methods.schedule import Schedule
-from segadv.methods.specs import S4GanConfig, S4GanSpec
+from segadv.methods.s4gan.declaration import S4GanConfig, S4GanSpec
 from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import to_device

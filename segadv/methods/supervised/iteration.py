@@ -23,7 +23,7 @@ from segadv.methods.adversarial import (
     hand_over,
     optimizer_step,
 )
-from segadv.methods.specs import SupervisedSpec
+from segadv.methods.supervised.declaration import SupervisedSpec
 from segadv.monitor.diagnostics import d_accuracy
 from segadv.parallel.placement import to_device
 

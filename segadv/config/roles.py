@@ -1,0 +1,88 @@
+"""The network roles a run can train, by name: the one table every layer reads.
+
+A role's name is its config key (``model.<role>``, ``optim.<role>``, ...) and its checkpoint keys
+(``<role>``, ``optim_<role>``); its short name is the device map's (``g:1,d:0``) and its scalars'
+(``train/lr_g``). A role may fall back to another's settings: where a per-network section has no
+value for it (no key, or null), it takes that role's, and so do its devices where the device map
+does not name it (the aux D takes D's). A role without a fallback is built as itself (G or a D);
+one with a fallback is built as the role it falls back to, in the end.
+
+Which roles a run trains is its method's to say (``Method.networks``). A new role is one
+:func:`register_role` call (a line of ``ROLES`` below for a built-in one) plus the method that
+declares it. torch-free: the methods' declarations and the config read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    name: str  # generator, discriminator, ...: its config and checkpoint keys
+    short: str  # g, d, ...: the device map's name and its scalars'
+    falls_back_to: Optional[str] = None  # the role whose settings and devices it takes where it has none
+
+
+ROLES: dict[str, RoleSpec] = {}
+
+
+def register_role(name: str, short: str, falls_back_to: Optional[str] = None) -> RoleSpec:
+    """Add a role to the table (a plugin's or a test's: the built-ins are below). Its name and
+    short name must be new identifiers, and the role it falls back to registered already."""
+    for value in (name, short):
+        if not value.isidentifier():
+            raise ValueError(f"role names are identifiers, got {value!r}")
+    taken = {spec.name for spec in ROLES.values()} | {spec.short for spec in ROLES.values()}
+    if name in taken or short in taken:
+        raise ValueError(f"role {name!r} ({short}): the name or the short name is taken")
+    if falls_back_to is not None and falls_back_to not in ROLES:
+        raise ValueError(f"role {name!r} falls back to {falls_back_to!r}, which is not a role")
+    ROLES[name] = spec = RoleSpec(name, short, falls_back_to)
+    return spec
+
+
+def unregister_role(name: str) -> None:
+    """Remove a role added by :func:`register_role` (a test's, when it ends)."""
+    if any(spec.falls_back_to == name for spec in ROLES.values()):
+        raise ValueError(f"role {name!r}: another role falls back to it")
+    del ROLES[name]
+
+
+register_role("generator", "g")
+register_role("discriminator", "d")
+register_role("discriminator_aux", "d_aux", falls_back_to="discriminator")  # multi-level adaptation's second D
+
+
+def role(name: str) -> RoleSpec:
+    """The role ``name`` (its full name)."""
+    try:
+        return ROLES[name]
+    except KeyError:
+        raise KeyError(f"no role {name!r}; roles are {', '.join(ROLES)}") from None
+
+
+def find_role(name: str) -> Optional[RoleSpec]:
+    """The role a user names by its full or short name, or None."""
+    return next((spec for spec in ROLES.values() if name in (spec.name, spec.short)), None)
+
+
+def built_as(name: str) -> str:
+    """The role whose kind of network ``name`` is built as: itself, or the end of its fallbacks."""
+    spec = role(name)
+    while spec.falls_back_to is not None:
+        spec = role(spec.falls_back_to)
+    return spec.name
+
+
+def setting(section: Any, name: str) -> Any:
+    """``name``'s value in a per-network section (``cfg.optim``, ``cfg.compile``, ...): its own, or
+    where it has none (no key, or null) the value of the role it falls back to (None at the end)."""
+    spec: Optional[RoleSpec] = role(name)
+    while spec is not None:
+        value = getattr(section, spec.name, None)
+        if value is not None:
+            return value
+        spec = role(spec.falls_back_to) if spec.falls_back_to is not None else None
+    return None

@@ -1,0 +1,69 @@
+"""A run's data checked and listed once, then handed on: the first two stages of the data path.
+
+The path runs once, front to back: **check** (``config_checks.check_config``, once per data
+section), **catalog** (each split listed once, ``listing.py``; every stream's batch against its
+listed pool), **scan** and **pools** (``bundle.py``: headers read, datasets with their
+pipelines), **loaders** (``loaders.py``) and **streams** (``streams.py``). A start of
+segadv-train opens the catalog in its checks (``segadv/training/preflight.py``) and hands it to
+the data builders; a builder given none opens its own, the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from segadv.config.schema import DataConfig
+from segadv.data.batch_checks import Pool, check_stream_pools
+from segadv.data.config_checks import check_config
+from segadv.data.listing import Listed, list_source, list_target
+from segadv.data.stream_spec import StreamSpec
+
+__all__ = ["Catalog", "listed_pools"]
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The training data (``data``) and domain adaptation's target (``target_data``, or None),
+    each checked against itself and listed."""
+
+    source: Listed
+    target: Optional[Listed] = None
+
+    @classmethod
+    def open(cls, data: DataConfig, target: Optional[DataConfig] = None) -> "Catalog":
+        check_config(data)
+        source = list_source(data)
+        if target is None:
+            return cls(source)
+        check_config(target)
+        return cls(source, list_target(target))
+
+    @classmethod
+    def for_streams(cls, data: DataConfig, target: Optional[DataConfig], streams: Sequence[StreamSpec],
+                    batch_sizes: Mapping[str, int], world_size: int) -> "Catalog":
+        """The catalog opened, and each stream's batch (``batch_sizes``: by stream name) checked
+        against its pool as listed, on ``world_size`` ranks."""
+        catalog = cls.open(data, target)
+        check_stream_pools(streams, listed_pools(catalog), batch_sizes, data.drop_last, world_size)
+        return catalog
+
+    @property
+    def data(self) -> DataConfig:
+        return self.source.cfg
+
+
+def listed_pools(catalog: Catalog) -> dict[str, Optional[Pool]]:
+    """Each pool a stream may draw from, as listed (``check_stream_pools``' ``pools``)."""
+    source = catalog.source
+    cfg = source.cfg
+    labeled = len(source.labeled_idx)
+    whole_synthetic = cfg.kind == "synthetic" and not source.unlabeled_idx
+    pools = {
+        "labeled": (Pool(labeled, f"data.synthetic.train_size = {labeled}") if whole_synthetic
+                    else Pool.counted("labeled", labeled)),
+        "unlabeled": Pool.counted("unlabeled", len(source.unlabeled_idx)) if source.unlabeled_idx else None,
+    }
+    if catalog.target is not None:
+        pools["target"] = Pool.counted("target", len(catalog.target.unlabeled_idx))
+    return pools

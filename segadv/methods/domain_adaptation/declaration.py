@@ -1,0 +1,123 @@
+"""AdaptSegNet, ADVENT's AdvEnt and MinEnt: what the method declares before any network exists (its
+settings, streams, networks, losses, checks), torch-free so the config loads without torch; its
+iteration is ``iteration.py`` beside this file, which ``Method.iteration_class`` imports when a run
+is built."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Literal, Mapping, Optional
+
+from pydantic import Field
+
+from segadv.config.schema import Section, Weight
+from segadv.data.stream_spec import StreamSpec
+from segadv.methods.base import Method
+
+if TYPE_CHECKING:
+    from segadv.config import Config
+    from segadv.engine.network import Network
+    from segadv.monitor.profile import PhaseTimer
+
+
+class DomainAdaptationConfig(Section):
+    """Unsupervised domain adaptation from the labeled source (``data``) to the unlabeled target
+    (``target_data``). Levels: main, and aux when ``model.generator.aux_head`` (multi-level).
+    Defaults: AdaptSegNet's multi-level weights (docs/methods.md "Domain adaptation")."""
+
+    lambda_seg_aux: Weight = Field(0.1, description="weight of the aux output's source CE")
+    lambda_adv_main: Weight = Field(0.001, description="weight of the main level's adversarial term (target made to look like source)")
+    lambda_adv_aux: Weight = Field(0.0002, description="weight of the aux level's adversarial term")
+    lambda_ent_main: Weight = Field(0.0, description="weight of the main level's mean normalised target entropy (MinEnt)")
+    lambda_ent_aux: Weight = Field(0.0, description="weight of the aux level's target entropy")
+    gan: Literal["bce", "ls"] = Field("bce", description="GAN loss: bce, or ls (least squares: MSE on D's logits)")
+    target_batch_size: Optional[int] = Field(
+        None, gt=0, le=10**6, description="batch of the target stream; null: data.batch_size")
+
+
+class MinEntConfig(DomainAdaptationConfig):
+    """ADVENT's MinEnt: no discriminator, the target's entropy minimised."""
+
+    lambda_adv_main: Weight = Field(0.0, description="weight of the main level's adversarial term (MinEnt: none)")
+    lambda_adv_aux: Weight = Field(0.0, description="weight of the aux level's adversarial term (MinEnt: none)")
+    lambda_ent_main: Weight = Field(0.001, description="weight of the main level's mean normalised target entropy")
+    lambda_ent_aux: Weight = Field(0.0002, description="weight of the aux level's target entropy")
+
+
+class DomainAdaptationSpec(Method):
+    """Unsupervised domain adaptation, source and target streams, one level or two (G's aux head);
+    each method is a subclass naming itself, its section and whether it trains a D."""
+
+    config: ClassVar[type[DomainAdaptationConfig]] = DomainAdaptationConfig
+    has_discriminator: ClassVar[bool]  # a D per level (AdaptSegNet, ADVENT), or none (MinEnt)
+    trains_aux_output = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        name = getattr(cls, "name", None)
+        if name is None:  # a further shared base, not yet a method
+            return
+        if not hasattr(cls, "has_discriminator"):
+            raise TypeError(f"{cls.__qualname__}: a domain adaptation method says whether it trains a D "
+                            "(has_discriminator)")
+        # The source stream is the labeled split as the supervised method draws it (same seed);
+        # the target stream's batch size is the method's own setting.
+        cls.streams = (
+            StreamSpec("source", "labeled"),
+            StreamSpec("target", "target", seed_word=3, batch_size_key=f"method.{name}.target_batch_size"),
+        )
+
+    @classmethod
+    def networks(cls, cfg: Config) -> tuple[str, ...]:
+        if not cls.has_discriminator:
+            return ("generator",)
+        return ("generator", "discriminator") + (("discriminator_aux",) if cfg.model.generator.aux_head else ())
+
+    @classmethod
+    def passes_generator_loss_through_discriminator(cls, cfg: Config) -> bool:
+        settings = cls.settings(cfg)
+        return cls.has_discriminator and (
+            settings.lambda_adv_main > 0 or (cfg.model.generator.aux_head and settings.lambda_adv_aux > 0))
+
+    @classmethod
+    def from_config(cls, cfg: Config, nets: Mapping[str, Network], phases: PhaseTimer) -> Method:
+        return cls.iteration_class()(nets["generator"], nets.get("discriminator"), nets.get("discriminator_aux"), phases, cls.settings(cfg), ignore_index=cfg.data.ignore_index,
+                                     multi_level=cfg.model.generator.aux_head)
+
+
+# What AdaptSegNet and AdvEnt log (the _aux ones with two levels, loss_ent* where weighted) and report.
+ADVERSARIAL_ADAPTATION_LOSSES = ("loss_seg", "loss_seg_aux", "loss_ent", "loss_ent_aux", "loss_adv", "loss_adv_aux",
+                                 "loss_d", "loss_d_aux", "d_acc_source", "d_acc_target", "d_acc_source_aux",
+                                 "d_acc_target_aux")
+
+
+ADVERSARIAL_ADAPTATION_DIAGNOSTICS = ("train/loss_seg", "train/loss_d", "train/d_acc_source", "train/d_acc_target")
+
+
+class AdaptSegNetSpec(DomainAdaptationSpec):
+    """AdaptSegNet (Tsai et al.): D on the softmax maps."""
+
+    name = "adaptsegnet"
+    has_discriminator = True
+    losses = ADVERSARIAL_ADAPTATION_LOSSES
+    d_losses = ("loss_d", "loss_d_aux")
+    diagnostics = ADVERSARIAL_ADAPTATION_DIAGNOSTICS
+
+
+class AdventSpec(DomainAdaptationSpec):
+    """ADVENT's AdvEnt (Vu et al.): D on the weighted self-information maps."""
+
+    name = "advent"
+    has_discriminator = True
+    losses = ADVERSARIAL_ADAPTATION_LOSSES
+    d_losses = ("loss_d", "loss_d_aux")
+    diagnostics = ADVERSARIAL_ADAPTATION_DIAGNOSTICS
+
+
+class MinEntSpec(DomainAdaptationSpec):
+    """ADVENT's MinEnt (Vu et al.): no D, the target's entropy minimised."""
+
+    name = "minent"
+    config = MinEntConfig
+    has_discriminator = False
+    losses = ("loss_seg", "loss_seg_aux", "loss_ent", "loss_ent_aux")
+    diagnostics = ("train/loss_seg",)

@@ -1,0 +1,66 @@
+"""s4GAN (Mittal et al., TPAMI 2019): what the method declares before any network exists (its
+settings, streams, networks, losses, checks), torch-free so the config loads without torch; its
+iteration is ``iteration.py`` beside this file, which ``Method.iteration_class`` imports when a run
+is built."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping, Optional
+
+from pydantic import Field
+
+from segadv.config.schema import Probability, Section, Weight
+from segadv.data.stream_spec import StreamSpec
+from segadv.errors import UserError
+from segadv.methods.base import Method
+
+if TYPE_CHECKING:
+    from segadv.config import Config
+    from segadv.engine.network import Network
+    from segadv.monitor.profile import PhaseTimer
+
+
+class S4GanConfig(Section):
+    """s4GAN's terms (Mittal et al., TPAMI 2019); defaults are the reference's for VOC."""
+
+    lambda_fm: Weight = Field(
+        0.1, description="feature matching weight: L1 between D's mean features on real and on fake (G's adversarial term)")
+    lambda_st: Weight = Field(1.0, description="self-training weight: CE of G on its argmax over the images D scores above threshold")
+    threshold: Probability = Field(0.6, description="D's score above which a whole unlabeled image is self-trained (0.6 VOC, 0.7 Cityscapes)")
+    st_start: int = Field(1, ge=0, le=10**9, description="step from which self-training is on")
+    unlabeled_batch_size: Optional[int] = Field(
+        None, gt=0, le=10**6, description="batch of the unlabeled stream; null: data.batch_size")
+
+
+class S4GanSpec(Method):
+    """s4GAN's iteration on AdvSemiSeg's three streams, against an image-level D."""
+
+    name = "s4gan"
+    config = S4GanConfig
+    # Seed words 1 and 2, as AdvSemiSeg's: each stream shuffles and augments independently.
+    streams = (
+        StreamSpec("labeled", "labeled"),
+        StreamSpec("unlabeled", "unlabeled", seed_word=1, batch_size_key="method.s4gan.unlabeled_batch_size"),
+        StreamSpec("gt", "labeled", seed_word=2),
+    )
+    discriminator_kind = "image"
+    losses = ("loss_seg", "loss_fm", "loss_st", "loss_d", "st_image_ratio", "d_acc_real", "d_acc_fake")
+    d_losses = ("loss_d",)
+    diagnostics = ("train/loss_seg", "train/loss_d", "train/d_acc_real", "train/d_acc_fake", "train/st_image_ratio")
+
+    @classmethod
+    def from_config(cls, cfg: Config, nets: Mapping[str, Network], phases: PhaseTimer) -> Method:
+        return cls.iteration_class()(nets["generator"], nets["discriminator"], phases, cls.settings(cfg), num_classes=cfg.data.num_classes,
+                                     ignore_index=cfg.data.ignore_index)
+
+    @classmethod
+    def passes_generator_loss_through_discriminator(cls, cfg: Config) -> bool:
+        # Feature matching is its only term through D (loss.lambda_adv is not used).
+        return cls.settings(cfg).lambda_fm > 0
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        super().check_config(cfg)
+        if cfg.model.discriminator.kind != "image":
+            raise UserError("model.discriminator.kind: s4gan's D scores whole images with their class maps; set "
+                            "model.discriminator.kind: image (configs/s4gan_voc.yaml)")

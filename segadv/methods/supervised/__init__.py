@@ -1,0 +1,1 @@
+"""The supervised method: ``declaration.py`` says what the method needs, ``iteration.py`` runs it."""

@@ -1,0 +1,279 @@
+"""Everything the training loop reports, behind one object (torchtitan's metrics processor).
+
+The loop tells a :class:`Reporter` what happened (a step done, a log step, an evaluation, a phase
+outside the step, the end); the reporter's parts decide what to read and write and when: the
+metrics writer (TensorBoard and metrics.jsonl, rank 0), the console progress, the loss averages
+and the step timer, the run's time profile, status.json and D's diagnostics. Between log steps
+nothing is read on the host: a step's losses are summed on their devices (meters.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Iterable, Iterator, Mapping, Optional, Protocol, Sequence, TypeVar
+
+import torch
+
+from segadv.config import Config
+from segadv.data.palette import palette
+from segadv.monitor.diagnostics import DWinsWatch, confidence_quality
+from segadv.monitor.images import confidence_panel, segmentation_panel
+from segadv.monitor.meters import LossAverager, StepTimer
+from segadv.monitor.profile import PhaseTimer, RunProfile, format_profile, peak_memory_gib, profile_scalars
+from segadv.monitor.progress import Progress
+from segadv.monitor.status import RunRecord
+from segadv.monitor.writer import open_writer
+from segadv.parallel import distributed
+
+# The run's lines keep the loop's logger name, as the progress lines do (progress.py).
+log = logging.getLogger("segadv.training.loop")
+
+T = TypeVar("T")
+
+def d_loss_names(method: object) -> tuple[str, ...]:
+    """The D losses the "D wins outright" watch reads: what the method's class declares
+    (``Method.d_losses``; none for a method without a D)."""
+    return tuple(type(method).d_losses)
+
+
+class Parts(Protocol):
+    """What the reporter reads of a run's parts (segadv/training/build.py's ``Training``)."""
+
+    method: Any  # its ``panel(images)``, ``panel_stream`` and its class's ``d_losses``
+    phases: PhaseTimer
+    device_map: Any  # ``generator`` (where the ranks' losses are averaged) and ``devices``
+
+    def networks(self) -> Sequence[Any]: ...  # each with ``short`` and ``opt`` (``lr``, ``loss_scale()``)
+
+
+class LossGuard(Protocol):
+    """segadv/engine/nonfinite.py's ``NonFiniteGuard``: fed the losses wherever they are read."""
+
+    def check(self, step: int, losses: dict[str, float]) -> None: ...
+
+    def check_unlogged(self, step: int, losses: LossAverager) -> None: ...
+
+    def skipped(self) -> dict[str, float]: ...
+
+
+class Evaluation(Protocol):
+    """segadv/engine/evaluate.py's ``EvalResult``."""
+
+    metrics: dict[str, object]
+    samples: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    absent_classes: list[int]
+
+
+class Reporter:
+    """What one run reports; ``with Reporter(...) as reporter:`` closes it however the run ends.
+
+    ``record``: the attempt's status.json (``train`` holds it around the run); ``guard``: where the
+    losses are checked for non-finite values whenever they are read (None: not checked);
+    ``is_main``: rank 0, the one that writes and warns; ``resume_step``: a resumed run's step, from
+    which the metric files continue. The writer opens here (a metrics.jsonl that cannot be read is
+    a failed start); the progress, the timers and ``running`` start with :meth:`begin`."""
+
+    def __init__(self, cfg: Config, parts: Parts, run_dir: Path, record: RunRecord, guard: LossGuard | None = None,
+                 *, is_main: bool = True, resume_step: int | None = None) -> None:
+        self.cfg, self.parts, self.record, self.guard, self.is_main = cfg, parts, record, guard, is_main
+        self.writer = open_writer(run_dir, cfg.log.tensorboard, is_main, resume_step)
+        self.losses, self.timer = LossAverager(), StepTimer()
+        # On rank 0 only: the losses it reads are averaged over the ranks, and the others would warn too.
+        self.d_wins = DWinsWatch(cfg.log, d_loss_names(parts.method) if is_main else ())
+        self.progress: Progress | None = None
+        self.profile = RunProfile(parts.phases)
+        self.start_step = self.step = 0
+        self.closed = False
+
+    def __enter__(self) -> "Reporter":
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+    def begin(self, step: int, best: Mapping[str, Any] | None) -> None:
+        """The loop starts at ``step`` (0, or the step resumed from) with the checkpoint's best
+        evaluation: the progress and the timers start, status.json says ``running``."""
+        self.start_step = self.step = step
+        self.progress = Progress(self.cfg.train.max_steps, start=step,
+                                 bar=self.cfg.log.progress_bar if self.is_main else False)
+        self.timer.reset()  # the start-up is neither step time nor part of the loop's profile
+        self.profile = RunProfile(self.parts.phases)
+        self.record.begin(step, best)
+
+    def step_done(self, step: int, losses: Mapping[str, torch.Tensor], data_waits: dict[str, float]) -> None:
+        """Step ``step`` (counted from 1) returned ``losses`` (summed on their devices, not read)
+        after waiting ``data_waits`` seconds per stream."""
+        self.step = step
+        self.losses.update(losses)
+        self.timer.add_data_wait(data_waits)
+        for name, seconds in data_waits.items():
+            self.profile.phases.add(f"data/{name}", seconds)
+
+    def should_log(self, step: int) -> bool:
+        """Every ``train.log_every`` steps and at the last one."""
+        return step % self.cfg.train.log_every == 0 or step == self.cfg.train.max_steps
+
+    def log(self, step: int) -> dict[str, float]:
+        """A log step: the losses' means since the last one, read on the host (the loop's sync)
+        and averaged over the ranks, written with the learning rates, loss scales, timings and
+        skipped updates and shown in the progress; then checked by the guard and the D-wins
+        watch. Returns the means."""
+        with self.profile.host_phase("logging"):
+            means = self.losses.pop_means()
+            perf = {**self.timer.pop(), **(self.guard.skipped() if self.guard is not None else {})}
+            means = distributed.mean_over_ranks(means, self.parts.device_map.generator)
+            self.writer.scalars(step, {**training_scalars(means, self.parts.networks()), **perf})
+            self.progress.update(step, means)
+            self.parts.phases.resolve()  # the losses' read synced the devices
+        if self.guard is not None:
+            self.guard.check(step, means)
+        self.d_wins.update(step, means)
+        return means
+
+    def check_finite(self, step: int) -> None:
+        """Before an evaluation or a save: the losses not logged yet go to the guard (a sync, at
+        those steps only), so nothing non-finite is evaluated or saved."""
+        if self.guard is not None:
+            self.guard.check_unlogged(step, self.losses)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """A phase of the loop outside the step (``evaluation``, ``checkpoint``): timed on the host
+        into the run profile, and kept out of the step time."""
+        with self.profile.host_phase(name):
+            yield
+        self.timer.reset()
+
+    def elapsed(self) -> float:
+        """Seconds since the loop began."""
+        return self.profile.elapsed()
+
+    def track(self, loader: Iterable[T]) -> Iterable[T]:
+        """``loader`` with an evaluation bar where the run shows one and the val set is long."""
+        return self.progress.evaluation(loader) if self.progress is not None else loader
+
+    def evaluation(self, step: int, result: Evaluation, loader: Iterable, prefix: str = "val",
+                   train_seconds: float | None = None) -> dict[str, object]:
+        """G's evaluation on one val split, logged as ``<prefix>/mIoU``, ``<prefix>/pixel_acc``,
+        ``<prefix>/IoU/<class>``, its input/truth/prediction panel where it kept samples, and a
+        line; ``train_seconds`` (the time before it) as ``perf/train_seconds``, for accuracy
+        against time (segadv-curves). Returns its metrics."""
+        cfg, metrics = self.cfg, result.metrics
+        scalars = {f"{prefix}/mIoU": metrics["mIoU"], f"{prefix}/pixel_acc": metrics["pixel_acc"]}
+        if train_seconds is not None:
+            scalars["perf/train_seconds"] = train_seconds
+        names = class_names_for(cfg)
+        notes = evaluation_notes(cfg, loader, result.absent_classes, names)
+        scalars.update({f"{prefix}/IoU/{name}": iou for name, iou in zip(names, metrics["iou"]) if iou == iou})
+        self.writer.scalars(step, scalars)
+        if result.samples is not None:
+            panel = segmentation_panel(*result.samples, palette(cfg.data.num_classes), cfg.data.mean, cfg.data.std,
+                                       names)
+            self.writer.image(step, f"{prefix}/input_gt_pred", panel)
+        self.progress.write(f"step {step}: {prefix} mIoU {metrics['mIoU']:.4f}, "
+                            f"pixel accuracy {metrics['pixel_acc']:.4f}{notes}")
+        return metrics
+
+    def diagnostics(self, step: int, panel_images: torch.Tensor | None,
+                    diagnostic: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """At an evaluation: the method's panel of ``panel_images`` with D's confidence histogram,
+        and D's confidence quality on the ``diagnostic`` images against their masks (either None:
+        not logged)."""
+        if panel_images is not None:
+            self._method_panel(step, panel_images)
+        if diagnostic is not None:
+            self._confidence_quality(step, *diagnostic)
+
+    def _method_panel(self, step: int, images: torch.Tensor) -> None:
+        """The method's panel and, from the same maps, the histogram of D's confidence at every
+        pixel of the panel's images (``diag/d_confidence_<panel stream>``)."""
+        method, cfg = self.parts.method, self.cfg
+        maps = method.panel(images)
+        if maps is not None:
+            panel = confidence_panel(maps, palette(cfg.data.num_classes), cfg.data.mean, cfg.data.std,
+                                     class_names_for(cfg))
+            self.writer.image(step, maps.tag, panel)
+            self.writer.histogram(step, f"diag/d_confidence_{method.panel_stream}", maps.confidence)
+
+    def _confidence_quality(self, step: int, images: torch.Tensor, truth: torch.Tensor) -> None:
+        """Does D know which pixels are right? The method's own panel maps (G's argmax, D's
+        confidence, the mask) on the diagnostic images, in chunks of the panel's size, against
+        their masks: ``diag/d_confidence_auroc``, ``diag/d_mask_precision``, ``diag/d_mask_pass``,
+        ``diag/g_pixel_acc`` (docs/training.md)."""
+        chunk = max(self.cfg.log.num_images, 1)
+        maps = [self.parts.method.panel(images[i:i + chunk]) for i in range(0, len(images), chunk)]
+        if any(m is None for m in maps):
+            return
+        ignore = self.cfg.data.ignore_index
+        quality = confidence_quality(torch.cat([m.preds for m in maps]), torch.cat([m.confidence for m in maps]),
+                                     torch.cat([m.pseudo_labels for m in maps]) != ignore, truth, ignore)
+        self.writer.scalars(step, {f"diag/{name}": value for name, value in quality.items()})
+
+    def evaluated(self, step: int, metrics: Mapping[str, Any], best: Mapping[str, Any]) -> None:
+        """The val evaluation at ``step`` is kept, ``best`` the checkpoints' best after it:
+        status.json's scores and ``val/best_mIoU``."""
+        self.record.evaluated(step, metrics, best)
+        self.writer.scalars(step, {"val/best_mIoU": best["mIoU"]})
+
+    def finish(self, step: int) -> None:
+        """The loop ended at ``step``: rank 0 logs where its time went, and the files are flushed
+        (a TensorBoard write that failed in its thread is raised here)."""
+        if self.is_main:
+            self._time_profile(step)
+        self.writer.flush()
+
+    def _time_profile(self, step: int) -> None:
+        """Where this process's wall time went (docs/performance.md "Time profile of a run"): a
+        table in the log and ``perf/time/*``, ``perf/share/*``, ``perf/peak_mem_gib/*`` at the last
+        step. After a resume it covers the steps this process ran."""
+        wall, seconds = self.profile.table()
+        peaks = peak_memory_gib(self.parts.device_map.devices)
+        start = self.start_step
+        ran = f"{step - start} steps" + (f", {start + 1}-{step}" if start else "")
+        log.info("time profile (this process, %s):\n%s", ran, format_profile(wall, seconds, peaks))
+        self.writer.scalars(step, profile_scalars(wall, seconds, peaks))
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.writer.tensorboard_dir
+
+    def close(self) -> None:
+        """status.json's step reached, the progress and the metric files closed; once."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.progress is not None:
+            self.record.reached(self.step)
+            self.progress.close()
+        self.writer.close()
+
+
+def training_scalars(losses: Mapping[str, float], networks: Sequence[Any]) -> dict[str, float]:
+    """``train/<loss>``, and each network's ``train/lr_<short>`` and ``amp/scale_<short>``."""
+    scalars = {f"train/{name}": value for name, value in losses.items()}
+    for net in networks:
+        scalars.update({f"train/lr_{net.short}": net.opt.lr, f"amp/scale_{net.short}": net.opt.loss_scale()})
+    return scalars
+
+
+def evaluation_notes(cfg: Config, loader: Iterable, absent: list[int], names: list[str]) -> str:
+    """What an evaluation's numbers leave out: val samples dropped under data.on_error=skip, and
+    classes with no ground-truth pixel (``; ...`` each, or "")."""
+    from segadv.data.files import absent_classes_note
+    from segadv.data.loaders import left_out
+
+    skipped = len(left_out(loader))
+    notes = [f"{skipped} val sample{'' if skipped == 1 else 's'} skipped (data.on_error=skip)"] if skipped else []
+    absent_note = absent_classes_note(names, absent, cfg.data.ignore_index, "val")
+    return "".join(f"; {note}" for note in [*notes, *([absent_note] if absent_note else [])])
+
+
+def class_names_for(cfg: Config) -> list[str]:
+    from segadv.data import class_names
+
+    return list(class_names(cfg.data))
