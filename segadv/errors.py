@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
+from segadv.signals import Interrupted, handling_signals, stopping_signal
+
 log = logging.getLogger("segadv")
 
 EXIT_OK = 0
@@ -94,39 +96,69 @@ def _silence_stdout() -> None:
 
 def cli_entry(main: Callable[[list[str] | None], int | None]) -> Callable[[list[str] | None], int]:
     """Wrap a CLI ``main(argv)`` so that user errors exit 2 with their message and no traceback;
-    what it printed is flushed inside, so a full or closed stdout is answered here too."""
+    what it printed is flushed inside, so a full or closed stdout is answered here too. Its first
+    instruction installs the command's answer to SIGINT, SIGTERM and SIGHUP (segadv/signals.py):
+    a signal unwinds as :class:`segadv.signals.Interrupted`, answered here with one line and
+    128 + N."""
 
     @functools.wraps(main)
     def wrapper(argv: list[str] | None = None) -> int:
-        try:
-            code = main(argv)
-            sys.stdout.flush()
-        except UserError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return EXIT_USER_ERROR
-        except RunStopped as err:
-            print(f"error: {err}", file=sys.stderr)
-            return err.exit_code
-        except RuntimeError as err:
-            message = input_shape_message(err)
-            if message is None:
-                raise
-            print(f"error: {message}", file=sys.stderr)
-            return EXIT_USER_ERROR
-        except OSError as err:
-            answer = os_error_message(err)
-            if answer is None:
-                raise
-            if answer[1] == EXIT_WRITE_FAILED:
-                _silence_stdout()
-            print(f"error: {answer[0]}", file=sys.stderr)
-            return answer[1]
-        except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
-            return EXIT_INTERRUPTED
-        return EXIT_OK if code is None else int(code)
+        with handling_signals():
+            try:
+                return _answered(main, argv)
+            except Interrupted as err:  # a signal landed while another answer was printed
+                print(f"error: {err}", file=sys.stderr)
+                return err.exit_code
 
     return wrapper
+
+
+def _answered(main: Callable[[list[str] | None], int | None], argv: list[str] | None) -> int:
+    """``main(argv)``'s exit code, every error it raises answered as :func:`cli_entry` says."""
+    try:
+        code = main(argv)
+        sys.stdout.flush()
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except RunStopped as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except RuntimeError as err:
+        message = input_shape_message(err)
+        if message is not None:
+            print(f"error: {message}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        signum = stopping_signal()
+        if signum is None or not is_collective_error(err):
+            raise
+        # A peer rank ended on the same signal first and closed the process group under this one.
+        print(f"error: {Interrupted(signum, 'while another rank stopped first')} "
+              f"({str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__})", file=sys.stderr)
+        return 128 + signum
+    except OSError as err:
+        answer = os_error_message(err)
+        if answer is None:
+            raise
+        if answer[1] == EXIT_WRITE_FAILED:
+            _silence_stdout()
+        print(f"error: {answer[0]}", file=sys.stderr)
+        return answer[1]
+    except Interrupted as err:  # a stop signal: everything on its way out has been cleaned up
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:  # raised by other code than segadv's handler
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_OK if code is None else int(code)
+
+
+def is_collective_error(err: BaseException) -> bool:
+    """A torch.distributed collective that failed (its backend's error types, or gloo's and NCCL's
+    "closed by peer" messages), told without importing torch."""
+    names = {cls.__name__ for cls in type(err).__mro__}
+    return bool(names & {"DistError", "DistBackendError", "DistNetworkError"}) or \
+        "closed by peer" in str(err) or "Connection reset by peer" in str(err)
 
 
 def exit_code_of(err: BaseException) -> int:
@@ -135,6 +167,8 @@ def exit_code_of(err: BaseException) -> int:
     if isinstance(err, UserError):
         return EXIT_USER_ERROR
     if isinstance(err, RunStopped):
+        return err.exit_code
+    if isinstance(err, Interrupted):
         return err.exit_code
     if isinstance(err, KeyboardInterrupt):
         return EXIT_INTERRUPTED

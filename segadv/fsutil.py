@@ -4,6 +4,9 @@ the rule that no output replaces an input.
 A run killed mid-write (OOM, Ctrl-C, power loss) must never leave a truncated ``config.yaml`` or
 checkpoint where a good one used to be: readers either see the old file or the complete new one.
 Every OSError while writing is a :class:`segadv.errors.WriteFailed` naming the file meant (exit 4).
+Temp files never outlive the write: any exception removes them, a stop signal's too (it unwinds
+as :class:`segadv.signals.Interrupted`). Only a kill that no process can catch (SIGKILL, the OOM
+killer, power loss) leaves one; a run's start removes those of its checkpoints.
 """
 
 from __future__ import annotations
@@ -153,9 +156,11 @@ def unwritable(directory: Path) -> str | None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"")
-        probe.unlink()
     except OSError as err:
         return err.strerror or str(err)
+    finally:  # whatever ends the try (a signal's exception too): the probe never outlives it
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
     return None
 
 

@@ -1,9 +1,28 @@
-"""Graceful stop: SIGTERM (preemption) or SIGINT (Ctrl-C) ends the run at the next step boundary.
+"""Stop signals, one rule for every command from its first instruction to its last.
 
-The training process owns the stop. Its data-loader workers ignore both signals
-(:func:`ignore_stop_signals`): a SIGTERM to every process of a job (``scancel``, SLURM preemption,
-``kill -TERM -PGID``) would otherwise kill them, and the rank would die of a dead worker before it
-could save.
+SIGINT (Ctrl-C), SIGTERM (preemption, ``kill``, ``scancel``) and SIGHUP (a closed terminal or SSH
+session) are answered alike, by one handler (:func:`_dispatch`), which every command installs as
+its first instruction (:func:`handling_signals`, entered by ``segadv.errors.cli_entry``):
+
+- **Outside a training loop** a signal raises :class:`Interrupted` in the main thread. It unwinds
+  like any exception: every ``finally`` and ``__exit__`` runs, so an atomic write removes its temp
+  file (segadv/fsutil.py), a start of segadv-train removes what it wrote in its run dir
+  (segadv/training/run_dir.py ``StartCleanup``), and ``cli_entry`` prints one ``error:`` line and
+  exits 128 + N (130 SIGINT, 129 SIGHUP, 143 SIGTERM). Killed outright instead (the default action
+  of SIGTERM and SIGHUP), a process leaves its temp files and a half-made run dir behind.
+- **While a training loop runs** (:class:`StopRequests`, entered once the start is complete) the
+  first signal only asks the loop to stop at the next step boundary and save a checkpoint (exit 0);
+  a second SIGINT interrupts at once (:class:`Interrupted`). A second SIGTERM or SIGHUP is not
+  a hurry: a job's SIGTERM often reaches a rank twice (from the scheduler and from its launcher).
+- **While unwinding** from an :class:`Interrupted`, a second signal is only logged, so the
+  clean-up it runs is never cut short; a third takes the signal's default action (ends the
+  process at once, as SIGKILL would). :func:`deferred` holds a signal back over a few lines that
+  must not be cut in the middle (recording a run's outcome, removing a failed start's files).
+
+Before a command's first instruction (the interpreter importing it) nothing has been written, so
+the default actions there lose nothing. Data-loader workers leave the signals to their main
+process (:func:`ignore_stop_signals`). Signal handlers run in the main thread only; installed from
+another thread, the helpers here do nothing.
 """
 
 from __future__ import annotations
@@ -18,14 +37,170 @@ from typing import Iterator
 
 log = logging.getLogger(__name__)
 
+# The signals that stop a command (SIGHUP does not exist on Windows).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal that ends a command at once. A KeyboardInterrupt, so it unwinds through code
+    that catches ``Exception`` and is met where Ctrl-C always was (a run's status records
+    ``stopped``). ``after``: what the reader needs next (where the run can go on from, or that
+    nothing was saved), added by whoever knows it; ``when``: where it landed."""
+
+    def __init__(self, signum: int, when: str = "", after: str = "") -> None:
+        super().__init__(signum)
+        self.signum, self.when, self.after = signum, when, after
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def __str__(self) -> str:
+        return f"interrupted by {self.name}" + (f" {self.when}" if self.when else "") + \
+            (f"; {self.after}" if self.after else "")
+
+
+class _State:
+    """The process's answer to a stop signal; touched only by the main thread."""
+
+    def __init__(self) -> None:
+        self.installed = 0  # handling_signals() depth
+        self.previous: dict[int, object] = {}
+        self.stops: list[StopRequests] = []  # graceful-stop scopes, innermost last
+        self.deferring = 0  # deferred() depth
+        self.pending: int | None = None  # a signal deferred() held back
+        self.raised: int | None = None  # the signal an Interrupted was raised for
+        self.repeats = 0  # signals received since then
+        self.stop_signal: int | None = None  # the signal a graceful stop was requested by
+
+    def reset(self) -> None:
+        self.pending = self.raised = self.stop_signal = None
+        self.repeats = 0
+
+
+_state = _State()
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _dispatch(signum: int, frame: FrameType | None) -> None:
+    """The one handler of SIGINT, SIGTERM and SIGHUP (module docstring)."""
+    name = signal.Signals(signum).name
+    if _state.raised is not None:  # already unwinding: let the clean-up finish
+        _state.repeats += 1
+        if _state.repeats >= 2:
+            log.warning("%s again: ending at once", name)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        log.warning("%s: already stopping, cleaning up (once more ends the process at once)", name)
+        return
+    if _state.stops:
+        _state.stops[-1]._handle(signum)
+        return
+    if _state.deferring:
+        if _state.pending is None:
+            _state.pending = signum
+        log.warning("%s: stopping once the current write is complete", name)
+        return
+    _raise(signum)
+
+
+def _raise(signum: int, when: str = "") -> None:
+    _state.raised = signum
+    raise Interrupted(signum, when)
+
+
+def _install() -> dict[int, object]:
+    return {sig: signal.signal(sig, _dispatch) for sig in STOP_SIGNALS}
+
+
+@contextlib.contextmanager
+def handling_signals() -> Iterator[None]:
+    """A command's stop signals answered by :func:`_dispatch` while active (re-entrant); the
+    handlers found are restored at the end."""
+    if not _in_main_thread():  # signal() only works there
+        yield
+        return
+    if _state.installed == 0:
+        _state.previous = _install()
+        _state.reset()
+    _state.installed += 1
+    try:
+        yield
+    finally:
+        _state.installed -= 1
+        if _state.installed == 0:
+            for sig, handler in _state.previous.items():
+                signal.signal(sig, handler)
+            _state.previous = {}
+            _state.reset()
+
+
+# The name segadv-export used before every command had it (segadv.errors.cli_entry).
+sigterm_unwinds = handling_signals
+
+
+@contextlib.contextmanager
+def interrupted_note(after: str) -> Iterator[None]:
+    """An :class:`Interrupted` leaving the block says ``after`` (what was kept), unless a block
+    inside it said more."""
+    try:
+        yield
+    except Interrupted as err:
+        err.after = err.after or after
+        raise
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A signal arriving in the block is held back to its end (then raised as
+    :class:`Interrupted`, unless an exception already leaves the block): a few lines that must
+    not be cut in the middle."""
+    if not _in_main_thread():
+        yield
+        return
+    _state.deferring += 1
+    try:
+        yield
+    finally:
+        _state.deferring -= 1
+    # Reached only when the block ended normally: an exception on its way wins over the signal.
+    if _state.deferring == 0 and _state.pending is not None and _state.raised is None and not _state.stops:
+        signum, _state.pending = _state.pending, None
+        _raise(signum)
+
+
+class Shielded:
+    """A context manager whose ``__exit__`` runs under :func:`deferred`: a signal never cuts its
+    clean-up short (``with Shielded(StartCleanup(...)):``)."""
+
+    def __init__(self, manager: object) -> None:
+        self.manager = manager
+
+    def __enter__(self) -> object:
+        return self.manager.__enter__()
+
+    def __exit__(self, *exc: object) -> object:
+        with deferred():
+            return self.manager.__exit__(*exc)
+
 
 def ignore_stop_signals() -> None:
-    """For a data-loader worker: SIGINT and SIGTERM are the main process's to act on. The one
-    SIGTERM a worker obeys is its own main process's: ``multiprocessing`` ends workers that
+    """For a data-loader worker: SIGINT, SIGTERM and SIGHUP are the main process's to act on. The
+    one SIGTERM a worker obeys is its own main process's: ``multiprocessing`` ends workers that
     outlive their loader that way when the process exits (a worker ignoring it would hang that
     exit), so SIGTERM is blocked and a thread waits for it, ending the worker only when its
     parent sent it. Without ``sigwaitinfo`` (macOS) SIGTERM is ignored outright."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if not hasattr(signal, "sigwaitinfo"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return
@@ -41,7 +216,8 @@ def _obey_sigterm_from(parent: int) -> None:
 
 
 class StopRequests:
-    """While active, the first SIGTERM/SIGINT sets ``requested``; a second SIGINT interrupts.
+    """While active, the first stop signal sets ``requested``: the training loop stops at its next
+    step boundary and saves (module docstring); a second SIGINT raises :class:`Interrupted`.
 
     ``watch_parent`` (a worker of torchrun): the launcher's death is a stop request too, seen by
     the next read of ``requested`` (every step). A launcher killed outright (SIGKILL) cannot pass a
@@ -50,7 +226,7 @@ class StopRequests:
     data-loader fork riskier (a fork copies no thread but the caller, and no lock another held).
     """
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    SIGNALS = STOP_SIGNALS
 
     def __init__(self, watch_parent: bool = False) -> None:
         self._requested: str | None = None
@@ -76,22 +252,30 @@ class StopRequests:
         return self._requested
 
     def __enter__(self) -> "StopRequests":
-        if threading.current_thread() is threading.main_thread():  # signal() only works there
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+        if _in_main_thread():  # signal() only works there
+            if _state.installed == 0 and not _state.stops:  # train() called as a library: the same handler
+                _state.reset()  # what an earlier call left (an interrupt it raised) is not this one's
+                self._previous = _install()
+            _state.stops.append(self)
         self._launcher = os.getppid() if self.watch_parent else None
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._launcher = None
+        if self in _state.stops:
+            _state.stops.remove(self)
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        if self._previous:  # it installed the handlers: the process's answer ends with it
+            _state.reset()
         self._previous.clear()
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
+    def _handle(self, signum: int, frame: FrameType | None = None) -> None:
         name = signal.Signals(signum).name
+        _state.stop_signal = _state.stop_signal or signum
         if self._requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+            _state.stops.remove(self)  # from here the run unwinds: a third signal is the OS's
+            _raise(signum, f"again (a stop was requested by {self._requested})")
         self._request(name, f"{name} received")
 
     def _request(self, reason: str, why: str) -> None:
@@ -101,24 +285,12 @@ class StopRequests:
         log.warning("%s: stopping after the current step and saving a checkpoint", why)
 
 
+def stopping_signal() -> int | None:
+    """The signal this command was asked to stop by (a graceful stop or an interrupt), or None:
+    a rank whose collective fails after it is seeing a peer that stopped first, not a fault."""
+    return _state.raised or _state.stop_signal
+
+
 class Terminated(SystemExit):
-    """SIGTERM received by a command that stops at once rather than at a step boundary."""
-
-
-@contextlib.contextmanager
-def sigterm_unwinds() -> Iterator[None]:
-    """While active, SIGTERM raises :class:`Terminated` (exit 143, 128 + SIGTERM) in the main thread
-    instead of killing the process outright, so ``finally`` blocks run: a command writing through a
-    temp file (segadv-export's verification) removes it. SIGINT already raises KeyboardInterrupt."""
-    if threading.current_thread() is not threading.main_thread():  # signal() only works there
-        yield
-        return
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        raise Terminated(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handle)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    """SIGTERM (or SIGHUP) passed on by segadv-experiment to its trainer: the launcher ends with the
+    signal's exit code once the trainer has stopped (segadv/experiment/launcher.py)."""

@@ -46,3 +46,27 @@ def test_print_config_to_a_full_device_exits_4_without_a_traceback():
                                 stderr=subprocess.PIPE, text=True, timeout=120)
     assert result.returncode == EXIT_WRITE_FAILED
     assert result.stderr.strip().splitlines() == ["error: cannot write the output: No space left on device (ENOSPC)"]
+
+
+class DistBackendError(RuntimeError):
+    """Named as torch.distributed's: what a collective raises when its peer has gone."""
+
+
+def test_a_collective_failing_after_a_stop_request_is_the_stop_not_a_fault(capsys):
+    """A rank stopping on Ctrl-C whose peer ended first sees its collective fail: one line, the
+    signal's exit code. The same error with no stop requested keeps its traceback."""
+    import signal
+
+    from segadv.signals import StopRequests
+
+    @cli_entry
+    def stopped(argv=None):
+        with StopRequests() as stop:
+            stop._handle(signal.SIGINT)
+            raise DistBackendError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1")
+
+    assert stopped([]) == 130
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("error: interrupted by SIGINT while another rank stopped first")
+    with pytest.raises(DistBackendError):
+        entry(DistBackendError("Connection closed by peer"))([])

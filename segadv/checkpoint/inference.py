@@ -12,6 +12,10 @@ segadv-predict.
   its ``config.json``; the rest (data: classes, normalisation) comes from the named config file,
   whose generator must be the one described, or else from the embedded default config.
 
+A checkpoint of a run with a mean teacher holds two segmentation networks: ``network`` picks the
+student (G, ``generator``) or its EMA teacher (``teacher``); by default the student, the network
+the run scored as ``val/mIoU`` (as DACS evaluates its student), said in the log.
+
 Weights always go through :func:`segadv.checkpoint.loader.load_weights` (strict; a clear error
 on any mismatch).
 """
@@ -48,6 +52,7 @@ class LoadedGenerator:
     kind: str  # "segadv checkpoint", "state dict" or "smp directory"
     step: Optional[int]
     config_source: str  # where the config came from
+    network: str = "student"  # which of the checkpoint's networks: student (G) or teacher (NETWORKS)
 
     def source_info(self) -> dict[str, Any]:
         return {
@@ -56,7 +61,13 @@ class LoadedGenerator:
             "kind": self.kind,
             "step": self.step,
             "config": self.config_source,
+            "network": self.network,
         }
+
+
+# ``--network`` -> the checkpoint key it names. The run scores the student (G) as val/mIoU, as
+# DACS evaluates its student; the teacher is the mean teacher's EMA of it.
+NETWORKS = {"student": "generator", "teacher": "teacher"}
 
 
 def checkpoint_path(checkpoint: str | Path, *, say: bool = True) -> Path:
@@ -87,22 +98,39 @@ def load_generator(
     overrides: Sequence[str] = (),
     *,
     trusted: bool = False,
+    network: Optional[str] = None,
 ) -> LoadedGenerator:
+    """The bare G of ``checkpoint``; ``network``: student or teacher where the checkpoint holds a
+    mean teacher (None: the student, the network the run scored as val/mIoU)."""
+    if network is not None and network not in NETWORKS:
+        raise UserError(f"--network {network}: choose {' or '.join(NETWORKS)}")
     path = checkpoint_path(checkpoint)
     if path.is_dir():
+        if network == "teacher":
+            raise UserError(f"--network teacher: {path} is an smp directory, which holds one network (no teacher)")
         return _load_smp_dir(path, config, overrides)
     ckpt = read_checkpoint(path, trusted=trusted)
     cfg, config_source = resolve_config(ckpt, path, config, overrides)
     segadv_ckpt = is_segadv_checkpoint(ckpt)
     step = ckpt.get("step") if segadv_ckpt else None
+    has_teacher = segadv_ckpt and NETWORKS["teacher"] in ckpt
+    if network == "teacher" and not has_teacher:
+        raise UserError(f"--network teacher: {path} holds no teacher (only a mean_teacher run's checkpoint has one); "
+                        "leave --network out to use its generator")
+    chosen = network or "student"
+    if has_teacher:
+        log.info("%s: the %s (%s)%s", path, chosen, NETWORKS[chosen],
+                 "; the run scored it as val/mIoU, --network teacher picks its EMA teacher" if network is None else "")
     return LoadedGenerator(
-        model=_load_into(build_generator_for_weights(cfg.model.generator, cfg.data.num_classes), ckpt, path),
+        model=_load_into(build_generator_for_weights(cfg.model.generator, cfg.data.num_classes),
+                         ckpt[NETWORKS[chosen]] if has_teacher else ckpt, path, role=NETWORKS[chosen]),
         cfg=cfg,
         checkpoint=path,
         sha256=file_sha256(path),
         kind="segadv checkpoint" if segadv_ckpt else "state dict",
         step=int(step) if isinstance(step, int) else None,
         config_source=config_source,
+        network=chosen,
     )
 
 
@@ -139,9 +167,10 @@ def _load_smp_dir(directory: Path, config: Optional[str], overrides: Sequence[st
     )
 
 
-def _load_into(generator: nn.Module, weights: Mapping[str, torch.Tensor], path: Path) -> nn.Module:
+def _load_into(generator: nn.Module, weights: Mapping[str, torch.Tensor], path: Path,
+               role: str = "generator") -> nn.Module:
     try:
-        load_weights(weights, generator, role="generator", name=str(path))
+        load_weights(weights, generator, role=role, name=str(path))
     except CheckpointMismatchError as err:
         raise CheckpointMismatchError(f"checkpoint {path}: {err}") from None
     return generator.float().eval()

@@ -106,10 +106,39 @@ def load_encoder_weights(generator: nn.Module, cfg: GeneratorConfig) -> None:
     path = local_encoder_weights(cfg)
     if path is None:
         return
+    encoder = unwrap(generator).encoder
     try:
-        load_weights(path, unwrap(generator).encoder, role="encoder")
+        source: Any = path
+        _, flat = find_state_dict(read_checkpoint(path), "encoder")
+        flat, head = drop_classifier_head(flat, encoder.state_dict())
+        if head:
+            log.info("model.generator.encoder_weights: the classifier head of %s (%s%s) is not part of the "
+                     "encoder: left out", path.name, ", ".join(head), head_classes(head))
+            source = flat
+        load_weights(source, encoder, role="encoder", name=str(path))
     except UserError as err:
         raise UserError(f"model.generator.encoder_weights: {err}") from None
+
+
+# An ImageNet classifier's head: torchvision's and timm's ResNets (fc), torchvision's MobileNets,
+# EfficientNets, VGG (classifier), timm's newer models (head.fc). An encoder has none of them.
+CLASSIFIER_HEADS = ("fc.", "classifier.", "head.fc.", "last_linear.")
+
+
+def drop_classifier_head(flat: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]
+                         ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """An ImageNet classification state dict (torchvision's ``resnet18(weights=...).state_dict()``,
+    timm's) for an encoder: its head's keys left out where the encoder has no such keys. Returns
+    the kept tensors and the dropped ones."""
+    heads = tuple(p for p in CLASSIFIER_HEADS if not any(k.startswith(p) for k in expected))
+    dropped = {k: v for k, v in sorted(flat.items()) if heads and k.startswith(heads)}
+    return {k: v for k, v in flat.items() if k not in dropped}, dropped
+
+
+def head_classes(head: Mapping[str, torch.Tensor]) -> str:
+    """``: N classes`` from a head's last 2-D weight (its output rows), or ""."""
+    weights = [v for k, v in head.items() if k.endswith("weight") and v.dim() == 2]
+    return f": {weights[-1].shape[0]} classes" if weights else ""
 
 
 def drop_training_only_head(
@@ -238,8 +267,18 @@ def mismatch_message(
         lines.append(f"  {len(shapes)} with a different shape: " + "; ".join(shapes[:SHOW])
                      + (f"; ... ({len(shapes) - SHOW} more)" if len(shapes) > SHOW else ""))
     lines.append(f"  the file looks like {describe_weights(mapped or flat)}")
-    lines.append("  (to load part of a file on purpose, list the keys to keep in init.<network>.exclude)")
+    lines.append(f"  ({fit_hint(role)})")
     return "\n".join(lines)
+
+
+def fit_hint(role: str) -> str:
+    """What to do about a file that does not fit, for the key that names it."""
+    if role == "encoder":
+        return ("model.generator.encoder_weights takes an encoder's weights: smp's encoder state dict, or "
+                "torchvision's / timm's ImageNet classifier of the same encoder, whose fc head is left out; "
+                "a whole G's checkpoint goes in init.generator.path")
+    return (f"to leave some of the {role}'s own keys at their initial values on purpose, list them as glob "
+            f"patterns in init.{role}.exclude: those keys are not loaded, every other key still is")
 
 
 def _best_prefix(flat: Mapping[str, Any], expected: Mapping[str, Any]) -> str:

@@ -130,7 +130,7 @@ def restore(ckpt: dict[str, Any], states: Mapping[str, Stateful]) -> int:
         # Saved before stream positions were: every stream drew one batch a step (supervised).
         ckpt = {**ckpt, "data_streams": {name: {"batches": ckpt["step"]}
                                          for name in states["data_streams"].state_dict()}}
-    missing = sorted(key for key in states if key not in ckpt and key not in ("rng", "best", "evaluation"))
+    missing = sorted(key for key in states if key not in ckpt and key not in ("rng", "best", "evaluation", "clock"))
     if missing:
         raise UserError(f"the checkpoint lacks {', '.join(missing)}: not a full training state")
     for key, state in states.items():

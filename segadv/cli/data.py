@@ -78,7 +78,9 @@ class Report:
                              "255 with 2 classes: 255 is data.ignore_index, so every object pixel is ignored "
                              "(binary masks saved as 0/255? save objects as 1)")
             if s.hist.sum() > 0 and absent:
-                found.append(absent_classes_note(self.names, absent, self.ignore_index, s.name))
+                # the 0/255 hint only where a mask holds 255: val masks all 0 are another story
+                found.append(absent_classes_note(self.names, absent, self.ignore_index, s.name,
+                                                 holds_255=bool(s.hist[255])))
             for note, count in sorted(s.image_notes.items()):
                 found.append(f"{s.name}: {count} image{'s are' if count > 1 else ' is'} {note}")
         return found
@@ -239,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(logging.WARNING)
     cfg = load_config(args.config, args.overrides).data
     check_config(cfg)
-    build_transform(cfg.train_transforms, cfg.mean, cfg.std, "data.train_transforms", ignore_index=cfg.ignore_index)
-    build_transform(cfg.val_transforms, cfg.mean, cfg.std, "data.val_transforms", ignore_index=cfg.ignore_index)
+    build_transform(cfg.train_transforms, cfg.input_normalization, "data.train_transforms", ignore_index=cfg.ignore_index)
+    build_transform(cfg.val_transforms, cfg.input_normalization, "data.val_transforms", ignore_index=cfg.ignore_index)
     report = check_synthetic(cfg) if cfg.kind == "synthetic" else check_files(cfg, args.workers)
     for line in format_report(report):
         print(line)

@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(parser, "default: the one saved in the checkpoint")
     parser.add_argument("--device", help="cpu, cuda:N or N (default: cuda:0 if available, else cpu)")
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    parser.add_argument("--network", choices=("student", "teacher"),
+                        help="of a mean_teacher run's checkpoint: the student (G, default: the network the run scored "
+                             "as val/mIoU) or its EMA teacher")
     parser.add_argument("--trust-checkpoint", action="store_true", help="allow pickled code (off: weights only)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted config overrides, e.g. data.root=/data/VOC2012 "
@@ -53,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     device_map = parse_device_map(None if args.device is None else f"g:{args.device}")
     activate(device_map)
-    loaded = load_generator(args.checkpoint, args.config, args.overrides, trusted=args.trust_checkpoint)
+    loaded = load_generator(args.checkpoint, args.config, args.overrides, trusted=args.trust_checkpoint,
+                            network=args.network)
     checkpoint = str(loaded.checkpoint)
     cfg, generator = loaded.cfg, loaded.model.to(device_map.generator)
     # The split training measured val/* on: the target's with domain adaptation, else data's.

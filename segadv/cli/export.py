@@ -23,7 +23,7 @@ from segadv.export.deps import import_extra
 from segadv.export.sidecar import sidecar_path, to_json, write_sidecar
 from segadv.fsutil import check_parent, file_sha256, make_dir, refuse_overwriting, staged
 from segadv.data.palette import palette
-from segadv.signals import sigterm_unwinds
+from segadv.signals import interrupted_note
 
 if TYPE_CHECKING:  # torch and numpy load when an export runs: --help answers without them
     import numpy as np
@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="least argmax agreement for --with-argmax exports (default 0.999 float32, 0.99 float16)")
     p.add_argument("--verify-size", nargs=2, type=int, action="append", metavar=("H", "W"),
                    help="a verification size (repeat; default: the input size and a larger non-square one)")
+    p.add_argument("--network", choices=("student", "teacher"),
+                   help="of a mean_teacher run's checkpoint: the student (G, default: the network the run scored as "
+                        "val/mIoU) or its EMA teacher")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow a checkpoint that needs arbitrary pickled code (only for a file you trust)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
@@ -208,7 +211,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rtol = rtol if args.rtol is None else args.rtol
     min_agreement = min_agreement if args.min_agreement is None else args.min_agreement
 
-    loaded = load_generator(args.checkpoint, args.config, args.overrides, trusted=args.trust_checkpoint)
+    loaded = load_generator(args.checkpoint, args.config, args.overrides, trusted=args.trust_checkpoint,
+                            network=args.network)
     generator, cfg = loaded.model, loaded.cfg
     divisor = size_divisor(generator)
     h, w = tuple(args.input_size) if args.input_size else default_input_size(loaded, divisor)
@@ -219,12 +223,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     shapes = verification_shapes(args, dynamic, h, w, divisor)
     kind, dtype = input_kind(args.with_preprocess), input_dtype(args.with_preprocess, args.half)
 
-    exported = InferenceModel(generator, cfg.data.mean, cfg.data.std, args.with_preprocess,
+    exported = InferenceModel(generator, cfg.data.input_normalization, args.with_preprocess,
                               args.with_argmax, args.half).eval()
-    reference = InferenceModel(generator, cfg.data.mean, cfg.data.std, args.with_preprocess,
+    reference = InferenceModel(generator, cfg.data.input_normalization, args.with_preprocess,
                                args.with_argmax, half=False).eval()
     rng = np.random.default_rng(1234)
-    example = torch.from_numpy(make_input(rng, [1, 3, h, w], kind, dtype, cfg.data.mean, cfg.data.std))
+    example = torch.from_numpy(make_input(rng, [1, 3, h, w], kind, dtype, cfg.data.input_normalization.mean,
+                                              cfg.data.input_normalization.std))
 
     names = class_names(cfg.data)
     meta = export_metadata(
@@ -235,12 +240,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     make_dir(output.parent)
     notes = [CPU_HALF_NOTE] if args.half and fmt == "onnx" else []
-    # SIGTERM unwinds (exit 143) so that staged() removes its temp file, as on any other exit.
-    with sigterm_unwinds(), staged(output) as stage:
+    # A stop signal unwinds (segadv/signals.py, exit 128 + N), so staged() removes its temp file, as on
+    # any other exit.
+    with interrupted_note(f"nothing was written to {output}"), staged(output) as stage:
         meta.update(write_export(fmt, exported, example, stage.path, args, to_json(meta), opset))
         run, runtime = make_runner(fmt, stage.path)
         result = verify(run, reference, shapes=shapes, kind=kind, dtype=dtype, class_ids=args.with_argmax,
-                        mean=cfg.data.mean, std=cfg.data.std, atol=atol, rtol=rtol,
+                        mean=cfg.data.input_normalization.mean, std=cfg.data.input_normalization.std, atol=atol, rtol=rtol,
                         min_agreement=min_agreement, runtime=runtime)
         report = format_report(result)
         if not result.passed:

@@ -171,17 +171,17 @@ class CheckpointBackend(_TorchBackend):
     """PyTorch eager: the generator from a checkpoint, through the strict loader."""
 
     def __init__(self, checkpoint: str, config: Optional[str], overrides: Sequence[str], device: Optional[str],
-                 trusted: bool) -> None:
+                 trusted: bool, network: Optional[str] = None) -> None:
         from segadv.data import class_names
         from segadv.data.palette import palette
         from segadv.checkpoint.inference import load_generator
         from segadv.export.wrapper import InferenceModel, export_metadata, size_divisor
 
         self._setup_device(device)
-        loaded = load_generator(checkpoint, config, overrides, trusted=trusted)
+        loaded = load_generator(checkpoint, config, overrides, trusted=trusted, network=network)
         cfg = loaded.cfg
         divisor = size_divisor(loaded.model)
-        self.module = InferenceModel(loaded.model, cfg.data.mean, cfg.data.std).to(self.device).eval()
+        self.module = InferenceModel(loaded.model, cfg.data.input_normalization).to(self.device).eval()
         self.meta = export_metadata(
             model_format="checkpoint", model_file=loaded.checkpoint.name, loaded=loaded,
             classes=class_names(cfg.data), palette=palette(cfg.data.num_classes).tolist(), preprocess=None,
@@ -504,7 +504,7 @@ def run_windows(backend: Backend, plans: Sequence[TilePlan], batch_size: int) ->
             if backend.fixed_batch and len(chunk) < backend.fixed_batch:
                 fill = np.repeat(pixels[-1:], backend.fixed_batch - len(chunk), axis=0)
                 pixels = np.concatenate([pixels, fill])
-            out = backend.run(prepare_input(pixels, kind, dtype, norm["mean"], norm["std"]))
+            out = backend.run(prepare_input(pixels, kind, dtype, norm["mean"], norm["std"], norm.get("channels", "RGB")))
             for (plan, i), result in zip(chunk, out):
                 plan.outputs[i] = result
 
@@ -574,6 +574,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="write into an --output folder holding files segadv-predict did not write (inputs are "
                    "never replaced)")
+    p.add_argument("--network", choices=("student", "teacher"),
+                   help="of a mean_teacher run's checkpoint: the student (G, default: the network the run scored as "
+                        "val/mIoU) or its EMA teacher")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow a checkpoint that needs arbitrary pickled code (only for a file you trust)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides (--checkpoint only; the keys: segadv-train --help-config)")
@@ -595,7 +598,7 @@ def validate(args: argparse.Namespace) -> None:
         raise UserError(f"--overlap must be in [0, 1), got {args.overlap}")
     if not 0.0 <= args.alpha <= 1.0:
         raise UserError(f"--alpha must be in [0, 1], got {args.alpha}")
-    if args.model and (args.config or args.overrides or args.trust_checkpoint):
+    if args.model and (args.config or args.overrides or args.trust_checkpoint or args.network):
         raise UserError("--config, --trust-checkpoint and key=value overrides apply to --checkpoint only")
 
 
@@ -627,7 +630,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.model:
         backend = open_model(args.model, args.device)
     else:
-        backend = CheckpointBackend(args.checkpoint, args.config, args.overrides, args.device, args.trust_checkpoint)
+        backend = CheckpointBackend(args.checkpoint, args.config, args.overrides, args.device, args.trust_checkpoint,
+                                    args.network)
     meta = backend.meta
     num_classes = len(meta["classes"])
     if num_classes > 256:

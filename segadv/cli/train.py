@@ -1,6 +1,6 @@
 """segadv-train: train G against D on the configured data.
 
-    segadv-train [--config FILE|NAME] [--device-map MAP] [--run-dir DIR] [--resume auto|PATH] [key=value ...]
+    segadv-train [--config FILE|NAME] [--device-map MAP] [--run-dir DIR] [--resume auto|last|best|PATH] [key=value ...]
     segadv-train [--config FILE|NAME] [key=value ...] --print-config
     segadv-train --help-config [PREFIX]
     python -m segadv.cli.train ...            (the same command: what torchrun launches)
@@ -54,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(G on a DataParallel replica set) or cpu (default: cuda:0 if available, else cpu)")
     parser.add_argument("--run-dir", type=path_argument, metavar="DIR",
                         help="output directory (default: runs/<config>-<time>)")
-    parser.add_argument("--resume", type=path_argument, metavar="auto|PATH",
-                        help="continue from the newest complete checkpoint in the run dir (auto) or from PATH")
+    parser.add_argument("--resume", type=path_argument, metavar="auto|last|best|PATH",
+                        help="continue from the newest complete checkpoint in the run dir (auto), from its "
+                             "checkpoints/last.pt (last) or checkpoints/best.pt (best), or from PATH")
     parser.add_argument("--trust-checkpoint", action="store_true",
                         help="allow checkpoints that need arbitrary pickled code (off: weights only)")
     parser.add_argument("--force", action="store_true",
@@ -80,7 +81,9 @@ def resolved_config(args: argparse.Namespace):
     if args.config is None and args.resume is not None and args.run_dir is not None:
         from segadv.training.run_dir import resume_config
 
-        cfg = resume_config(Path(args.run_dir), args.resume, args.overrides, trusted=args.trust_checkpoint)
+        # --print-config changes nothing on disk: a garbled config.yaml is not moved aside for it.
+        cfg = resume_config(Path(args.run_dir), args.resume, args.overrides, trusted=args.trust_checkpoint,
+                            set_aside=not args.print_config)
     else:
         from segadv.config import load_config
 
@@ -96,6 +99,10 @@ def command(argv: list[str] | None, run: Callable[[argparse.Namespace, list[str]
     """segadv-train: parse ``argv``; print the resolved config, or hand the arguments to ``run``."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(build_parser(), argv)
+    if args.resume in ("last", "best"):  # a run dir's own checkpoints/last.pt, best.pt
+        from segadv.training.run_dir import named_checkpoint
+
+        args.resume = named_checkpoint(args.resume, args.run_dir)
     if args.print_config:
         from segadv.config.loading import config_yaml
 

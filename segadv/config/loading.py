@@ -524,11 +524,35 @@ def config_from_dict(
     """
     if not isinstance(data, Mapping):
         raise UserError(f"invalid config ({source}): expected a mapping, got {_type_name(data)}")
+    cap = mapping_over_caps(data)
+    if cap is not None:  # the caps a YAML file has (read_yaml), met before anything recurses into it
+        raise UserError(f"invalid config ({source}): it holds {cap}")
     merged = _deep_merge(_schema_defaults(), data)
     for text in overrides:
         _apply_override(merged, text)
     source = source + (" + overrides" if overrides else "")
     return _validate(_strip_markers(merged), source)
+
+
+def mapping_over_caps(data: Mapping[str, Any]) -> Optional[str]:
+    """Which of a YAML file's caps (depth, values) a mapping already built passes (a config
+    stored in a checkpoint, unpickled), or None. Walked with a stack, not recursion, and each
+    shared object counted once per use, so nesting 3000 deep, a structure that contains itself or
+    a few shared lists standing for billions of values end at the cap, never in a RecursionError."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    values = 0
+    while stack:
+        value, depth = stack.pop()
+        values += 1
+        if depth > MAX_YAML_DEPTH:
+            return f"values nested deeper than {MAX_YAML_DEPTH} levels (the cap on a config's depth)"
+        if values > MAX_YAML_VALUES:
+            return f"more than {MAX_YAML_VALUES} values (the cap on a config's values; a config holds a few hundred)"
+        if isinstance(value, Mapping):
+            stack.extend((child, depth + 1) for pair in value.items() for child in pair)
+        elif isinstance(value, (list, tuple)):
+            stack.extend((child, depth + 1) for child in value)
+    return None
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

@@ -91,6 +91,11 @@ def check_resumed_config(saved: Mapping[str, Any] | None, now: Mapping[str, Any]
         log.warning("%s holds no config: the run's config cannot be compared with the one it was saved with",
                     checkpoint)
         return
+    from segadv.config.loading import mapping_over_caps
+
+    cap = mapping_over_caps(saved)  # compared by recursion below: the YAML loader's caps first
+    if cap is not None:
+        raise UserError(f"the config stored in {checkpoint} is refused: it holds {cap}")
     differ = config_differences(saved, now, schema_defaults())
     if not differ:
         return

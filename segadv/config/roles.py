@@ -7,6 +7,11 @@ value for it (no key, or null), it takes that role's, and so do its devices wher
 does not name it (the aux D takes D's). A role without a fallback is built as itself (G or a D);
 one with a fallback is built as the role it falls back to, in the end.
 
+A role is trained (an optimizer, a GradScaler, a backward) unless its record says not
+(``trained=False``: the mean teacher's EMA of G, which the method updates itself); a role may start
+as a copy of another's weights (``starts_as``: the teacher starts as G, after G's initial weights are
+loaded), and is then saved and restored with the run like any network.
+
 Which roles a run trains is its method's to say (``Method.networks``). A new role is one
 :func:`register_role` call (a line of ``ROLES`` below for a built-in one) plus the method that
 declares it. torch-free: the methods' declarations and the config read it.
@@ -23,14 +28,19 @@ class RoleSpec:
     name: str  # generator, discriminator, ...: its config and checkpoint keys
     short: str  # g, d, ...: the device map's name and its scalars'
     falls_back_to: Optional[str] = None  # the role whose settings and devices it takes where it has none
+    # False: no optimizer, no GradScaler, no backward and no wrapper's gradient sync (its method
+    # updates it: the teacher's EMA); its weights are still saved, restored and planned.
+    trained: bool = True
+    starts_as: Optional[str] = None  # the role whose initial weights it starts as a copy of, or None
 
 
 ROLES: dict[str, RoleSpec] = {}
 
 
-def register_role(name: str, short: str, falls_back_to: Optional[str] = None) -> RoleSpec:
+def register_role(name: str, short: str, falls_back_to: Optional[str] = None, *, trained: bool = True,
+                  starts_as: Optional[str] = None) -> RoleSpec:
     """Add a role to the table (a plugin's or a test's: the built-ins are below). Its name and
-    short name must be new identifiers, and the role it falls back to registered already."""
+    short name must be new identifiers, and the roles it falls back to and starts as registered already."""
     for value in (name, short):
         if not value.isidentifier():
             raise ValueError(f"role names are identifiers, got {value!r}")
@@ -39,13 +49,15 @@ def register_role(name: str, short: str, falls_back_to: Optional[str] = None) ->
         raise ValueError(f"role {name!r} ({short}): the name or the short name is taken")
     if falls_back_to is not None and falls_back_to not in ROLES:
         raise ValueError(f"role {name!r} falls back to {falls_back_to!r}, which is not a role")
-    ROLES[name] = spec = RoleSpec(name, short, falls_back_to)
+    if starts_as is not None and starts_as not in ROLES:
+        raise ValueError(f"role {name!r} starts as {starts_as!r}, which is not a role")
+    ROLES[name] = spec = RoleSpec(name, short, falls_back_to, trained, starts_as)
     return spec
 
 
 def unregister_role(name: str) -> None:
     """Remove a role added by :func:`register_role` (a test's, when it ends)."""
-    if any(spec.falls_back_to == name for spec in ROLES.values()):
+    if any(name in (spec.falls_back_to, spec.starts_as) for spec in ROLES.values()):
         raise ValueError(f"role {name!r}: another role falls back to it")
     del ROLES[name]
 
@@ -53,6 +65,9 @@ def unregister_role(name: str) -> None:
 register_role("generator", "g")
 register_role("discriminator", "d")
 register_role("discriminator_aux", "d_aux", falls_back_to="discriminator")  # multi-level adaptation's second D
+# The mean teacher's EMA of G: G's model settings and devices unless named (t:0), its own autocast
+# and compile switch where amp.teacher / compile.teacher say; never trained by a backward.
+register_role("teacher", "t", falls_back_to="generator", trained=False, starts_as="generator")
 
 
 def role(name: str) -> RoleSpec:

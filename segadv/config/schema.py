@@ -34,6 +34,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from segadv.config.normalization import NORMALIZATIONS, Normalization, resolve as resolve_normalization
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
@@ -293,11 +295,18 @@ class DataConfig(Section):
         None, ge=1, le=64, description="batches each worker loads ahead (with num_workers > 0); null: torch's 2")
     drop_last: bool = Field(
         True, description="drop each epoch's last partial training batch (val never drops); false refuses a last batch of one")
+    # Which convention G's input follows (segadv/config/normalization.py): the weights G starts from
+    # were trained on one, and everything that undoes or reproduces it (panels, export, predict) reads it.
+    normalization: Literal[tuple(NORMALIZATIONS)] = Field(  # type: ignore[valid-type]
+        "imagenet", description="G's input: imagenet (RGB, data.mean / data.std), caffe_bgr (BGR less the Caffe "
+        "mean, no std: AdaptSegNet, ADVENT) or caffe_rgb (RGB less it: AdvSemiSeg, s4GAN); docs/datasets.md")
     # On the 0..1 scale of albumentations' Normalize (pixels divided by 255 first).
     mean: list[Probability] = Field(
-        [0.485, 0.456, 0.406], min_length=3, max_length=3, description="per-channel RGB mean of Normalize, each in 0..1")
+        [0.485, 0.456, 0.406], min_length=3, max_length=3,
+        description="per-channel RGB mean of Normalize, each in 0..1 (normalization imagenet)")
     std: list[Annotated[float, Field(gt=0, le=1)]] = Field(
-        [0.229, 0.224, 0.225], min_length=3, max_length=3, description="per-channel RGB std of Normalize, each in (0, 1]")
+        [0.229, 0.224, 0.225], min_length=3, max_length=3,
+        description="per-channel RGB std of Normalize, each in (0, 1] (normalization imagenet)")
     # Normalize(mean, std) and ToTensorV2 are appended to both pipelines.
     train_transforms: list[dict[str, Any]] = Field(
         [{"name": "HorizontalFlip", "p": 0.5}],
@@ -311,6 +320,21 @@ class DataConfig(Section):
             raise ValueError(f"masks are 8-bit, so at most 255 classes (ids 0..254, 255 left for "
                              f"data.ignore_index); got {n}")
         return n
+
+    @model_validator(mode="after")
+    def _mean_std_belong_to_the_normalization(self) -> "DataConfig":
+        # A convention that fixes its own mean and std would silently ignore data.mean / data.std.
+        if not NORMALIZATIONS[self.normalization].takes_mean_std:
+            for key in ("mean", "std"):
+                if getattr(self, key) != type(self).model_fields[key].default:
+                    raise ValueError(f"data.{key}: normalization {self.normalization} fixes its own mean and std "
+                                     f"(docs/datasets.md); leave data.{key} out, or use normalization imagenet")
+        return self
+
+    @property
+    def input_normalization(self) -> Normalization:
+        """The convention G's input follows, resolved: channel order, mean and std."""
+        return resolve_normalization(self.normalization, self.mean, self.std)
 
 
 class OptimizerConfig(Section):
@@ -447,6 +471,8 @@ class AmpConfig(Section):
     discriminator: NetworkAmpConfig = Field(NetworkAmpConfig(), description="D's mixed precision")
     discriminator_aux: Optional[NetworkAmpConfig] = Field(
         None, description="the aux D's mixed precision; null: D's setting (its own GradScaler)")
+    teacher: Optional[NetworkAmpConfig] = Field(
+        None, description="the mean teacher's autocast (it has no GradScaler: it never backpropagates); null: G's setting")
 
 
 ParallelMode = Literal["auto", "none", "dp", "ddp"]
@@ -475,6 +501,7 @@ class CompileConfig(Section):
     generator: bool = Field(False, description="torch.compile G's forward")
     discriminator: bool = Field(False, description="torch.compile D's forward (also the aux D's unless discriminator_aux says)")
     discriminator_aux: Optional[bool] = Field(None, description="torch.compile the aux D's forward; null: D's setting")
+    teacher: Optional[bool] = Field(None, description="torch.compile the mean teacher's forward; null: G's setting")
     mode: Optional[Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = Field(
         None, description="torch.compile's mode; null: its default (reduce-overhead adds CUDA graphs on CUDA)")
     # inductor generates kernels (C++ on the CPU: needs a C++ compiler; Triton on CUDA). aot_eager

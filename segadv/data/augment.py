@@ -33,6 +33,7 @@ import numpy as np
 from albumentations.core.transforms_interface import BasicTransform
 from albumentations.pytorch import ToTensorV2
 
+from segadv.config.normalization import Normalization
 from segadv.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def _resolve(step: Any, where: str, i: int) -> tuple[str, type, dict[str, Any]]:
         raise UserError(f"{key}.name: expected a transform class name, got {name!r}")
     if name in _APPENDED:
         raise UserError(
-            f"{key}.name: {name} is appended automatically; set data.mean/data.std instead"
+            f"{key}.name: {name} is appended automatically; set data.normalization (data.mean/data.std) instead"
         )
     if name not in transform_names():
         raise UserError(
@@ -233,15 +234,28 @@ def _strict_compose(built: Sequence[BasicTransform], tail: Sequence[BasicTransfo
         raise UserError(f"{where}[{i}]: {one_line(err)}{hint}") from err  # err names the transform
 
 
+class ReverseChannels(A.ImageOnlyTransform):
+    """RGB to BGR (a BGR ``data.normalization``): the image's channels in reverse order."""
+
+    def __init__(self) -> None:
+        super().__init__(p=1.0)
+
+    def apply(self, img: np.ndarray, **params: Any) -> np.ndarray:
+        return np.ascontiguousarray(img[..., ::-1])
+
+    def get_transform_init_args_names(self) -> tuple[str, ...]:
+        return ()
+
+
 def build_transform(
     steps: list[dict],
-    mean: list[float],
-    std: list[float],
+    normalization: Normalization,
     where: str,
     *,
     ignore_index: Optional[int] = None,
 ) -> A.Compose:
-    """The configured steps, then ``Normalize(mean, std)`` and ``ToTensorV2``, as one ``Compose``.
+    """The configured steps, then ``normalization`` (the channels reversed for a BGR one,
+    ``Normalize(mean, std)``) and ``ToTensorV2``, as one ``Compose``.
 
     ``where`` is the config key path of ``steps`` (e.g. ``"data.train_transforms"``) so errors
     name the exact entry at fault. With ``ignore_index``, geometric steps that pad the mask pad
@@ -251,11 +265,13 @@ def build_transform(
     if not isinstance(steps, (list, tuple)):
         raise UserError(f"{where}: expected a list of steps, got {type(steps).__name__}")
     built = [build_step(step, where, i, ignore_index) for i, step in enumerate(steps)]
+    mean, std = normalization.mean, normalization.std
     try:
         normalize = A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0)
     except (TypeError, ValueError) as err:
         raise UserError(f"{where}: Normalize(mean={mean}, std={std}): {one_line(err)}") from err
-    return _strict_compose(built, (normalize, ToTensorV2()), where)
+    order = (ReverseChannels(),) if normalization.bgr else ()
+    return _strict_compose(built, (*order, normalize, ToTensorV2()), where)
 
 
 def seed_transform(transform: Any, seed: int) -> None:

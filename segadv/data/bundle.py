@@ -218,10 +218,10 @@ def build_pools(catalog: Catalog, *, run_dir: Optional[Path | str] = None) -> Da
 def _source_pools(listed: Listed, run_dir: Optional[Path | str]) -> DataBundle:
     cfg = listed.cfg
     train_tf = build_transform(
-        cfg.train_transforms, cfg.mean, cfg.std, TRAIN_KEY, ignore_index=cfg.ignore_index
+        cfg.train_transforms, cfg.input_normalization, TRAIN_KEY, ignore_index=cfg.ignore_index
     )
     val_tf = build_transform(
-        cfg.val_transforms, cfg.mean, cfg.std, VAL_KEY, ignore_index=cfg.ignore_index
+        cfg.val_transforms, cfg.input_normalization, VAL_KEY, ignore_index=cfg.ignore_index
     )
     recorder = SkipRecorder(Path(run_dir) if run_dir is not None else None)
     if cfg.kind == "synthetic":
@@ -254,7 +254,7 @@ def _target_pools(listed: Listed, skipped: SkipRecorder) -> tuple[Dataset, Datas
     (masks are neither needed nor opened), and its val split with the val pipeline. Samples
     dropped under skip are recorded in ``skipped``."""
     cfg = listed.cfg
-    train_tf = build_transform(cfg.train_transforms, cfg.mean, cfg.std, "target_data.train_transforms",
+    train_tf = build_transform(cfg.train_transforms, cfg.input_normalization, "target_data.train_transforms",
                                ignore_index=cfg.ignore_index)
     try:
         if cfg.kind == "synthetic":
@@ -287,7 +287,7 @@ def _val_dataset(cfg: DataConfig, listing: Optional[Listing], skipped: Optional[
     """A val split with the val pipeline, its listing scanned (None: synthetic, generated). Bad
     val samples follow ``data.on_error``; under skip they are left out of the scores and recorded
     in ``skipped`` (watched: the ones found bad as they are read too)."""
-    val_tf = build_transform(cfg.val_transforms, cfg.mean, cfg.std, VAL_KEY, ignore_index=cfg.ignore_index)
+    val_tf = build_transform(cfg.val_transforms, cfg.input_normalization, VAL_KEY, ignore_index=cfg.ignore_index)
     if listing is None:
         val = synthetic_split(cfg, "val", val_tf)
     else:

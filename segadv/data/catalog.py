@@ -18,6 +18,7 @@ from segadv.data.batch_checks import Pool, check_stream_pools
 from segadv.data.config_checks import check_config
 from segadv.data.listing import Listed, list_source, list_target
 from segadv.data.stream_spec import StreamSpec
+from segadv.errors import UserError
 
 __all__ = ["Catalog", "listed_pools"]
 
@@ -37,6 +38,10 @@ class Catalog:
         if target is None:
             return cls(source)
         check_config(target)
+        if target.input_normalization != data.input_normalization:  # one G sees both domains
+            raise UserError(f"target_data.normalization: the target's images reach G as the source's do; "
+                            f"data has {data.normalization} ({data.input_normalization.formula}), target_data "
+                            f"{target.normalization}")
         return cls(source, list_target(target))
 
     @classmethod

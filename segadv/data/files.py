@@ -138,17 +138,19 @@ class LabelSpec:
         return raw if self.lut is None else self.lut[raw]
 
 
-def absent_classes_note(names: Sequence[str], absent: Sequence[int], ignore_index: int, split: str) -> Optional[str]:
+def absent_classes_note(names: Sequence[str], absent: Sequence[int], ignore_index: int, split: str,
+                        holds_255: bool = True) -> Optional[str]:
     """What it means that classes ``absent`` have no mask pixel in ``split`` (None if none is
     absent): G never learns them (train), mIoU cannot measure them (val). With two classes and 255
-    ignored, masks saved as 0/255 are the likely cause: every object pixel is then ignore."""
+    ignored, masks saved as 0/255 are the likely cause: every object pixel is then ignore; said
+    only where a mask holds 255 (``holds_255``: False where the caller counted none)."""
     if not absent:
         return None
     it = "it" if len(absent) == 1 else "them"
     effect = f"training never shows {it} to G" if split == "train" else \
         f"mIoU cannot measure {it} (IoU 0 where predicted, left out where not)"
     note = f"no {split} mask pixels of {', '.join(names[i] for i in absent)}: {effect}"
-    if len(names) == 2 and ignore_index == 255 and 1 in absent:
+    if len(names) == 2 and ignore_index == 255 and 1 in absent and holds_255:
         note += ("; binary masks saved as 0/255? 255 is data.ignore_index, so every object pixel is ignored: "
                  "save objects as 1")
     return note

@@ -19,14 +19,15 @@ from segadv.errors import UserError
 from segadv.fsutil import atomic_write_text
 
 FORMAT = "segadv-export"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: normalization.channels (a BGR model's input); an RGB model is still written as 1
+FORMAT_VERSION_RGB = 1
 SIDECAR_SUFFIX = ".json"
 EMBED_KEY = "segadv"  # ONNX metadata_props key
 EMBED_FILE = "segadv.json"  # TorchScript extra file
 
 # What the model's input holds, and how a host prepares an RGB uint8 image for it.
 INPUT_KINDS = {
-    "normalized": "float, (pixel / 255 - mean) / std, done by the caller",
+    "normalized": "float, (pixel / 255 - mean) / std on normalization.channels, done by the caller",
     "uint8": "uint8 pixels 0..255, normalised inside the graph",
     "unit": "float pixels 0..1, normalised inside the graph",
 }
@@ -79,8 +80,10 @@ def read_sidecar(model_path: str | Path) -> dict[str, Any] | None:
     return parse_metadata(path.read_text(encoding="utf-8"), str(path))
 
 
-def prepare_input(pixels: "np.ndarray", kind: str, dtype: str, mean, std) -> "np.ndarray":
-    """uint8 RGB images ``N x 3 x H x W`` in the form a model with this input ``kind`` takes."""
+def prepare_input(pixels: "np.ndarray", kind: str, dtype: str, mean, std, channels: str = "RGB") -> "np.ndarray":
+    """uint8 RGB images ``N x 3 x H x W`` in the form a model with this input ``kind`` takes;
+    ``channels``: the order a normalized input is in (the sidecar's ``normalization.channels``;
+    absent from a version 1 sidecar: RGB)."""
     import numpy as np
 
     if kind == "uint8":
@@ -88,6 +91,8 @@ def prepare_input(pixels: "np.ndarray", kind: str, dtype: str, mean, std) -> "np
     unit = pixels.astype(np.float32) / np.float32(255.0)
     if kind == "unit":
         return unit.astype(dtype, copy=False)
+    if channels == "BGR":
+        unit = unit[:, ::-1]
     m = np.asarray(mean, dtype=np.float32).reshape(1, -1, 1, 1)
     s = np.asarray(std, dtype=np.float32).reshape(1, -1, 1, 1)
     return ((unit - m) / s).astype(dtype, copy=False)

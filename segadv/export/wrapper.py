@@ -2,9 +2,10 @@
 
 ``InferenceModel`` is scriptable and traceable. Its inputs, by ``preprocess``:
 
-- ``None``: float NCHW RGB, already normalised ``(pixel / 255 - mean) / std`` (what the generator
-  saw in training);
-- ``"uint8"``: uint8 NCHW RGB pixels 0..255, normalised in the graph;
+- ``None``: float NCHW, already normalised as the generator saw it in training
+  (``data.normalization``: ``(pixel / 255 - mean) / std``, on BGR channels for a BGR convention);
+- ``"uint8"``: uint8 NCHW RGB pixels 0..255, normalised in the graph (a BGR convention's channels
+  reversed there too);
 - ``"unit"``: float NCHW RGB pixels 0..1, normalised in the graph.
 
 Outputs: logits ``N x C x H x W`` or, with ``argmax``, int64 class ids ``N x H x W``.
@@ -21,7 +22,8 @@ import torch
 from torch import nn
 
 from segadv import __version__
-from segadv.export.sidecar import FORMAT, FORMAT_VERSION
+from segadv.config.normalization import Normalization
+from segadv.export.sidecar import FORMAT, FORMAT_VERSION, FORMAT_VERSION_RGB
 from segadv.parallel import unwrap
 
 PREPROCESS_KINDS = ("uint8", "unit")
@@ -32,8 +34,7 @@ class InferenceModel(nn.Module):
     def __init__(
         self,
         generator: nn.Module,
-        mean: Sequence[float],
-        std: Sequence[float],
+        normalization: Normalization,
         preprocess: Optional[str] = None,
         argmax: bool = False,
         half: bool = False,
@@ -44,14 +45,19 @@ class InferenceModel(nn.Module):
         generator = unwrap(generator)
         self.generator = copy.deepcopy(generator).half() if half else generator
         scale = 255.0 if preprocess == "uint8" else 1.0
-        self.register_buffer("offset", torch.tensor([m * scale for m in mean]).view(1, -1, 1, 1))
-        self.register_buffer("divisor", torch.tensor([s * scale for s in std]).view(1, -1, 1, 1))
+        self.register_buffer("offset", torch.tensor([m * scale for m in normalization.mean]).view(1, -1, 1, 1))
+        self.register_buffer("divisor", torch.tensor([s * scale for s in normalization.std]).view(1, -1, 1, 1))
+        # The host gives RGB; a BGR convention's channels are reversed in the graph (a Gather in ONNX).
+        self.register_buffer("channel_order", torch.tensor([2, 1, 0]))
+        self.reverse_channels = normalization.bgr
         self.preprocess = preprocess is not None
         self.argmax = argmax
         self.cast_half = half
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.preprocess:
+            if self.reverse_channels:
+                x = torch.index_select(x, 1, self.channel_order)
             x = (x.float() - self.offset) / self.divisor
             if self.cast_half:
                 x = x.half()
@@ -104,10 +110,12 @@ def export_metadata(
     """Everything an inference host needs besides the model file (the sidecar's content)."""
     cfg = loaded.cfg
     gen = cfg.model.generator
+    norm = cfg.data.input_normalization
     h, w = input_size
     meta: dict[str, Any] = {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        # A BGR model is version 2: an older segadv, which would feed it RGB, refuses it.
+        "format_version": FORMAT_VERSION if norm.bgr else FORMAT_VERSION_RGB,
         "segadv_version": __version__,
         "model_format": model_format,
         "model_file": model_file,
@@ -117,16 +125,18 @@ def export_metadata(
         "classes": list(classes),
         "palette": [[int(c) for c in colour] for colour in palette],
         "normalization": {
-            "mean": list(cfg.data.mean),
-            "std": list(cfg.data.std),
+            "name": norm.name,
+            "channels": norm.channels,  # the order mean, std and a normalized input are in
+            "mean": list(norm.mean),
+            "std": list(norm.std),
             "pixel_scale": 255.0,
-            "formula": "(pixel / 255 - mean) / std, per RGB channel",
+            "formula": norm.formula,
             "in_graph": preprocess is not None,
         },
         "input": {
             "name": INPUT_NAME,
             "layout": "NCHW",
-            "channels": "RGB",
+            "channels": norm.channels if preprocess is None else "RGB",
             "kind": input_kind(preprocess),
             "dtype": input_dtype(preprocess, half),
             "dynamic_axes": ["batch", "height", "width"] if dynamic else [],

@@ -114,11 +114,18 @@ class Method(ABC):
         return getattr(cfg.method, cls.name)
 
     @classmethod
+    def data_streams(cls, cfg: Config) -> tuple[StreamSpec, ...]:
+        """The streams it draws from under ``cfg``: ``streams`` (every stream it may draw), or of
+        them those its setting uses (the mean teacher: labeled and unlabeled without ``target_data``,
+        source and target with it). The loaders build these and no other."""
+        return cls.streams
+
+    @classmethod
     def stream_batch_sizes(cls, cfg: Config) -> dict[str, int]:
         """Each stream's batch size by stream name: the setting its ``batch_size_key`` names, or
         ``data.batch_size`` where that setting is None."""
         sizes = {}
-        for spec in cls.streams:
+        for spec in cls.data_streams(cfg):
             value: Any = cfg
             for part in spec.batch_size_key.split("."):
                 value = getattr(value, part)
@@ -137,11 +144,17 @@ class Method(ABC):
             if section is not None and section.kind == "image" and cls.discriminator_kind != "image":
                 raise UserError(f"model.{key}.kind: image is s4gan's image-level D; the {cls.name} method's D scores "
                                 f"pixels (kind: {cls.discriminator_kind})")
-        if cfg.target_data is None and any(spec.pool == "target" for spec in cls.streams):
+        if cfg.target_data is None and any(spec.pool == "target" for spec in cls.data_streams(cfg)):
             raise UserError(f"target_data: method {cls.name} adapts to a target domain; give target_data "
                             "(docs/methods.md \"Domain adaptation\")")
 
     # ---------------------------------------------------------------- what the loop asks besides __call__
+
+    def checkpoint_state(self) -> Mapping[str, Any]:
+        """The method's own state to save and restore with the run, by checkpoint key: each value a
+        Stateful (``state_dict`` / ``load_state_dict``; segadv/checkpoint/state.py). The mean
+        teacher's mixing RNG; none by default (the networks and streams are saved by the run)."""
+        return {}
 
     def panel(self, images: torch.Tensor) -> Optional[PanelMaps]:
         """Its view of ``images`` (from ``panel_stream``) for TensorBoard; None: it has none."""

@@ -15,6 +15,7 @@ import inspect
 from segadv.methods.base import Method
 from segadv.methods.advsemiseg.declaration import AdvSemiSegSpec
 from segadv.methods.domain_adaptation.declaration import AdaptSegNetSpec, AdventSpec, MinEntSpec
+from segadv.methods.mean_teacher.declaration import MeanTeacherSpec
 from segadv.methods.s4gan.declaration import S4GanSpec
 from segadv.methods.supervised.declaration import SupervisedSpec
 
@@ -25,6 +26,7 @@ METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (
     AdaptSegNetSpec,
     AdventSpec,
     MinEntSpec,
+    MeanTeacherSpec,
 )}
 
 

@@ -10,6 +10,8 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 from torchvision.utils import make_grid
 
+from segadv.config.normalization import Normalization
+
 IGNORE_COLOUR = (255, 255, 255)
 PADDING, PAD_VALUE = 2, 128
 _BACKGROUND, _TEXT = (32, 32, 32), (235, 235, 235)
@@ -27,11 +29,13 @@ def colorize(mask: torch.Tensor, palette: np.ndarray) -> torch.Tensor:
     return rgb.permute(2, 0, 1)
 
 
-def denormalize(image: torch.Tensor, mean: list[float], std: list[float]) -> torch.Tensor:
-    """(3,H,W) normalised float -> (3,H,W) uint8."""
-    m = torch.tensor(mean).view(-1, 1, 1)
-    s = torch.tensor(std).view(-1, 1, 1)
-    return ((image.float() * s + m) * 255).clamp(0, 255).to(torch.uint8)
+def denormalize(image: torch.Tensor, normalization: Normalization) -> torch.Tensor:
+    """(3,H,W) G's input -> (3,H,W) uint8 RGB: ``normalization`` undone, a BGR input's channels
+    put back in RGB order for display."""
+    m = torch.tensor(normalization.mean).view(-1, 1, 1)
+    s = torch.tensor(normalization.std).view(-1, 1, 1)
+    pixels = ((image.float() * s + m) * 255).round().clamp(0, 255).to(torch.uint8)
+    return pixels.flip(0) if normalization.bgr else pixels
 
 
 def segmentation_panel(
@@ -39,21 +43,20 @@ def segmentation_panel(
     labels: torch.Tensor,
     preds: torch.Tensor,
     palette: np.ndarray,
-    mean: list[float],
-    std: list[float],
+    normalization: Normalization,
     class_names: Sequence[str] = (),
 ) -> torch.Tensor:
     """One row per sample: input | ground truth | prediction, as a (3,H,W) uint8 grid, titled,
     with a legend of ``class_names`` (and white for ignored pixels) below."""
     tiles = []
     for image, label, pred in zip(images, labels, preds):
-        tiles += [denormalize(image, mean, std), colorize(label, palette), colorize(pred, palette)]
+        tiles += [denormalize(image, normalization), colorize(label, palette), colorize(pred, palette)]
     grid = make_grid(torch.stack(tiles), nrow=3, padding=PADDING, pad_value=PAD_VALUE)
     return annotate(grid, ["input", "ground truth", "prediction"], tiles[0].shape[-1],
                     legend(palette, class_names, ignore=True))
 
 
-def confidence_panel(maps, palette: np.ndarray, mean: list[float], std: list[float],
+def confidence_panel(maps, palette: np.ndarray, normalization: Normalization,
                      class_names: Sequence[str] = ()) -> torch.Tensor:
     """One row per sample: input | G's prediction | D's confidence (grey, white = 1) | pseudo
     labels (``PanelMaps``; pixels below the confidence threshold white), as a (3,H,W) uint8 grid,
@@ -61,7 +64,7 @@ def confidence_panel(maps, palette: np.ndarray, mean: list[float], std: list[flo
     tiles = []
     for image, pred, conf, pseudo in zip(maps.images, maps.preds, maps.confidence, maps.pseudo_labels):
         grey = (conf.float().clamp(0, 1) * 255).to(torch.uint8).expand(3, *conf.shape)
-        tiles += [denormalize(image, mean, std), colorize(pred, palette), grey, colorize(pseudo, palette)]
+        tiles += [denormalize(image, normalization), colorize(pred, palette), grey, colorize(pseudo, palette)]
     grid = make_grid(torch.stack(tiles), nrow=4, padding=PADDING, pad_value=PAD_VALUE)
     return annotate(grid, ["input", "prediction", "D confidence", "pseudo labels"], tiles[0].shape[-1],
                     legend(palette, class_names, ignore=True, ignore_name="below threshold"))

@@ -16,16 +16,20 @@ launch overhead included, at the cost of a sync per phase.
 
 from __future__ import annotations
 
+import logging
+import math
 import resource
 import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
 from segadv.parallel.placement import device_module, is_accelerator
+
+log = logging.getLogger(__name__)
 
 STEP_PHASES = ("input_copy", "g_fwd_bwd", "transfer", "d_fwd_bwd", "optimizer")
 
@@ -80,15 +84,19 @@ class PhaseTimer:
 
 
 class RunProfile:
-    """The whole run's wall time split into phases (this process's part of it: a resumed run
-    profiles from its resume)."""
+    """The whole run's wall time split into phases. ``earlier``: what the checkpoint a resumed
+    run started from recorded (:class:`RunClock`: ``train_s`` and ``phases``), which this
+    process's time adds to, so the profile and ``perf/train_seconds`` continue across resumes."""
 
-    def __init__(self, phases: PhaseTimer) -> None:
+    def __init__(self, phases: PhaseTimer, earlier: Mapping[str, Any] | None = None) -> None:
         self.phases = phases
         self.start = time.perf_counter()
+        self.earlier_seconds = float(earlier["train_s"]) if earlier else 0.0
+        self.earlier_phases: dict[str, float] = dict(earlier["phases"]) if earlier else {}
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.start
+        """The training loop's seconds since step 0: the earlier attempts' and this process's."""
+        return self.earlier_seconds + time.perf_counter() - self.start
 
     @contextmanager
     def host_phase(self, name: str) -> Iterator[None]:
@@ -101,10 +109,54 @@ class RunProfile:
     def table(self) -> tuple[float, dict[str, float]]:
         """Total wall seconds and seconds per phase, ``other`` the remainder (never negative)."""
         self.phases.resolve()
-        wall = time.perf_counter() - self.start
-        seconds = dict(self.phases.seconds)
+        wall = self.elapsed()
+        seconds = dict(self.earlier_phases)
+        for name, value in self.phases.seconds.items():
+            seconds[name] = seconds.get(name, 0.0) + value
         seconds["other"] = max(wall - sum(seconds.values()), 0.0)
         return wall, seconds
+
+
+class RunClock:
+    """The run's elapsed time as a checkpoint entry (key ``clock``), so that a resumed process
+    continues the time instead of starting again at 0: ``train_s`` (the training loop's seconds,
+    ``perf/train_seconds`` and the time profile's wall), ``wall_s`` (status.json's
+    ``total_wall_s``: each attempt's start-up included) and ``phases`` (seconds per phase of the
+    profile), each summed over the attempts up to the checkpoint's step. A rewind therefore
+    continues from the time of the step it rewinds to, not from the abandoned future's.
+
+    The reporter attaches the live profile and the attempt's wall clock at the loop's start;
+    before that (or without a loop: segadv-plan) it holds what it loaded."""
+
+    def __init__(self) -> None:
+        self.earlier: dict[str, Any] | None = None  # the checkpoint's; None: a fresh run, or an older checkpoint
+        self._profile: RunProfile | None = None
+        self._attempt_wall: Callable[[], float] = lambda: 0.0
+
+    def attach(self, profile: RunProfile, attempt_wall: Callable[[], float]) -> None:
+        self._profile, self._attempt_wall = profile, attempt_wall
+
+    def state_dict(self) -> dict[str, Any]:
+        earlier = self.earlier or {"train_s": 0.0, "wall_s": 0.0, "phases": {}}
+        if self._profile is None:
+            return dict(earlier)
+        wall, seconds = self._profile.table()  # at a save, where the loop syncs anyway
+        seconds.pop("other")  # the remainder, recomputed from the totals
+        return {"train_s": wall, "wall_s": earlier["wall_s"] + self._attempt_wall(), "phases": seconds}
+
+    def load_state_dict(self, state: Any) -> None:
+        try:
+            loaded = {"train_s": float(state["train_s"]), "wall_s": float(state["wall_s"]),
+                      "phases": {str(name): float(value) for name, value in state["phases"].items()}}
+        except (TypeError, KeyError, ValueError, AttributeError):
+            loaded = None
+        if loaded is None or not all(math.isfinite(v) and v >= 0
+                                     for v in (loaded["train_s"], loaded["wall_s"], *loaded["phases"].values())):
+            # Time is a record, not training state: a clock that does not read starts again at 0.
+            log.warning("the checkpoint's clock entry is not a time record: the run's time starts again at 0")
+            self.earlier = None
+            return
+        self.earlier = loaded
 
 
 def format_profile(wall: float, seconds: dict[str, float], peaks: dict[str, float]) -> str:

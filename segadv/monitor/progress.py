@@ -49,10 +49,16 @@ class Progress:
         """``loader`` with a bar of its own when the run shows one and the val set is long."""
         return evaluation_progress(loader, self.use_bar)
 
+    def advance(self, step: int) -> None:
+        """Every step: the bar's counter moves to ``step`` (a host counter; tqdm redraws at most
+        every ``mininterval``), the losses it shows stay those of the last log step."""
+        if self._bar is not None and step > self._bar.n:
+            self._bar.update(step - self._bar.n)
+
     def update(self, step: int, losses: dict[str, float]) -> None:
         """Called at log time only, with values already read from the device."""
         if self._bar is not None:
-            self._bar.update(step - self._bar.n)
+            self.advance(step)
             self._bar.set_postfix({k: f"{v:.4f}" for k, v in losses.items()}, refresh=True)
             return
         done = step - self.start

@@ -22,7 +22,8 @@ from segadv.data.palette import palette
 from segadv.monitor.diagnostics import DWinsWatch, confidence_quality
 from segadv.monitor.images import confidence_panel, segmentation_panel
 from segadv.monitor.meters import LossAverager, StepTimer
-from segadv.monitor.profile import PhaseTimer, RunProfile, format_profile, peak_memory_gib, profile_scalars
+from segadv.monitor.profile import (PhaseTimer, RunClock, RunProfile, format_profile, peak_memory_gib,
+                                    profile_scalars)
 from segadv.monitor.progress import Progress
 from segadv.monitor.status import RunRecord
 from segadv.monitor.writer import open_writer
@@ -73,12 +74,15 @@ class Reporter:
     ``record``: the attempt's status.json (``train`` holds it around the run); ``guard``: where the
     losses are checked for non-finite values whenever they are read (None: not checked);
     ``is_main``: rank 0, the one that writes and warns; ``resume_step``: a resumed run's step, from
-    which the metric files continue. The writer opens here (a metrics.jsonl that cannot be read is
+    which the metric files continue; ``clock``: the run's time as its checkpoint holds it (the
+    checkpoint's ``clock`` entry, loaded before :meth:`begin`), which the profile, ``perf/train_seconds``
+    and status.json's ``total_wall_s`` continue from. The writer opens here (a metrics.jsonl that cannot be read is
     a failed start); the progress, the timers and ``running`` start with :meth:`begin`."""
 
     def __init__(self, cfg: Config, parts: Parts, run_dir: Path, record: RunRecord, guard: LossGuard | None = None,
-                 *, is_main: bool = True, resume_step: int | None = None) -> None:
+                 *, is_main: bool = True, resume_step: int | None = None, clock: RunClock | None = None) -> None:
         self.cfg, self.parts, self.record, self.guard, self.is_main = cfg, parts, record, guard, is_main
+        self.clock = clock if clock is not None else RunClock()
         self.writer = open_writer(run_dir, cfg.log.tensorboard, is_main, resume_step)
         self.losses, self.timer = LossAverager(), StepTimer()
         # On rank 0 only: the losses it reads are averaged over the ranks, and the others would warn too.
@@ -97,19 +101,25 @@ class Reporter:
 
     def begin(self, step: int, best: Mapping[str, Any] | None) -> None:
         """The loop starts at ``step`` (0, or the step resumed from) with the checkpoint's best
-        evaluation: the progress and the timers start, status.json says ``running``."""
+        evaluation: the progress and the timers start (from the checkpoint's clock on a resume),
+        status.json says ``running``, and the resolved config goes to TensorBoard as text."""
         self.start_step = self.step = step
         self.progress = Progress(self.cfg.train.max_steps, start=step,
                                  bar=self.cfg.log.progress_bar if self.is_main else False)
         self.timer.reset()  # the start-up is neither step time nor part of the loop's profile
-        self.profile = RunProfile(self.parts.phases)
-        self.record.begin(step, best)
+        earlier = self.clock.earlier if step > 0 else None
+        self.profile = RunProfile(self.parts.phases, earlier)
+        self.clock.attach(self.profile, self.record.wall)
+        self.record.begin(step, best, wall_before=earlier["wall_s"] if earlier else None)
+        self.writer.text(step, "config", config_text(self.cfg))
 
     def step_done(self, step: int, losses: Mapping[str, torch.Tensor], data_waits: dict[str, float]) -> None:
         """Step ``step`` (counted from 1) returned ``losses`` (summed on their devices, not read)
         after waiting ``data_waits`` seconds per stream."""
         self.step = step
         self.losses.update(losses)
+        if self.progress is not None:
+            self.progress.advance(step)  # a counter on the host: the losses stay where they are
         self.timer.add_data_wait(data_waits)
         for name, seconds in data_waits.items():
             self.profile.phases.add(f"data/{name}", seconds)
@@ -172,7 +182,7 @@ class Reporter:
         scalars.update({f"{prefix}/IoU/{name}": iou for name, iou in zip(names, metrics["iou"]) if iou == iou})
         self.writer.scalars(step, scalars)
         if result.samples is not None:
-            panel = segmentation_panel(*result.samples, palette(cfg.data.num_classes), cfg.data.mean, cfg.data.std,
+            panel = segmentation_panel(*result.samples, palette(cfg.data.num_classes), cfg.data.input_normalization,
                                        names)
             self.writer.image(step, f"{prefix}/input_gt_pred", panel)
         self.progress.write(f"step {step}: {prefix} mIoU {metrics['mIoU']:.4f}, "
@@ -195,7 +205,7 @@ class Reporter:
         method, cfg = self.parts.method, self.cfg
         maps = method.panel(images)
         if maps is not None:
-            panel = confidence_panel(maps, palette(cfg.data.num_classes), cfg.data.mean, cfg.data.std,
+            panel = confidence_panel(maps, palette(cfg.data.num_classes), cfg.data.input_normalization,
                                      class_names_for(cfg))
             self.writer.image(step, maps.tag, panel)
             self.writer.histogram(step, f"diag/d_confidence_{method.panel_stream}", maps.confidence)
@@ -230,12 +240,18 @@ class Reporter:
     def _time_profile(self, step: int) -> None:
         """Where this process's wall time went (docs/performance.md "Time profile of a run"): a
         table in the log and ``perf/time/*``, ``perf/share/*``, ``perf/peak_mem_gib/*`` at the last
-        step. After a resume it covers the steps this process ran."""
+        step. After a resume it covers the whole run when the checkpoint resumed from kept the
+        earlier attempts' time (its ``clock``), else the steps this process ran."""
         wall, seconds = self.profile.table()
         peaks = peak_memory_gib(self.parts.device_map.devices)
         start = self.start_step
         ran = f"{step - start} steps" + (f", {start + 1}-{step}" if start else "")
-        log.info("time profile (this process, %s):\n%s", ran, format_profile(wall, seconds, peaks))
+        if self.profile.earlier_seconds and start:
+            ran = (f"the run, steps 1-{step}: this process ran {start + 1}-{step}, the checkpoint it resumed "
+                   f"from held the time of 1-{start}")
+        else:
+            ran = f"this process, {ran}"
+        log.info("time profile (%s):\n%s", ran, format_profile(wall, seconds, peaks))
         self.writer.scalars(step, profile_scalars(wall, seconds, peaks))
 
     @property
@@ -251,6 +267,14 @@ class Reporter:
             self.record.reached(self.step)
             self.progress.close()
         self.writer.close()
+
+
+def config_text(cfg: Config) -> str:
+    """The resolved config as TensorBoard's text plugin shows it: Markdown, so the YAML goes in
+    as an indented code block (its line breaks and indentation kept)."""
+    from segadv.config.loading import config_yaml
+
+    return "\n".join("    " + line for line in config_yaml(cfg).splitlines())
 
 
 def training_scalars(losses: Mapping[str, float], networks: Sequence[Any]) -> dict[str, float]:

@@ -4,11 +4,17 @@ Rank 0 writes it atomically (segadv/fsutil.py): ``running`` when the training lo
 at every evaluation (with the scores so far), then the outcome when the process leaves the run:
 
 - ``finished``: ``train.max_steps`` reached;
-- ``stopped``: a SIGTERM / SIGINT, the launcher's death or ``stop_at`` ended it early at a
-  checkpoint (the trainer exits 0), or a second Ctrl-C ended it at once (exit 130);
+- ``stopped``: a SIGTERM / SIGINT / SIGHUP, the launcher's death or ``stop_at`` ended it early at a
+  checkpoint (the trainer exits 0), or a signal ended it at once (a second Ctrl-C: exit 130);
 - ``diverged``: a non-finite loss or weight (:class:`segadv.errors.Diverged`, exit 3);
 - ``failed``: any other error (a user error met mid-run, a failed write, a crash), its message
   and its exit code recorded.
+
+The outcome is written on every way out of a run, a full disk included: where the atomic write
+finds no room for its temp file (ENOSPC, EDQUOT), the record is written over the existing file in
+place, in the blocks it already holds (:func:`rewrite_in_place`; the error message shortened to
+fit). Where even that fails (no status.json yet, a copy-on-write file system that needs a new block
+for any write), a warning says so and the outcome is the exit code and the error line alone.
 
 Exit code 0 therefore says "finished or stopped"; this file says which. A run killed outright
 (SIGKILL, OOM, power loss) cannot write: it stays ``running`` while no process holds the run dir
@@ -19,7 +25,9 @@ earlier attempt it writes ``failed``, so the file never claims what the latest a
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,9 +37,10 @@ from typing import Any, Literal, Mapping, Optional
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from segadv import __version__
-from segadv.errors import Diverged, EXIT_OK, exit_code_of
+from segadv.errors import Diverged, EXIT_OK, WriteFailed, exit_code_of
 from segadv.fsutil import atomic_write_text
 from segadv.readback import Unreadable, read_text
+from segadv.signals import Interrupted
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +128,7 @@ class RunRecord:
         self.final: Optional[Score] = None
         self.best: Optional[Score] = None
         self._known: dict[int, Score] = {}  # evaluations by step: this attempt's, and the earlier ones kept
+        self.wall_before: float | None = None  # the wall seconds the checkpoint resumed from recorded
         self.begun = self.closed = False
 
     def __enter__(self) -> "RunRecord":
@@ -131,17 +141,22 @@ class RunRecord:
         if not self.begun:  # a start that failed: the run stands where the earlier attempt left it
             self.start_step = self.step = self.previous.step
             self.final, self.best = self.previous.final, self.previous.best
-        stopped_by = "SIGINT" if isinstance(err, KeyboardInterrupt) else None
+        stopped_by = None
+        if isinstance(err, KeyboardInterrupt):  # a signal that ended the run at once
+            stopped_by = err.name if isinstance(err, Interrupted) else "SIGINT"
         message = None if isinstance(err, KeyboardInterrupt) else (str(err) or type(err).__name__)
         try:
             self._close(outcome_of(err), exit_code_of(err), stopped_by=stopped_by, error=message)
         except Exception as write_err:  # the error being recorded is the one to report
-            log.warning("could not record the run's outcome in %s: %s", self.path, write_err)
+            log.warning("could not record the run's outcome in %s: %s; it is the exit code (%d) and the error "
+                        "line alone", self.path, write_err, exit_code_of(err))
 
-    def begin(self, step: int, best: Mapping[str, Any] | None) -> None:
+    def begin(self, step: int, best: Mapping[str, Any] | None, wall_before: float | None = None) -> None:
         """The loop starts at ``step`` (0, or the step resumed from) with the checkpoint's best
-        evaluation (``{"mIoU", "step"}``); writes ``running``."""
+        evaluation (``{"mIoU", "step"}``) and the wall seconds it recorded up to its step
+        (``wall_before``; None: it has no clock); writes ``running``."""
         self.begun = True
+        self.wall_before = wall_before
         self.start_step = self.step = step
         previous = self.previous
         if previous is not None:  # what the earlier attempts measured up to where this one starts
@@ -169,6 +184,10 @@ class RunRecord:
         """The run returned: ``finished``, or ``stopped`` (``stopped_by``: why)."""
         self._close("stopped" if stopped_by else "finished", EXIT_OK, stopped_by=stopped_by)
 
+    def wall(self) -> float:
+        """This attempt's wall seconds so far."""
+        return time.monotonic() - self._clock
+
     def _best(self, best: Mapping[str, Any] | None) -> Optional[Score]:
         """The checkpoint manager's best (``best.pt``), with its pixel accuracy where an evaluation
         of that step is known."""
@@ -181,17 +200,87 @@ class RunRecord:
 
     def _close(self, outcome: Outcome, exit_code: int, **fields: Any) -> None:
         self.closed = True
-        if self.enabled:
+        if not self.enabled:
+            return
+        try:
             self._write(outcome, exit_code=exit_code, ended_at=_now(), **fields)
+        except WriteFailed as err:
+            if err.err.errno not in NO_ROOM:
+                raise
+            # A full disk has no room for the temp file of an atomic write; the file written
+            # before still holds its blocks, and the record is rewritten in them.
+            self._write(outcome, exit_code=exit_code, ended_at=_now(), in_place=True, **fields)
+            log.warning("%s: the disk is full, so the run's outcome was written over the file in place", self.path)
 
-    def _write(self, outcome: Outcome, **fields: Any) -> None:
+    def _write(self, outcome: Outcome, in_place: bool = False, **fields: Any) -> None:
         if not self.enabled:
             return
         wall = time.monotonic() - self._clock
-        earlier = self.previous.total_wall_s if self.previous is not None and self.start_step > 0 else 0.0
+        earlier = 0.0
+        if self.start_step > 0:
+            # The previous attempt's total where it ended at the step this one resumed from (its
+            # shutdown included); else (a rewind, a run killed past its checkpoint, no status.json)
+            # the time the checkpoint recorded up to its step.
+            ended_here = self.previous is not None and self.previous.step == self.start_step
+            if ended_here or self.wall_before is None:
+                earlier = self.previous.total_wall_s if self.previous is not None else 0.0
+            else:
+                earlier = self.wall_before
         status = RunStatus(
             outcome=outcome, step=self.step, max_steps=self.max_steps, start_step=self.start_step,
             final=self.final, best=self.best, wall_s=round(wall, 1), total_wall_s=round(earlier + wall, 1),
             started_at=self.started_at, segadv_version=__version__, **fields,
         )
-        atomic_write_text(self.path, status.model_dump_json(indent=1) + "\n")
+        text = status.model_dump_json(indent=1) + "\n"
+        if in_place:
+            status.error = _shortened(status.error, len(text.encode()) - _room(self.path))
+            rewrite_in_place(self.path, (status.model_dump_json(indent=1) + "\n").encode())
+        else:
+            atomic_write_text(self.path, text)
+
+
+# A write that fails for want of room: a full disk or an exhausted quota.
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def _room(path: Path) -> int:
+    """The bytes ``path`` can hold without a new block: its size, or the blocks it holds (a file
+    of a few hundred bytes holds a whole block of 4 KiB on most file systems); 0 for no file."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return 0
+    return max(info.st_size, getattr(info, "st_blocks", 0) * 512)
+
+
+def _shortened(error: Optional[str], excess: int) -> Optional[str]:
+    """The error message cut by ``excess`` bytes (and a mark), so the record fits the file's room."""
+    if error is None or excess <= 0:
+        return error
+    keep = max(0, len(error.encode()) - excess - 8)
+    return error.encode()[:keep].decode(errors="ignore") + " [...]"
+
+
+def rewrite_in_place(path: Path, data: bytes) -> None:
+    """``data`` written over the existing file ``path`` from its start, the last resort of a
+    record when there is no room for a temp file: no new file, and no new block where ``data``
+    fits the blocks the file holds. A shorter record is padded with spaces to the old size (JSON
+    allows them), so the file is never cut and reads whole once the write is done. Not atomic
+    (a crash in the middle of it can leave a mix, which the reader sets aside); an OSError is a
+    :class:`WriteFailed` naming ``path`` (no file there, or no room even for this)."""
+    try:
+        fd = os.open(path, os.O_WRONLY)  # no O_CREAT: a new file needs room; no O_TRUNC: keep the blocks
+    except OSError as err:
+        raise WriteFailed(path, err) from None
+    try:
+        size = os.fstat(fd).st_size
+        if len(data) < size:
+            data = data[:-1] + b" " * (size - len(data)) + b"\n"
+        written = 0
+        while written < len(data):
+            written += os.pwrite(fd, data[written:], written)
+        os.fsync(fd)
+    except OSError as err:
+        raise WriteFailed(path, err) from None
+    finally:
+        os.close(fd)

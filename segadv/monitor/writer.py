@@ -150,6 +150,12 @@ class MetricWriter:
             with self._writing(self.tensorboard_dir):
                 self._tb.add_image(tag, image_chw_uint8, step, dataformats="CHW")
 
+    def text(self, step: int, tag: str, markdown: str) -> None:
+        """A TensorBoard text summary (its TEXT tab renders Markdown); not in metrics.jsonl."""
+        if self._tb is not None:
+            with self._writing(self.tensorboard_dir):
+                self._tb.add_text(tag, markdown, step)
+
     def histogram(self, step: int, tag: str, values: torch.Tensor) -> None:
         """A TensorBoard histogram of ``values`` (any shape; copied to the CPU); not in metrics.jsonl."""
         if self._tb is not None:
@@ -191,6 +197,9 @@ class NullWriter:
         pass
 
     def histogram(self, step: int, tag: str, values: torch.Tensor) -> None:
+        pass
+
+    def text(self, step: int, tag: str, markdown: str) -> None:
         pass
 
     def flush(self) -> None:

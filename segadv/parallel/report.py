@@ -19,8 +19,10 @@ def network_row(rank: int, role: str, wrapped: nn.Module, devices, opt) -> dict[
     numel = sum(p.numel() for p in params)
     param_bytes = sum(p.numel() * p.element_size() for p in params)
     buffer_bytes = sum(b.numel() * b.element_size() for b in bare.buffers())
-    state_tensors = [t for s in opt.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
-    if state_tensors:
+    state_tensors = [t for s in opt.optimizer.state.values() for t in s.values() if torch.is_tensor(t)] if opt else []
+    if opt is None:  # not trained (the teacher): no gradients, no optimizer state, no scaler
+        state_bytes, state_devices = 0, ["-"]
+    elif state_tensors:
         state_bytes = sum(t.numel() * t.element_size() for t in state_tensors)
         state_devices = sorted({str(t.device) for t in state_tensors if t.dim() > 0})
     else:
@@ -34,9 +36,9 @@ def network_row(rank: int, role: str, wrapped: nn.Module, devices, opt) -> dict[
         "devices": "+".join(str(d) for d in devices),
         "params": f"{numel:,}",
         "weights MiB": f"{(param_bytes + buffer_bytes) / MiB:.1f}",
-        "grads MiB": f"{param_bytes / MiB:.1f}",
+        "grads MiB": f"{param_bytes / MiB if opt is not None else 0:.1f}",
         "optimizer MiB": f"{state_bytes / MiB:.1f} on {','.join(state_devices)}",
-        "scaler": f"{'on' if opt.scales_loss else 'off'} ({opt.device.type})",
+        "scaler": f"{'on' if opt.scales_loss else 'off'} ({opt.device.type})" if opt is not None else "none",
     }
 
 

@@ -102,7 +102,8 @@ class DryRunMode(TorchDispatchMode):
     handled on the host before its copy), or an integer tensor made from nothing (``arange``: an
     index, which CUDA's indexing ops take from the host; in any other op it mixes devices), or
     copied there on purpose (``.cpu()``: a panel's samples; any later op mixing it with a device's
-    tensors is caught as mixing).
+    tensors is caught as mixing), or drawn from an explicit host ``torch.Generator`` (the mean
+    teacher's mixing RNG, whose draws are copied to G's device pinned and non_blocking).
     """
 
     def __init__(self, allowed: Iterable[torch.device]) -> None:
@@ -197,8 +198,9 @@ class DryRunMode(TorchDispatchMode):
             raise PlacementError(f"placement: {func} mixes devices "
                                  f"{', '.join(sorted(shown(d) for d in devices))}\n  at {segadv_line()}")
 
-    def _check_outputs(self, func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
-        host_inputs_only = bool(inputs) and all(t.device.type == "cpu" for t in inputs)
+    def _check_outputs(self, func: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
+                       host_generator: bool = False) -> None:
+        host_inputs_only = (bool(inputs) or host_generator) and all(t.device.type == "cpu" for t in inputs)
         for out in outputs:
             on_host_ok = (out.dim() == 0 or host_inputs_only or (not inputs and not out.is_floating_point())
                           or func in COPIES)  # a deliberate copy to the host (a panel's samples, a logged value)
@@ -220,7 +222,9 @@ class DryRunMode(TorchDispatchMode):
         result = func(*args, **kwargs)
         outputs = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
         if self._enforce:
-            self._check_outputs(func, inputs, outputs)
+            generator = kwargs.get("generator")
+            self._check_outputs(func, inputs, outputs,
+                                host_generator=isinstance(generator, torch.Generator) and generator.device.type == "cpu")
         if func in COPIES and inputs and outputs:
             source, target = (inputs[1], inputs[0]) if func is torch.ops.aten.copy_.default else (inputs[0], outputs[0])
             if source.device != target.device:

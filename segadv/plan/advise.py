@@ -47,9 +47,13 @@ class Option:
         return self.flops, self.plan.transfer_bytes_per_iteration, self.accumulation_steps, self.reduced_precision
 
 
-def device_maps(gpus: int) -> list[str]:
-    """Both networks on one GPU; with two or more, G on a GPU of its own (D's, and an aux D's, the other)."""
-    return ["g:0,d:0"] + (["g:1,d:0"] if gpus >= 2 else [])
+def device_maps(gpus: int, teacher: bool = False) -> list[str]:
+    """Both networks on one GPU; with two or more, G on a GPU of its own (D's, and an aux D's, the
+    other), and with a mean teacher each place for it: with G (its default) or with D (``t:0``)."""
+    maps = ["g:0,d:0"] + (["g:1,d:0"] if gpus >= 2 else [])
+    if teacher and gpus >= 2:
+        maps.append("g:1,d:0,t:0")
+    return maps
 
 
 def accumulation_choices(cfg: Config) -> list[int]:
@@ -95,7 +99,8 @@ def advise(config_file: Optional[str], base_overrides: list[str], gpus: int, fit
 
     choices = accumulation_choices(config([]))
     options = []
-    for device_map in device_maps(gpus):
+    teacher = "teacher" in method_class(config([]).method.name).networks(config([]))
+    for device_map in device_maps(gpus, teacher):
         for g_dtype in DTYPES:
             for d_dtype in DTYPES:
                 precision = precision_overrides(g_dtype, d_dtype)

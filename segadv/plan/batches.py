@@ -36,7 +36,7 @@ class BatchShape:
 
 def crop_size(data: DataConfig, key: str) -> tuple[int, int]:
     """The (H, W) the train pipeline of ``data`` produces."""
-    transform = build_transform(data.train_transforms, data.mean, data.std, key, ignore_index=data.ignore_index)
+    transform = build_transform(data.train_transforms, data.input_normalization, key, ignore_index=data.ignore_index)
     sizes = [(data.synthetic.image_size,) * 2] if data.kind == "synthetic" else PROBE_SIZES
     out = set()
     for h, w in sizes:
@@ -56,7 +56,7 @@ LARGEST_IMAGE = {"voc": (500, 500), "cityscapes": (1024, 2048), "gta5": (1052, 1
 def val_size(data: DataConfig) -> tuple[int, int]:
     """The (H, W) of a val batch: the val pipeline's fixed size, or, where it keeps each image's
     own size, the largest image the dataset kind has (the evaluation's worst batch)."""
-    transform = build_transform(data.val_transforms, data.mean, data.std, "data.val_transforms",
+    transform = build_transform(data.val_transforms, data.input_normalization, "data.val_transforms",
                                 ignore_index=data.ignore_index)
     h, w = (data.synthetic.image_size,) * 2 if data.kind == "synthetic" else LARGEST_IMAGE.get(data.kind, PROBE_SIZES[-1])
     image = transform(image=np.zeros((h, w, 3), np.uint8), mask=np.zeros((h, w), np.uint8))["image"]

@@ -187,8 +187,9 @@ def accounting(parts: Training, tracker: DryRunMode) -> Iterator[None]:
     """File parameters, gradients (as they are accumulated) and optimizer state (after each
     step) under their categories while the iterations run."""
     handles = []
+    for net in parts.every_network():  # the untrained ones' (the teacher's) weights too
+        tracker.mark([*net.bare.parameters(), *net.bare.buffers()], "params")
     for bare, _ in networks(parts):
-        tracker.mark([*bare.parameters(), *bare.buffers()], "params")
         for p in bare.parameters():
             if p.requires_grad:
                 handles.append(p.register_post_accumulate_grad_hook(lambda p: tracker.mark([p.grad], "grads")))
@@ -338,7 +339,8 @@ def checkpoint_pass(parts: Training, tracker: DryRunMode) -> None:
         for _, opt in networks(parts):
             opt.optimizer.state.clear()  # a resumed process has built its optimizers, stepped none
         for key, state in states.items():
-            if key != "rng":  # restoring generators needs their values, which fake tensors lack
+            # restoring generators (the RNGs, the mean teacher's mixing RNG) needs their values, which fake tensors lack
+            if key != "rng" and not getattr(state, "restores_generator", False):
                 state.load_state_dict(on_host[key])
 
 

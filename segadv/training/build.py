@@ -73,12 +73,15 @@ class Role:
     broadcast_buffers: bool
     loss_scaling: bool | None  # scale its loss whatever its own AMP says (None: as its AMP says)
     sync_bn: bool  # its BatchNorm layers synchronised across ranks
+    # Trained by a backward and an optimizer step (RoleSpec.trained); else no optimizer, no
+    # GradScaler, no gradient-syncing wrapper, no gradients: its method updates it (the teacher).
+    trained: bool = True
 
 
 @dataclass
 class Training:
     roles: tuple[Role, ...]  # the method's networks (Method.networks), G first
-    nets: tuple[Network, ...]  # one per role, in the same order
+    nets: tuple[Network, ...]  # one per role, in the same order (the untrained ones too: the teacher)
     method: Method  # what one training iteration does (cfg.method)
     device_map: DeviceMap
     env: DistEnv
@@ -86,11 +89,15 @@ class Training:
     step: Accumulation  # one optimizer step: the method over train.accumulation_steps micro-batches
 
     def networks(self) -> list[Network]:
-        """Every network trained, G first."""
+        """Every network trained (with an optimizer), G first."""
+        return [net for net in self.nets if net.trained]
+
+    def every_network(self) -> list[Network]:
+        """Every network the run holds, trained or not (the teacher), G first: what is saved and placed."""
         return list(self.nets)
 
     def members(self) -> Iterator[tuple[Role, Network]]:
-        """Each role with its network, G first."""
+        """Each role with its network, G first (the untrained ones too)."""
         return zip(self.roles, self.nets)
 
     def network(self, role: str) -> Network | None:
@@ -176,16 +183,19 @@ def network_roles(cfg: Config, device_map: DeviceMap, env: DistEnv, checked: Che
     for name, own in zip(names, settings):
         # The one place a generator and a discriminator differ: a role is built as one or the other.
         generator = built_as(name) == "generator"
+        trained = role(name).trained
         if not generator:
             check_discriminator_input(cfg, own.model, f"model.{name}")
         devices = device_map.devices_of(name)
-        mode = resolve_mode(own.parallel, name, devices, env)
-        checkpointing = generator and cfg.model.generator.activation_checkpointing
+        # An untrained network has no gradients to sync: under DDP each rank holds its own copy,
+        # kept equal by its method (the teacher: an EMA of G's synced weights).
+        mode = resolve_mode(own.parallel, name, devices, env) if trained or not env.distributed else "none"
+        checkpointing = generator and trained and cfg.model.generator.activation_checkpointing
         compiled = compile_enabled(cfg.compile, name)
         check_batch_for_replicas(micro_batch, len(devices), name)
         if compiled:
             check_compile(cfg.compile, name, devices, mode, checkpointing)
-        sync_bn = generator and cfg.parallel.sync_bn
+        sync_bn = generator and trained and cfg.parallel.sync_bn
         if sync_bn and cfg.model.generator.norm == "frozen":
             raise UserError("parallel.sync_bn with model.generator.norm=frozen: G's BatchNorm statistics are fixed, "
                             "there are none to synchronise")
@@ -197,7 +207,8 @@ def network_roles(cfg: Config, device_map: DeviceMap, env: DistEnv, checked: Che
             name, role(name).short, own, devices, mode,
             checkpointing=checkpointing, compiled=compiled,
             build=generator_model if generator else build_discriminator, broadcast_buffers=generator,
-            loss_scaling=(uses_float16(own.amp) or through_float16) if generator else None, sync_bn=sync_bn))
+            loss_scaling=(uses_float16(own.amp) or through_float16) if generator else None, sync_bn=sync_bn,
+            trained=trained))
     return tuple(roles)
 
 
@@ -239,15 +250,36 @@ def build_network(cfg: Config, env: DistEnv, role: Role, model: nn.Module) -> Ne
     if role.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     own = role.settings
+    if not role.trained:
+        model.requires_grad_(False)  # no backward ever reaches it: its method updates it in place
     wrapped = parallelize_network(model, role.mode, role.devices, own.amp, broadcast_buffers=role.broadcast_buffers,
                                   activation_checkpointing=role.checkpointing,
                                   compile_config=cfg.compile if role.compiled else None, role=role.name)
+    if not role.trained:
+        return Network(role.name, wrapped, None, role.devices, amp=own.amp)
     lr_multiplier = float(env.world_size) if cfg.train.lr_scaling == "linear" else 1.0
     opt = build_amp_optimizer(model, own.optim, own.amp, role.devices[0], cfg.train.max_steps, lr_multiplier,
                               loss_scaling=role.loss_scaling, name=role.name,
                               skip_nonfinite=cfg.train.on_nonfinite == "skip_step",
                               accumulation_steps=cfg.train.accumulation_steps)
     return Network(role.name, wrapped, opt, role.devices)
+
+
+@torch.no_grad()
+def start_copies(parts: Training) -> None:
+    """Each network whose role starts as another's (``RoleSpec.starts_as``: the teacher as G) made
+    a copy of that network's weights, parameters and buffers: after the initial weights are loaded
+    (``init.<role>``), before the first step. A resumed run then loads its own over them."""
+    for net in parts.every_network():
+        source = role(net.role).starts_as
+        if source is None:
+            continue
+        original = parts.network(source)
+        if original is None:
+            raise TypeError(f"the {net.role} starts as the {source}, which this run does not hold")
+        net.bare.load_state_dict(original.bare.state_dict())  # copies onto its own devices
+
+
 def check_accumulation(cfg: Config, replicas: int = 1) -> int:
     """``train.accumulation_steps`` against every stream's batch size, and each micro-batch (each
     of G's ``replicas``' chunk of it) against BatchNorm where G cannot train on one sample; returns
@@ -256,7 +288,7 @@ def check_accumulation(cfg: Config, replicas: int = 1) -> int:
     method_cls = method_class(cfg.method.name)
     by_stream = method_cls.stream_batch_sizes(cfg)
     sizes = {"data.batch_size": cfg.data.batch_size, **{spec.batch_size_key: by_stream[spec.name]
-                                                        for spec in method_cls.streams}}
+                                                        for spec in method_cls.data_streams(cfg)}}
     for key, size in sizes.items():
         if size % steps:
             raise UserError(f"train.accumulation_steps={steps} does not divide {key}={size}: each optimizer step "
@@ -279,7 +311,7 @@ def check_discriminator_input(cfg: Config, model: DiscriminatorConfig, key: str)
 
 def log_placement(parts: Training) -> None:
     """The placement table, every rank's rows, logged once by rank 0."""
-    rows = [network_row(parts.env.rank, net.role, net.module, net.devices, net.opt) for net in parts.networks()]
+    rows = [network_row(parts.env.rank, net.role, net.module, net.devices, net.opt) for net in parts.every_network()]
     rows = gather_rows(rows)
     if parts.env.is_main:
         log.info("placement:\n%s", placement_table(rows))

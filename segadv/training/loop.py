@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from segadv.training.build import Training, build_training, log_placement
+from segadv.training.build import Training, build_training, log_placement, start_copies
 from segadv.checkpoint import CheckpointManager, load_weights
 from segadv.config import Config, config_to_dict, flat_config
 from segadv.engine.nonfinite import NonFiniteGuard
 from segadv.errors import UserError, WriteFailed, input_shape_message
+from segadv.monitor.profile import RunClock
 from segadv.monitor.reporter import Reporter
 from segadv.monitor.status import RunRecord
 from segadv.parallel import DeviceMap, activate, parse_device_map
@@ -25,8 +26,8 @@ from segadv.parallel.distributed import DistEnv
 from segadv.training import preflight, run_dir as rundir
 from segadv.training.lock import RunDirLock
 from segadv.training.run_data import RunData, build_data, evaluate_generator, run_state
-from segadv.training.process import seed_everything
-from segadv.signals import StopRequests
+from segadv.training.process import run_log, seed_everything
+from segadv.signals import Interrupted, Shielded, StopRequests, deferred
 
 
 log = logging.getLogger("segadv.training.loop")
@@ -69,11 +70,22 @@ def train(
     start = preflight.check_start(cfg, resume, device_map, env.world_size)  # before anything slow
     cleanup = rundir.StartCleanup(run_dir, env)
     rundir.check_writable(run_dir)
-    with RunDirLock(run_dir, env), cleanup, RunRecord(run_dir, cfg.train.max_steps, enabled=env.is_main) as record:
-        result = run(cfg, env, device_map, run_dir, record, start=start, resume=resume, trusted=trusted,
-                     stop_at=stop_at, force=force, started=cleanup.done)
-        record.end(result.stopped_by)
-        return result
+    try:
+        # Shielded: a signal while the lock is released, a failed start's files are removed or the
+        # outcome is recorded waits for them to end (segadv/signals.py): none is left half done.
+        with Shielded(RunDirLock(run_dir, env)), Shielded(cleanup), run_log(run_dir, env.is_main), \
+                Shielded(RunRecord(run_dir, cfg.train.max_steps, enabled=env.is_main)) as record:
+            result = run(cfg, env, device_map, run_dir, record, start=start, resume=resume, trusted=trusted,
+                         stop_at=stop_at, force=force, started=cleanup.done)
+            with deferred():
+                record.end(result.stopped_by)
+            return result
+    except Interrupted as err:
+        if not cleanup.started:
+            interrupted_start(err, run_dir, resumed)
+        elif not err.after:  # after the loop (its checkpoints saved), before the process ended
+            err.after = f"the run's checkpoints are in {run_dir / rundir.CHECKPOINT_DIR} (resume: --resume auto)"
+        raise
 
 
 def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, record: RunRecord, *,
@@ -87,20 +99,26 @@ def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, record:
     data = build_data(cfg, parts, run_dir, start.catalog if start else None)
     initialise_weights(parts, trusted)
     log_placement(parts)
-    checkpoints = CheckpointManager(run_dir, run_state(parts, data.streams), every=cfg.checkpoint.every,
+    clock = RunClock()  # the run's time, checkpointed, so that a resume continues it
+    checkpoints = CheckpointManager(run_dir, run_state(parts, data.streams, clock), every=cfg.checkpoint.every,
                                     keep_last=cfg.checkpoint.keep_last, config=config_to_dict(cfg), env=env)
     step = start_checkpoints(cfg, checkpoints, resume, trusted, force)
     max_steps, val_metrics, stopped_by = cfg.train.max_steps, {}, None
     guard = NonFiniteGuard(cfg.train.on_nonfinite, checkpoints, device_map.generator)
-    with Reporter(cfg, parts, run_dir, record, guard, is_main=env.is_main,
-                  resume_step=step if resume else None) as reporter:  # opening checks metrics.jsonl
+    # resume_notes outside the Reporter too: a TensorBoard failure raised as it closes names the
+    # checkpoint as well.
+    with resume_notes(checkpoints, user_errors=False), \
+            Reporter(cfg, parts, run_dir, record, guard, is_main=env.is_main,
+                     resume_step=step if resume else None, clock=clock) as reporter:  # opening checks metrics.jsonl
         if env.is_main:
             rundir.save_config(cfg, run_dir)
-        started()
-        agreement = distributed.StepAgreement()
-        reporter.begin(step, checkpoints.best)
+        # The start is complete: from here a signal stops the run at a step boundary with a
+        # checkpoint (exit 0); before, it unwound the start (segadv/signals.py).
         with StopRequests(watch_parent=distributed.launched_by_torchrun()) as stop, closing(data), \
                 resume_notes(checkpoints):
+            started()
+            agreement = distributed.StepAgreement()
+            reporter.begin(step, checkpoints.best)
             while step < max_steps:
                 losses = parts.step(data.streams, step)
                 step += 1
@@ -148,19 +166,34 @@ def start_checkpoints(cfg: Config, checkpoints: CheckpointManager, resume: str |
 
 
 @contextmanager
-def resume_notes(checkpoints: CheckpointManager) -> Iterator[None]:
+def resume_notes(checkpoints: CheckpointManager, user_errors: bool = True) -> Iterator[None]:
     """An error met after the run started, told with where the run can go on from: a failed write
-    (metrics, TensorBoard), bad data found mid-run."""
+    (metrics, TensorBoard), a signal that ends it at once, and (``user_errors``) bad data found
+    mid-run."""
     try:
         yield
-    except WriteFailed as err:
+    except (WriteFailed, Interrupted) as err:
         err.after = err.after or checkpoints.resume_note()
         raise
     except (UserError, RuntimeError) as err:
+        if not user_errors:
+            raise
         noted = with_resume_note(err, checkpoints)
         if noted is err:
             raise
         raise noted from None
+
+
+def interrupted_start(err: Interrupted, run_dir: Path, resumed: rundir.ResumePoint | None) -> None:
+    """A signal that ended a start before its first step, told as such: a fresh start left
+    nothing (StartCleanup removed what it wrote), a resume left its run where it was."""
+    err.when = err.when or "before the first step"
+    if resumed is None:
+        err.after = (f"nothing was trained or saved, and what the start wrote in {run_dir} was removed: "
+                     "run the same command again to start")
+    elif not err.after:
+        err.after = (f"the run stands at {resumed.path} (step {resumed.step}): run the same command again "
+                     "to go on")
 
 
 def evaluate_all(cfg: Config, parts: Training, data: RunData, reporter: Reporter, step: int) -> dict[str, object]:
@@ -258,3 +291,4 @@ def initialise_weights(parts: Training, trusted: bool) -> None:
         source = role.settings.init
         if source is not None:
             load_weights(source.path, net.module, role=role.name, exclude=source.exclude, trusted=trusted)
+    start_copies(parts)  # a role that starts as another's copy (the teacher, as G) after the init weights

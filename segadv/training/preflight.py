@@ -70,5 +70,5 @@ def check_data(cfg: Config, method: "type[Method]", world_size: int) -> "Catalog
     and each of ``method``'s streams' batch against its pool as listed, on ``world_size`` ranks."""
     from segadv.data.catalog import Catalog
 
-    return Catalog.for_streams(cfg.data, cfg.target_data, method.streams, method.stream_batch_sizes(cfg),
+    return Catalog.for_streams(cfg.data, cfg.target_data, method.data_streams(cfg), method.stream_batch_sizes(cfg),
                                world_size)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import random
-from typing import Iterable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -15,6 +17,9 @@ from segadv.parallel.distributed import DistEnv
 from segadv.parallel.placement import device_module, is_accelerator
 
 log = logging.getLogger(__name__)
+
+LOG_FILE = "train.log"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def setup_logging(level: int = logging.INFO, env: DistEnv | None = None) -> None:
@@ -27,6 +32,49 @@ def setup_logging(level: int = logging.INFO, env: DistEnv | None = None) -> None
         format=f"%(asctime)s %(levelname)s {prefix}%(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+
+
+@contextmanager
+def run_log(run_dir: Path, enabled: bool = True, level: int = logging.INFO) -> Iterator[Path | None]:
+    """``RUN/train.log``: every log line of the run (what the console shows, progress lines and
+    warnings included) appended to a file in the run dir while it runs, as mmsegmentation keeps
+    ``work_dir/*.log``; each attempt (a resume appends) begins with a line that says so. Rank 0 only (``enabled``).
+    An error that ends the run is written there too (the console gets it from the command's
+    ``error:`` line, so it goes to the file alone)."""
+    if not enabled:
+        yield None
+        return
+    path = Path(run_dir) / LOG_FILE
+    try:
+        handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    except OSError as err:  # the log file is a convenience: the run goes on without it
+        log.warning("cannot keep the run's log in %s: %s", path, err.strerror or err)
+        yield None
+        return
+    handler.setLevel(level)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    level_before = root.level
+    if root.getEffectiveLevel() > level:
+        root.setLevel(level)  # a caller that never configured logging (tests, a library call) still gets the file
+    from segadv import __version__
+
+    _to_file(handler, logging.INFO, "segadv %s: an attempt starts in %s (pid %d)", __version__, run_dir, os.getpid())
+    try:
+        yield path
+    except BaseException as err:
+        _to_file(handler, logging.ERROR, "the run ended with %s: %s", type(err).__name__, err)
+        raise
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level_before)
+        handler.close()
+
+
+def _to_file(handler: logging.Handler, level: int, message: str, *args: object) -> None:
+    """A line for the run's log file alone (the console has it another way, or needs it not)."""
+    handler.handle(logging.LogRecord("segadv.training.process", level, __file__, 0, message, args, None))
 
 
 def seed_everything(seed: int, deterministic: bool = False, devices: Iterable[torch.device] = ()) -> None:

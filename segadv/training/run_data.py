@@ -89,17 +89,22 @@ def first_labeled_samples(stream: Stream, count: int) -> tuple[torch.Tensor, tor
     return torch.stack(images), torch.stack(masks)
 
 
-def run_state(parts: Training, streams: Streams | None) -> dict[str, Stateful]:
+def run_state(parts: Training, streams: Streams | None, clock: Stateful | None = None) -> dict[str, Stateful]:
     """The run's stateful parts by checkpoint key: each network's weights and its optimizer (with
     its GradScaler and LR schedule), the data streams' positions (``streams``; None: left out),
-    every rank's RNGs."""
+    every rank's RNGs, and the run's time so far (``clock``, segadv/monitor/profile.py's
+    ``RunClock``; None: left out)."""
     states: dict[str, Stateful] = {}
-    for net in parts.networks():
+    for net in parts.every_network():  # an untrained network (the teacher) has weights, no optimizer
         states[net.role] = NetworkWeights(net.role, net.module)
-        states[f"optim_{net.role}"] = net.opt
+        if net.opt is not None:
+            states[f"optim_{net.role}"] = net.opt
+    states.update(parts.method.checkpoint_state())  # the method's own (the mean teacher's mixing RNG)
     if streams is not None:
         states["data_streams"] = streams
     states["rng"] = RankRNGs(parts.device_map.devices, parts.env)
+    if clock is not None:
+        states["clock"] = clock
     return states
 
 

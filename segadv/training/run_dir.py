@@ -39,7 +39,7 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 # What segadv-train writes in a run dir; a fresh start refuses a dir holding any of them.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "tensorboard", "checkpoints", "data_split.json", "skipped.json",
-             "status.json")
+             "status.json", "train.log")
 
 def check_steps(step: int, max_steps: int, checkpoint: Path | None) -> None:
     """A resume at ``step`` with ``train.max_steps``: below it nothing could train."""
@@ -187,13 +187,15 @@ def saved_config_problem(path: Path) -> str | None:
     return None
 
 
-def resume_config(run_dir: Path, resume: str, overrides: list[str], trusted: bool = False) -> Config:
+def resume_config(run_dir: Path, resume: str, overrides: list[str], trusted: bool = False,
+                  set_aside: bool = True) -> Config:
     """The config a resume without ``--config`` runs with: the run dir's ``config.yaml`` with
     ``overrides``. A missing or empty one is rebuilt from the config stored in the checkpoint the
     resume loads (one log line; the run writes it back); an unreadable one is set aside, with a
     warning, when a checkpoint holds the config, else a UserError naming it. Without any
     checkpoint (``--resume auto`` in a run dir that has none) the run starts fresh: from the
-    embedded default config when there is no config.yaml."""
+    embedded default config when there is no config.yaml. ``set_aside`` False (``--print-config``):
+    an unreadable one is left where it is, nothing on disk changes."""
     check_reachable(run_dir)
     saved = run_dir / CONFIG_FILE
     problem = saved_config_problem(saved)
@@ -206,13 +208,35 @@ def resume_config(run_dir: Path, resume: str, overrides: list[str], trusted: boo
         raise UserError(f"{saved} is {problem}, and no checkpoint in {run_dir / CHECKPOINT_DIR} holds the run's "
                         "config: repair or remove it, or pass --config")
     checkpoint, config = found
-    if problem not in ("missing", "empty"):
+    if problem not in ("missing", "empty") and set_aside:
         aside = saved.with_name(f"{saved.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
         os.replace(saved, aside)
         log.warning("%s is %s: moved it to %s", saved, problem, aside.name)
     log.info("%s is %s: rebuilt from the config stored in %s", saved, problem if problem in ("missing", "empty")
              else "set aside", checkpoint)
     return config_from_dict(config, overrides, source=f"the config stored in {checkpoint}")
+
+
+# --resume's names for a run dir's own checkpoints (besides "auto", the newest that loads).
+RESUME_NAMES = {"last": "last.pt", "best": "best.pt"}
+
+
+def named_checkpoint(resume: str | None, run_dir: str | Path | None) -> str | None:
+    """``--resume last`` / ``--resume best`` as the path of the run dir's ``checkpoints/last.pt`` /
+    ``checkpoints/best.pt``; any other value as it is. A user error without a run dir, or when the
+    file is not there (naming it and what to pass instead)."""
+    if resume not in RESUME_NAMES:
+        return resume
+    if run_dir is None:
+        raise UserError(f"--resume {resume} needs --run-dir: the run whose checkpoints/{RESUME_NAMES[resume]} "
+                        "to continue")
+    path = Path(run_dir) / CHECKPOINT_DIR / RESUME_NAMES[resume]
+    if not path.is_file():
+        why = ("best.pt is written at the run's first evaluation" if resume == "best"
+               else "last.pt is written every checkpoint.every steps")
+        raise UserError(f"--resume {resume}: {path} does not exist ({why}); --resume auto continues from the "
+                        "newest checkpoint the run dir holds, or starts fresh in a run dir that holds none")
+    return str(path)
 
 
 def checkpoint_to_resume(run_dir: Path, resume: str, trusted: bool = False) -> tuple[Path, dict[str, Any]] | None:

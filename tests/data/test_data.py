@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from segadv.config.normalization import resolve as resolve_normalization
 from segadv.config.schema import DataConfig, SyntheticDataConfig
 from segadv.data import (
     SHAPE_CLASSES,
@@ -26,6 +27,7 @@ from segadv.data.palette import palette
 SIZE = 48  # small images keep the whole file fast; the generator is size-agnostic
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
+IMAGENET = resolve_normalization("imagenet", MEAN, STD)
 
 
 def make_ds(split: str = "train", seed: int = 0, num_classes: int = 6, **kw) -> SyntheticShapes:
@@ -134,7 +136,7 @@ def _paint_and_transform(steps: list[dict], seed: int = 0) -> list[tuple[np.ndar
 
     Returns (denormalised HxWx3 image, HxW mask) pairs after the pipeline.
     """
-    transform = build_transform(steps, MEAN, STD, "data.train_transforms", ignore_index=255)
+    transform = build_transform(steps, IMAGENET, "data.train_transforms", ignore_index=255)
     seed_transform(transform, seed)
     ds = make_ds(num_classes=6)
     pairs = []
@@ -200,13 +202,13 @@ def test_resize_steps_default_to_pixel_centred_nearest_for_masks():
         {"name": "Resize", "height": 8, "width": 8, "mask_interpolation": 0},
         {"name": "Rotate"},  # warp-based: only 0..4 allowed, keeps albumentations' default
     ]
-    compose = build_transform(steps, MEAN, STD, "w")
+    compose = build_transform(steps, IMAGENET, "w")
     assert [t.mask_interpolation for t in compose.transforms[:3]] == [6, 0, 0]
 
 
 def test_unknown_transform_name_suggests_closest():
     with pytest.raises(UserError) as info:
-        build_transform([{"name": "HorizontalFlp"}], MEAN, STD, "data.train_transforms")
+        build_transform([{"name": "HorizontalFlp"}], IMAGENET, "data.train_transforms")
     msg = str(info.value)
     assert "data.train_transforms[0].name" in msg
     assert "'HorizontalFlp'" in msg and "did you mean 'HorizontalFlip'?" in msg
@@ -230,7 +232,7 @@ def test_unknown_transform_name_suggests_closest():
 def test_bad_step_is_user_error_naming_index(step, expected):
     steps = [{"name": "HorizontalFlip"}, step]
     with pytest.raises(UserError) as info:
-        build_transform(steps, MEAN, STD, "data.val_transforms")
+        build_transform(steps, IMAGENET, "data.val_transforms")
     msg = str(info.value)
     assert expected in msg
     assert "data.val_transforms[1]" in msg
@@ -238,7 +240,7 @@ def test_bad_step_is_user_error_naming_index(step, expected):
 
 
 def test_pipeline_ends_with_normalize_and_tensor():
-    out = build_transform([], MEAN, STD, "w")(
+    out = build_transform([], IMAGENET, "w")(
         image=np.full((8, 8, 3), 255, np.uint8), mask=np.zeros((8, 8), np.uint8)
     )
     assert out["image"].dtype == torch.float32 and out["image"].shape == (3, 8, 8)
@@ -395,3 +397,63 @@ def test_data_imports_nothing_from_methods():
     """Data knows streams only as the methods declare them (``StreamSpec``)."""
     data_dir = Path(build_stream_loaders.__code__.co_filename).parent
     assert [p.name for p in sorted(data_dir.glob("*.py")) if "segadv.methods" in p.read_text()] == []
+
+
+# --- data.normalization ----------------------------------------------------------------------
+
+
+def _reference_input(rgb: np.ndarray, name: str) -> np.ndarray:
+    """The references' own arithmetic on an RGB uint8 image, CHW float32: AdaptSegNet and ADVENT
+    reverse PIL's RGB to BGR and subtract IMG_MEAN (dataset/cityscapes_dataset.py:50-51,
+    advent/dataset/base_dataset.py:36-37); AdvSemiSeg subtracts it from cv2's BGR and then reverses
+    the channels (dataset/voc_dataset.py:48-74)."""
+    img_mean = np.array((104.00698793, 116.66876762, 122.67891434), dtype=np.float32)
+    image = np.asarray(rgb, np.float32)
+    if name == "caffe_bgr":
+        image = image[:, :, ::-1] - img_mean
+    else:  # caffe_rgb
+        image = (image[:, :, ::-1] - img_mean)[:, :, ::-1]
+    return image.transpose(2, 0, 1)
+
+
+@pytest.mark.parametrize("name", ["caffe_bgr", "caffe_rgb"])
+def test_the_caffe_normalizations_compute_the_references_input(name):
+    rgb = np.random.default_rng(0).integers(0, 256, (6, 7, 3), dtype=np.uint8)
+    rgb[0, 0] = (255, 0, 10)  # a pixel whose channel order shows
+    cfg = DataConfig(normalization=name)
+    out = build_transform([], cfg.input_normalization, "w")(image=rgb, mask=np.zeros((6, 7), np.uint8))["image"]
+    np.testing.assert_allclose(out.numpy(), _reference_input(rgb, name), atol=2e-4, rtol=0)
+
+
+def test_imagenet_is_the_default_and_reads_data_mean_and_std():
+    norm = DataConfig().input_normalization
+    assert (norm.name, norm.channels, list(norm.mean), list(norm.std)) == ("imagenet", "RGB", MEAN, STD)
+    custom = DataConfig(mean=[0.5, 0.5, 0.5], std=[0.25, 0.25, 0.25]).input_normalization
+    assert (custom.mean, custom.std) == ((0.5,) * 3, (0.25,) * 3)
+
+
+def test_a_normalization_with_its_own_mean_refuses_data_mean_naming_it():
+    from segadv.config import load_config
+
+    with pytest.raises(UserError, match=r"data\.std: normalization caffe_bgr fixes its own mean and std"):
+        load_config(None, ["data.normalization=caffe_bgr", "data.std=[0.5, 0.5, 0.5]"])
+    with pytest.raises(UserError, match=r"data\.normalization: expected 'imagenet', 'caffe_bgr' or 'caffe_rgb'"):
+        load_config(None, ["data.normalization=bgr"])
+
+
+def test_the_schema_names_every_row_of_the_table():
+    from typing import get_args
+
+    from segadv.config.normalization import NORMALIZATIONS
+
+    assert get_args(DataConfig.model_fields["normalization"].annotation) == tuple(NORMALIZATIONS)
+
+
+def test_the_target_must_reach_g_as_the_source_does():
+    from segadv.config import load_config
+    from segadv.data.catalog import Catalog
+
+    sys_path_helpers = __import__("helpers")
+    cfg = load_config(None, [*sys_path_helpers.UDA_OVERRIDES, "target_data.normalization=caffe_bgr"])
+    with pytest.raises(UserError, match=r"target_data\.normalization: .*data has imagenet"):
+        Catalog.open(cfg.data, cfg.target_data)

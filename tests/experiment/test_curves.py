@@ -22,8 +22,10 @@ def test_time_to_threshold_is_the_first_evaluation_at_or_above_it(tmp_path, caps
     assert curves.main([str(a), str(b), str(c), "--threshold", "0.8"]) == 0
     out = capsys.readouterr().out
     assert "a: mIoU >= 0.80 at 100 s (step 200, mIoU 0.800); final 0.860 at 200 s (step 400)" in out
-    assert "c: mIoU >= 0.80 at never" in out
-    assert "median 130 s, worst inf s over 3 run(s)" in out
+    assert "c: did not reach 0.80 (best mIoU 0.700 at step 200); final 0.700 at 140 s (step 200)" in out
+    assert ("time to mIoU >= 0.80: median 130 s, worst: not reached (1 of 3 runs did not reach 0.80) over 3 run(s)"
+            in out)
+    assert "never" not in out and "inf" not in out
 
 
 def test_a_dir_without_metrics_exits_2(tmp_path, capsys):
@@ -63,3 +65,73 @@ def test_a_metrics_file_that_cannot_be_read_is_set_aside(tmp_path, capsys, caplo
     assert f"{bad / 'metrics.jsonl'} is not UTF-8 text: byte 54 is 0xff: set aside" in caplog.text
     assert curves.main([str(bad)]) == 2
     assert "no run left to report" in capsys.readouterr().err
+
+
+def test_all_runs_reaching_it_give_the_worst_time_and_most_missing_give_no_median(tmp_path, capsys):
+    a = write_run(tmp_path / "a", [(50.0, 100, 0.85)])
+    b = write_run(tmp_path / "b", [(70.0, 100, 0.9)])
+    assert curves.main([str(a), str(b)]) == 0
+    assert "median 60 s, worst 70 s over 2 run(s)" in capsys.readouterr().out
+    c = write_run(tmp_path / "c", [(70.0, 100, 0.5)])
+    d = write_run(tmp_path / "d", [(70.0, 100, 0.5)])
+    assert curves.main([str(a), str(c), str(d)]) == 0
+    assert ("median: not reached (by half the runs or more), worst: not reached (2 of 3 runs did not reach 0.80)"
+            in capsys.readouterr().out)
+
+
+def test_records_are_taken_by_step_the_last_record_of_a_step_winning(tmp_path, capsys):
+    """A resumed run's metrics.jsonl after a rewind: steps 200-300 logged again, out of file order;
+    the final evaluation is the last step's, not the last line's."""
+    run = write_run(tmp_path / "a", [(100.0, 200, 0.5), (150.0, 300, 0.6), (160.0, 325, 0.7),
+                                     (150.0, 300, 0.82), (100.0, 200, 0.55)])
+    with (run / "metrics.jsonl").open("a") as out:
+        out.write(json.dumps({"step": 250, "train/loss_seg": 0.4, "train/loss_d": 1.2, "train/lr_g": 0.1}) + "\n")
+        out.write(json.dumps({"step": 250, "train/loss_seg": 0.3}) + "\n")
+    curve = curves.read_curve(run)
+    assert curve.points == [(100.0, 200, 0.55), (150.0, 300, 0.82), (160.0, 325, 0.7)]
+    assert curve.losses == {"loss_d": [(250, 1.2)], "loss_seg": [(1, 1.0), (250, 0.3)]}
+    assert curves.main([str(run)]) == 0
+    assert f"{run}: mIoU >= 0.80 at 150 s (step 300, mIoU 0.820); final 0.700 at 160 s (step 325)" in \
+        capsys.readouterr().out
+
+
+def test_a_time_that_goes_back_is_said(tmp_path, caplog):
+    """A run resumed by a segadv that restarted perf/train_seconds at 0 draws a V: said, not hidden."""
+    run = write_run(tmp_path / "a", [(100.0, 200, 0.5), (300.0, 300, 0.6), (20.0, 325, 0.7)])
+    with caplog.at_level("WARNING"):
+        curves.read_curve(run)
+    assert "perf/train_seconds goes back at step 325" in caplog.text
+
+
+class FakeAxes:
+    def __init__(self):
+        self.lines = []
+
+    def plot(self, x, y, **kwargs):
+        self.lines.append((list(x), list(y), kwargs.get("label")))
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+class FakePyplot:
+    def __init__(self):
+        self.axes = (FakeAxes(), FakeAxes())
+
+    def subplots(self, *args, **kwargs):
+        fig = type("Fig", (), {"tight_layout": lambda self: None,
+                               "savefig": lambda self, out, format: out.write(b"\x89PNG")})()
+        return fig, self.axes
+
+    def close(self, fig):
+        pass
+
+
+def test_the_png_draws_the_losses_beside_the_miou(tmp_path):
+    run = write_run(tmp_path / "a", [(50.0, 100, 0.6), (100.0, 200, 0.8)])
+    plt = FakePyplot()
+    curves.plot(plt, [curves.read_curve(run)], 0.8, tmp_path / "out" / "c.png", "title")
+    miou_ax, loss_ax = plt.axes
+    assert miou_ax.lines == [([50.0, 100.0], [0.6, 0.8], "a")]
+    assert loss_ax.lines == [([1], [1.0], "a loss_seg")]
+    assert (tmp_path / "out" / "c.png").read_bytes() == b"\x89PNG"

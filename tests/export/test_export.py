@@ -382,9 +382,44 @@ def test_sigterm_during_verification_removes_the_temp_file(model, tmp_path, monk
 
     monkeypatch.setattr("segadv.export.verify.verify", terminated_mid_check)  # what cli.main imports when it runs
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(SystemExit) as stop:
-        cli.main(["--checkpoint", str(ckpt), "--output", str(tmp_path / "m.onnx")])
-    assert stop.value.code == 128 + signal.SIGTERM
+    code = cli.main(["--checkpoint", str(ckpt), "--output", str(tmp_path / "m.onnx")])  # answered by cli_entry
+    assert code == 128 + signal.SIGTERM
     assert any(name.startswith(".m.onnx.tmp-") for name in seen["files"])  # the staged file existed
     assert list(tmp_path.iterdir()) == []  # and is gone, with nothing else written
     assert signal.getsignal(signal.SIGTERM) == before  # the command's handler is gone with it
+
+
+def test_a_caffe_bgr_model_reverses_the_channels_in_the_graph_and_its_sidecar_says_so(model, tmp_path, capsys):
+    """data.normalization caffe_bgr: the exported graph takes RGB pixels and computes what the
+    references feed their G (BGR less IMG_MEAN, no std); a normalized input is BGR, as the sidecar
+    says, and prepare_input makes it from the sidecar."""
+    _, generator, _ = model
+    cfg = load_config(None, [*TINY_OVERRIDES, "data.normalization=caffe_bgr"])
+    ckpt = save_segadv_checkpoint(tmp_path / "bgr.pt", cfg, generator)
+    pixels = images(2, 64, 64, seed=3)
+    img_mean = np.array((104.00698793, 116.66876762, 122.67891434), np.float32).reshape(1, 3, 1, 1)
+    reference_input = pixels[:, ::-1].astype(np.float32) - img_mean  # AdaptSegNet's / ADVENT's arithmetic
+    with torch.inference_mode():
+        ref = generator(torch.from_numpy(np.ascontiguousarray(reference_input))).numpy()
+    code, output = export(tmp_path, ckpt, "onnx", "--with-preprocess", "uint8", name="graph")
+    assert code == 0, capsys.readouterr()
+    meta = json.loads(sidecar_path(output).read_text())
+    assert meta["format_version"] == 2 and meta["input"]["channels"] == "RGB"
+    assert meta["normalization"]["name"] == "caffe_bgr" and meta["normalization"]["channels"] == "BGR"
+    np.testing.assert_allclose(np.array(meta["normalization"]["mean"]) * 255, img_mean.ravel(), rtol=1e-6)
+    assert_close(run_onnx(output, pixels), ref)
+    code, output = export(tmp_path, ckpt, "onnx", name="plain")
+    assert code == 0, capsys.readouterr()
+    meta = json.loads(sidecar_path(output).read_text())
+    assert meta["input"]["channels"] == "BGR" and meta["input"]["kind"] == "normalized"
+    norm = meta["normalization"]
+    x = prepare_input(pixels, "normalized", "float32", norm["mean"], norm["std"], norm["channels"])
+    np.testing.assert_allclose(x, reference_input, atol=2e-4)
+    assert_close(run_onnx(output, x), ref)
+
+
+def test_an_imagenet_model_keeps_version_1_sidecars(model, exported):
+    code, output, report = exported("onnx")
+    meta = json.loads(sidecar_path(output).read_text())
+    assert meta["format_version"] == 1 and meta["normalization"]["name"] == "imagenet"
+    assert meta["normalization"]["channels"] == "RGB"

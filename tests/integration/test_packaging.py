@@ -83,6 +83,28 @@ def test_wheel_holds_every_module_and_every_shipped_config(wheel: Path) -> None:
     assert "segadv/docs/training.md" in docs and docs - names == set()
 
 
+def test_every_relative_link_of_the_wheels_docs_resolves_inside_the_wheel(wheel: Path) -> None:
+    """The pages ship as segadv/docs/: a link to a figure or a file the wheel lacks (the demo's
+    curves PNG, constraints/oldest.txt) would be broken on every wheel user's machine."""
+    import posixpath
+    import re
+
+    archive = zipfile.ZipFile(wheel)
+    names = set(archive.namelist())
+    pages = sorted(n for n in names if n.startswith("segadv/docs/") and n.endswith(".md"))
+    assert "segadv/docs/demo_curves.png" in names
+    broken = []
+    for page in pages:
+        text = archive.read(page).decode()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            path = target.split("#")[0]
+            if not path or re.match(r"[a-z]+:", path):
+                continue  # an anchor on the page, or a URL
+            if posixpath.normpath(posixpath.join(posixpath.dirname(page), path)) not in names:
+                broken.append(f"{page}: {target}")
+    assert broken == []
+
+
 def test_installed_wheel_trains_from_an_empty_directory(wheel: Path, tmp_path: Path) -> None:
     tmp_path = tmp_path.resolve()
     python = fresh_venv(tmp_path / "venv")

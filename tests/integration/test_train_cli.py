@@ -245,10 +245,11 @@ def test_resuming_a_finished_run_reports_its_stored_score_and_trains_nothing(sto
     assert hashes(stopped_run) == before
 
 
-def test_after_a_resume_the_profile_counts_the_steps_this_process_ran(stopped_run, caplog):
+def test_after_a_resume_the_profile_counts_the_whole_run_from_the_checkpoints_clock(stopped_run, caplog):
     with caplog.at_level("INFO"):
         assert train_cli.main(["--run-dir", str(stopped_run), "--resume", "auto", "train.max_steps=4"]) == 0
-    assert "time profile (this process, 2 steps, 3-4)" in caplog.text
+    assert ("time profile (the run, steps 1-4: this process ran 3-4, the checkpoint it resumed from held the "
+            "time of 1-2)") in caplog.text
 
 
 def test_a_garbled_metrics_jsonl_is_exit_2_naming_it(stopped_run, capsys):

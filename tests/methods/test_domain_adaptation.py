@@ -25,7 +25,8 @@ from segadv.config.schema import GeneratorConfig, NetworkAmpConfig, OptimizerCon
 from segadv.engine.network import Network
 from segadv.errors import UserError
 from segadv.cli import export as export_cli
-from segadv.methods.domain_adaptation.iteration import AdaptSegNet, Advent, MinEnt, mean_entropy, self_information
+from segadv.methods.domain_adaptation.iteration import (AdaptSegNet, Advent, MinEnt, mean_entropy,
+                                                      own_random_stream, self_information)
 from segadv.methods.domain_adaptation.declaration import DomainAdaptationConfig, MinEntConfig
 
 ITERATIONS = {cls.name: cls for cls in (AdaptSegNet, Advent, MinEnt)}
@@ -270,6 +271,41 @@ def test_training_logs_per_discriminator_losses_and_scales_and_keeps_the_best_sn
     best = read_checkpoint(result.run_dir / "checkpoints" / "best.pt")
     assert best["step"] == best_step and "discriminator_aux" in best and "optim_discriminator_aux" in best
     assert any(k.startswith("aux_head.") for k in best["generator"])
+
+
+def test_the_target_pass_draws_from_its_own_stream_and_leaves_the_random_state_as_it_was():
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    expected_next = torch.rand(8)
+    torch.set_rng_state(before)
+    with own_random_stream([torch.device("cpu")]):
+        inside = torch.rand(8)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(torch.rand(8), expected_next)
+    assert not torch.equal(inside, expected_next)  # not the next source pass's masks again
+    torch.set_rng_state(before)
+    with own_random_stream([torch.device("cpu")]):
+        assert torch.equal(torch.rand(8), inside)  # a function of the state it starts from (resume)
+
+
+def test_with_frozen_batchnorm_the_control_trains_g_bitwise_as_source_only(tmp_path):
+    """The BatchNorm control (AdaptSegNet with no target term) forwards target batches through G;
+    with BatchNorm frozen nothing of that may reach G: not its statistics, and not the random state
+    (the DeepLabV3+ decoder's dropout masks) that later source passes draw from."""
+    common = [o for o in UDA_OVERRIDES if o != "model.generator.aux_head=true"] + [
+        "model.generator.aux_head=false", "model.generator.norm=frozen", "train.max_steps=3",
+        "train.eval_every=100", "checkpoint.every=100", "log.tensorboard=false", "train.deterministic=true"]
+    weights = {}
+    for name, extra in (("source_only", ["method.name=supervised", "loss.lambda_adv=0"]),
+                        ("control", ["method.adaptsegnet.lambda_adv_main=0"])):
+        cfg = load_config(None, [*common, *extra])
+        cfg.run_dir, cfg.device_map = str(tmp_path / name), "cpu"
+        weights[name] = read_checkpoint(train(cfg).run_dir / "checkpoints" / "last.pt")["generator"]
+    source_only, control = weights["source_only"], weights["control"]
+    assert any(isinstance(m, nn.Dropout) and m.p > 0 for m in build_generator(
+        load_config(None, common).model.generator, 5).modules())  # the case this is about
+    assert source_only.keys() == control.keys()
+    assert [k for k in source_only if not torch.equal(source_only[k], control[k])] == []
 
 
 def evaluate_on(run_dir, data_cfg):

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from segadv.data.palette import palette
+from segadv.config.normalization import resolve as resolve_normalization
 from segadv.monitor.images import PADDING, confidence_panel, segmentation_panel
 
 
@@ -16,7 +17,7 @@ def test_the_panel_titles_its_columns_and_names_each_class_colour():
     labels[:, 10:30, 10:30] = 2
     preds = labels.clone()
     names = ["background", "circle", "square", "triangle", "ring"]
-    panel = segmentation_panel(images, labels, preds, colours, [0.5] * 3, [0.5] * 3, names)
+    panel = segmentation_panel(images, labels, preds, colours, resolve_normalization("imagenet", [0.5] * 3, [0.5] * 3), names)
     grid_height = 2 * (64 + PADDING) + PADDING
     assert panel.dtype == torch.uint8 and panel.shape[0] == 3 and panel.shape[2] == 3 * (64 + PADDING) + PADDING
     header = panel.shape[1] - grid_height - legend_height(panel, grid_height)
@@ -46,5 +47,15 @@ def test_the_confidence_panel_is_titled_too():
         confidence = torch.full((1, 32, 32), 0.5)
         pseudo_labels = torch.full((1, 32, 32), 255, dtype=torch.long)
 
-    panel = confidence_panel(Maps(), palette(3), [0.5] * 3, [0.5] * 3, ["a", "b", "c"])
+    panel = confidence_panel(Maps(), palette(3), resolve_normalization("imagenet", [0.5] * 3, [0.5] * 3), ["a", "b", "c"])
     assert panel.shape[1] > 32 + 2 * PADDING and panel.shape[2] == 4 * (32 + PADDING) + PADDING
+
+
+def test_a_bgr_input_is_shown_in_rgb():
+    from segadv.config.schema import DataConfig
+    from segadv.monitor.images import denormalize
+
+    norm = DataConfig(normalization="caffe_bgr").input_normalization
+    rgb = torch.tensor([200.0, 20.0, 90.0]).view(3, 1, 1)
+    bgr_input = rgb.flip(0) - torch.tensor([104.00698793, 116.66876762, 122.67891434]).view(3, 1, 1)
+    assert denormalize(bgr_input, norm).view(3).tolist() == [200, 20, 90]

@@ -233,3 +233,28 @@ def test_a_failed_start_closes_the_files(cfg, tmp_path):
         with reporter_for(cfg, tmp_path) as reporter:
             raise RuntimeError("cannot save the config")
     assert reporter.writer._jsonl.closed and reporter.progress is None
+
+
+def test_the_bar_advances_at_every_step_without_a_host_read(cfg, tmp_path):
+    cfg.log.progress_bar = True
+    with reporter_for(cfg, tmp_path) as reporter:
+        reporter.begin(0, None)
+        with NoHostReads():
+            reporter.step_done(1, {"loss_seg": torch.tensor(1.0)}, {})
+            assert reporter.progress._bar.n == 1 and not reporter.progress._bar.postfix
+        reporter.step_done(2, {"loss_seg": torch.tensor(3.0)}, {})
+        reporter.log(2)
+        assert reporter.progress._bar.n == 2 and "loss_seg=2.0000" in reporter.progress._bar.postfix
+        with NoHostReads():
+            reporter.step_done(3, {"loss_seg": torch.tensor(1.0)}, {})
+        assert reporter.progress._bar.n == 3 and "loss_seg=2.0000" in reporter.progress._bar.postfix
+
+
+def test_the_config_goes_to_tensorboard_as_text_at_the_start(cfg, tmp_path):
+    cfg.log.tensorboard = True
+    with reporter_for(cfg, tmp_path) as reporter:
+        texts = []
+        reporter.writer.text = lambda step, tag, markdown: texts.append((step, tag, markdown))
+        reporter.begin(3, None)
+    [(step, tag, markdown)] = texts
+    assert (step, tag) == (3, "config") and "\n    train:\n" in markdown and "\n      max_steps: 10\n" in markdown

@@ -31,6 +31,9 @@ def has_aux_discriminator(cfg):
 
 
 AUX_D = {name for name in SHIPPED if has_aux_discriminator(load_config(CONFIGS_DIR / name))}
+TEACHER = {name for name in SHIPPED
+           if "teacher" in method_class(load_config(CONFIGS_DIR / name).method.name).networks(
+               load_config(CONFIGS_DIR / name))}
 # The configs' own architectures on small crops (a few seconds a dry run; fake tensors cost per op,
 # not per pixel, so this is about the crop's effect on nothing but the figures).
 SMALL_CROP = "[{name: Resize, height: 64, width: 64}]"
@@ -56,6 +59,8 @@ MIXES = [("bfloat16", "float16"), ("float16", "bfloat16")]
 @pytest.mark.parametrize("name,g_dtype,d_dtype", [(name, *MIXES[i % 2]) for i, name in enumerate(SHIPPED)])
 def test_every_shipped_config_plans_on_two_gpus(name, g_dtype, d_dtype):
     device_map = "g:1,d:0,d_aux:2" if name in AUX_D else "g:1,d:0"
+    if name in TEACHER:  # the mean teacher's EMA of G on D's card (issue 47's g:1,d:0,t:0)
+        device_map += ",t:0"
     cfg = small(name, f"device_map={device_map}", "amp.generator.enabled=true", f"amp.generator.dtype={g_dtype}",
                 "amp.discriminator.enabled=true", f"amp.discriminator.dtype={d_dtype}")
     plan = dry_run(cfg, steps=1)

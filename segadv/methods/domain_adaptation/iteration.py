@@ -18,13 +18,20 @@ As in the references, G runs on the source batch (forward, backward), then on th
 (forward, backward), then steps once: the domains may differ in size, BatchNorm's batch
 statistics stay per domain, and each forward is followed by its own backward (as DDP expects).
 Each D does the same with its source and target halves.
+
+G's target pass draws its random numbers (dropout masks: smp's DeepLabV3+ decoder has a Dropout)
+from a stream of its own (``own_random_stream``): the random state every later step starts from is
+the one it would be without that pass, so the BatchNorm control (AdaptSegNet with no target term)
+and source only, with BatchNorm frozen, train G bitwise alike (docs/methods.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +53,7 @@ from segadv.methods.schedule import Schedule
 from segadv.methods.domain_adaptation.declaration import AdaptSegNetSpec, AdventSpec, DomainAdaptationConfig, MinEntSpec
 from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
-from segadv.parallel.placement import to_device
+from segadv.parallel.placement import device_module, is_accelerator, to_device
 
 
 def softmax_maps(logits: torch.Tensor) -> torch.Tensor:
@@ -65,6 +72,39 @@ def self_information(logits: torch.Tensor) -> torch.Tensor:
 def mean_entropy(logits: torch.Tensor) -> torch.Tensor:
     """MinEnt's loss: the mean over pixels of the normalised entropy."""
     return self_information(logits).sum(dim=1).mean()
+
+
+def _derived_seed(state: torch.Tensor) -> int:
+    """A seed that is a function of a generator's state: a hash, so the derived stream shares no
+    numbers with the state's own (the next source pass's dropout masks)."""
+    digest = hashlib.blake2b(state.cpu().numpy().tobytes(), digest_size=8, person=b"segadv-target").digest()
+    return int.from_bytes(digest, "little") >> 1  # manual_seed takes a non-negative int64
+
+
+@contextmanager
+def own_random_stream(devices: Iterable[torch.device]) -> Iterator[None]:
+    """Run a block on random streams of its own: the CPU generator and each accelerator's among
+    ``devices`` are reseeded from a hash of their state and restored afterwards, so what the block
+    draws leaves every later draw as it would be without it. Each stream is a function of the state
+    it starts from, which the checkpoint holds (``capture_rng_state``): a resumed run draws the
+    same numbers. A generator that no training step uses (segadv-plan's stand-in has none to
+    reseed) is left as it is."""
+    accelerators = list(dict.fromkeys(d for d in devices if is_accelerator(d)))
+    saved_cpu = torch.get_rng_state()
+    saved = [(d, device_module(d).get_rng_state(d)) for d in accelerators]
+    try:
+        torch.default_generator.manual_seed(_derived_seed(saved_cpu))
+        for device, state in saved:
+            module = device_module(device)
+            generators = getattr(module, "default_generators", ())  # none on segadv-plan's stand-in
+            index = device.index if device.index is not None else module.current_device()
+            if index < len(generators):
+                generators[index].manual_seed(_derived_seed(state))
+        yield
+    finally:
+        torch.set_rng_state(saved_cpu)
+        for device, state in saved:
+            device_module(device).set_rng_state(state, device)
 
 
 @dataclass
@@ -146,6 +186,30 @@ class DomainAdaptation:
             source_maps = {level.name: self.discriminator_maps(level, logits[level.name]) for level in adversarial}
         with phase("g_fwd_bwd", g.device):
             g.opt.backward(loss)
+        # The target pass on random streams of its own: what it draws (G's dropout masks) leaves
+        # the random state of every later source pass as it would be without it.
+        with own_random_stream([*g.devices, *(d for level in adversarial for d in level.d.devices)]):
+            target_maps = self.generator_target(images_t, losses)
+        optimizer_step(self.phases, g)
+
+        # ---- each D: source maps as real, target maps as fake; the mean of the two. As in the
+        # references, each half is its own forward and backward; one step follows.
+        for level in adversarial:
+            (loss_source, (logits_source,)), (loss_target, (logits_target,)) = [
+                discriminator_backward(self.phases, level.d, [DiscriminatorBatch(maps[level.name], label)],
+                                       weight=0.5, kind=s.gan)
+                for maps, label in ((source_maps, LABELS.real), (target_maps, LABELS.fake))]
+            losses[f"loss_d{level.suffix}"] = loss_source + loss_target
+            losses[f"d_acc_source{level.suffix}"] = d_accuracy(logits_source, LABELS.real)
+            losses[f"d_acc_target{level.suffix}"] = d_accuracy(logits_target, LABELS.fake)
+            optimizer_step(self.phases, level.d)
+        return losses
+
+    def generator_target(self, images_t: torch.Tensor, losses: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """G's target forward, its terms (into ``losses``) and their backward; returns each
+        adversarial level's detached target maps, for its D."""
+        g, s, phase = self.g, self.settings, self.phases.phase
+        with phase("g_fwd_bwd", g.device):
             logits = self.generator_levels(images_t)
             # Zero-weighted outputs, so every parameter takes part even when no target term is on (DDP).
             loss = 0.0 * sum(level_logits.sum() for level_logits in logits.values())
@@ -168,20 +232,7 @@ class DomainAdaptation:
                     loss = loss + level.lambda_adv * to_device(loss_adv, g.device)
         with phase("g_fwd_bwd", g.device):
             g.opt.backward(loss)
-        optimizer_step(self.phases, g)
-
-        # ---- each D: source maps as real, target maps as fake; the mean of the two. As in the
-        # references, each half is its own forward and backward; one step follows.
-        for level in adversarial:
-            (loss_source, (logits_source,)), (loss_target, (logits_target,)) = [
-                discriminator_backward(self.phases, level.d, [DiscriminatorBatch(maps[level.name], label)],
-                                       weight=0.5, kind=s.gan)
-                for maps, label in ((source_maps, LABELS.real), (target_maps, LABELS.fake))]
-            losses[f"loss_d{level.suffix}"] = loss_source + loss_target
-            losses[f"d_acc_source{level.suffix}"] = d_accuracy(logits_source, LABELS.real)
-            losses[f"d_acc_target{level.suffix}"] = d_accuracy(logits_target, LABELS.fake)
-            optimizer_step(self.phases, level.d)
-        return losses
+        return target_maps
 
     def generator_levels(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         """G's float32 logits per level."""

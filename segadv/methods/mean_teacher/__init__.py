@@ -1,0 +1,1 @@
+"""Mean teacher (issue 47): ``declaration.py`` (torch-free) and ``iteration.py``."""

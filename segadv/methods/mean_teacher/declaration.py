@@ -1,0 +1,129 @@
+"""Mean teacher (issue 47): self-training with an EMA teacher of G and mixed images, DACS's
+(Tranheden et al., WACV 2021) in adaptation and French et al.'s (BMVC 2020) regime in
+semi-supervised runs, with AdvSemiSeg's or AdaptSegNet's adversarial term on top as one key
+(``lambda_adv``). What the method declares before any network exists (its settings, streams,
+networks, losses, checks), torch-free so the config loads without torch; its iteration is
+``iteration.py`` beside this file.
+
+One method for both settings: without ``target_data`` it reads a labeled and an unlabeled stream
+(AdvSemiSeg's), with it a source and a target stream (AdaptSegNet's). Every default is a
+reference's, with its source lines in docs/methods.md ("Mean teacher").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, Mapping, Optional
+
+from pydantic import Field
+
+from segadv.config.schema import Probability, Section, Weight
+from segadv.data.stream_spec import StreamSpec
+from segadv.errors import UserError
+from segadv.methods.base import Method
+
+if TYPE_CHECKING:
+    from segadv.config import Config
+    from segadv.engine.network import Network
+    from segadv.monitor.profile import PhaseTimer
+
+
+class MeanTeacherConfig(Section):
+    """The mean teacher's settings; defaults are DACS's (vikolss/DACS configUDA.json, trainUDA.py)."""
+
+    mix: Literal["classmix", "cutmix"] = Field(
+        "classmix", description="the mask: classmix (DACS: half the classes of the labeled/source label map) or "
+                                "cutmix (French et al.: one random box of half the area)")
+    ema_decay: Probability = Field(0.99, description="the teacher's EMA decay after each G step (DACS, French et al.: 0.99)")
+    ema_warmup: bool = Field(
+        True, description="DACS's warm-up: decay min(1 - 1/(step+1), ema_decay); false: ema_decay from the first step "
+                          "(French et al.)")
+    teacher_batchnorm: Literal["running", "batch"] = Field(
+        "running", description="the teacher's BatchNorm: running (eval mode; the EMA averages the running statistics "
+                               "too, as French et al.'s) or batch (train mode, batch statistics; the EMA averages the "
+                               "parameters only, as DACS)")
+    confidence: Literal["dacs", "french"] = Field(
+        "dacs", description="the pseudo labels' weight: dacs (share of pixels whose top probability reaches "
+                            "dacs_threshold; 1 on the pasted labeled pixels) or french (confident-pixel mask at "
+                            "french_threshold)")
+    dacs_threshold: Probability = Field(0.968, description="DACS's confidence threshold (configUDA.json)")
+    french_threshold: Probability = Field(0.97, description="French et al.'s confidence threshold (conf_thresh)")
+    confidence_share: Literal["batch", "image", "pixel"] = Field(
+        "batch", description="over what the confident share is counted: batch (both references' published runs), "
+                             "image (one weight per image) or pixel (each pixel its own 0/1)")
+    lambda_unsup: Weight = Field(1.0, description="weight of the student's loss on the mixed images (consistency_weight)")
+    color_jitter: bool = Field(True, description="DACS's colour jitter on the mixed images (80 %, strength 0.25)")
+    blur: bool = Field(True, description="DACS's Gaussian blur on the mixed images (50 %, sigma 0.15-1.15)")
+    lambda_adv: Weight = Field(
+        0.0, description="D on top: weight of AdvSemiSeg's (semi-supervised) or AdaptSegNet's (adaptation) "
+                         "adversarial term on the student's unmixed unlabeled/target maps; 0: no D is built")
+    unlabeled_batch_size: Optional[int] = Field(
+        None, gt=0, le=10**6, description="semi-supervised: batch of the unlabeled stream; null: data.batch_size")
+    target_batch_size: Optional[int] = Field(
+        None, gt=0, le=10**6, description="adaptation: batch of the target stream; null: data.batch_size")
+
+
+# The streams, as AdvSemiSeg's (semi-supervised) and AdaptSegNet's (adaptation) declare them: the
+# same names, pools and seed words, so a mean-teacher run draws the batches those methods draw.
+SEMI_STREAMS = (
+    StreamSpec("labeled", "labeled"),
+    StreamSpec("unlabeled", "unlabeled", seed_word=1, batch_size_key="method.mean_teacher.unlabeled_batch_size"),
+)
+GT_STREAM = StreamSpec("gt", "labeled", seed_word=2)  # D's real maps (AdvSemiSeg's), with lambda_adv only
+ADAPTATION_STREAMS = (
+    StreamSpec("source", "labeled"),
+    StreamSpec("target", "target", seed_word=3, batch_size_key="method.mean_teacher.target_batch_size"),
+)
+
+
+class MeanTeacherSpec(Method):
+    """The student G trained on a labeled/source batch and on mixed images labelled by its EMA
+    teacher; D on top where ``lambda_adv`` > 0."""
+
+    name = "mean_teacher"
+    config = MeanTeacherConfig
+    streams = SEMI_STREAMS + (GT_STREAM,) + ADAPTATION_STREAMS  # every stream it may draw; data_streams: which
+    losses = ("loss_seg", "loss_unsup", "pseudo_confidence", "loss_adv", "loss_d")
+    d_losses = ("loss_d",)
+    # G's aux head (configs/uda.yaml's) is accepted and carried at weight 0: the teacher and the
+    # losses read the main output, as the references' one-output DeepLab-v2.
+    trains_aux_output = True
+    diagnostics = ("train/loss_seg", "train/loss_unsup", "train/pseudo_confidence", "train/loss_d")
+
+    @classmethod
+    def adapts(cls, cfg: Config) -> bool:
+        """Adaptation (source, target) where the config has a target domain, else semi-supervised."""
+        return cfg.target_data is not None
+
+    @classmethod
+    def data_streams(cls, cfg: Config) -> tuple[StreamSpec, ...]:
+        if cls.adapts(cfg):
+            return ADAPTATION_STREAMS
+        return SEMI_STREAMS + ((GT_STREAM,) if cls.settings(cfg).lambda_adv > 0 else ())
+
+    @classmethod
+    def networks(cls, cfg: Config) -> tuple[str, ...]:
+        # G (the student), its EMA teacher, and D only where its term is on: with 0 no D is built.
+        return ("generator", "teacher") + (("discriminator",) if cls.settings(cfg).lambda_adv > 0 else ())
+
+    @classmethod
+    def passes_generator_loss_through_discriminator(cls, cfg: Config) -> bool:
+        return cls.settings(cfg).lambda_adv > 0
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        super().check_config(cfg)
+        if cls.adapts(cfg) and cls.settings(cfg).unlabeled_batch_size is not None:
+            raise UserError("method.mean_teacher.unlabeled_batch_size: this run adapts to target_data, whose batch "
+                            "is method.mean_teacher.target_batch_size")
+        if not cls.adapts(cfg) and cls.settings(cfg).target_batch_size is not None:
+            raise UserError("method.mean_teacher.target_batch_size: this run has no target_data (semi-supervised); "
+                            "the unlabeled batch is method.mean_teacher.unlabeled_batch_size")
+
+    @classmethod
+    def from_config(cls, cfg: Config, nets: Mapping[str, Network], phases: PhaseTimer) -> Method:
+        return cls.iteration_class()(
+            nets["generator"], nets["teacher"], nets.get("discriminator"), phases, cls.settings(cfg),
+            adapts=cls.adapts(cfg), streams=cls.data_streams(cfg), num_classes=cfg.data.num_classes,
+            ignore_index=cfg.data.ignore_index, mean=cfg.data.input_normalization.mean,
+            std=cfg.data.input_normalization.std,
+            seed=cfg.train.seed, aux_head=cfg.model.generator.aux_head)

@@ -1,0 +1,258 @@
+"""Mean teacher: self-training with an EMA teacher of G on mixed images (DACS, Tranheden et al.,
+WACV 2021; French et al., BMVC 2020), with AdvSemiSeg's or AdaptSegNet's D on top as one key.
+
+Each iteration draws a labeled batch (x_l, y_l) and an unlabeled batch x_u (semi-supervised:
+``labeled`` and ``unlabeled``; adaptation: ``source`` and ``target``), as DACS's trainUDA.py
+(line numbers of vikolss/DACS at cc6a87f2):
+
+    CE(G(x_l), y_l)                                                        [supervised, 395-410]
+    p, c = argmax / max softmax T(x_u)      T the teacher, no_grad         [pseudo labels, 416-422]
+    M = ClassMix(y_l) or CutMix box                                        [mask, 424-435]
+    x_m = strong(M * x_l + (1 - M) * x_u),  y_m = M * y_l + (1 - M) * p    [mix, jitter, blur, 437-464]
+  + lambda_unsup * mean(w * CE(G(x_m), y_m)),  w = 1 on M, the confidence weight elsewhere  [466-486]
+  + lambda_adv * GAN(D(softmax G(x_u)), real)                              [D on top, lambda_adv > 0]
+G steps; then T <- decay * T + (1 - decay) * G                             [EMA, 508-511]
+D (lambda_adv > 0): AdvSemiSeg's update (G's labeled and unlabeled maps fake, one-hot y_gt real)
+or AdaptSegNet's (source maps real, target maps fake), each half weighted 1/2.
+
+Each forward of G is followed by its own backward (DDP expects one backward per forward; the
+gradients add up and one step follows), as the adaptation methods do. The mixing draws come from
+the method's own ``torch.Generator`` (seeded from ``train.seed`` and the rank, saved with the run).
+Nothing reads a tensor on the host: the confidence weight stays a device tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import torch
+import torch.nn.functional as F
+
+from segadv.data.resumable import derived_seed
+from segadv.data.stream_spec import StreamSpec
+from segadv.data.streams import Stream
+from segadv.engine.losses import one_hot_labels
+from segadv.engine.network import Network
+from segadv.errors import UserError
+from segadv.methods import mixing
+from segadv.methods.adversarial import (
+    GROUND_TRUTH_REAL,
+    SOURCE_REAL,
+    DiscriminatorBatch,
+    copy_in,
+    discriminator_backward,
+    discriminator_view,
+    gan_loss,
+    generator_logits,
+    hand_over,
+    optimizer_step,
+)
+from segadv.methods.mean_teacher.declaration import MeanTeacherConfig, MeanTeacherSpec
+from segadv.methods.schedule import Schedule
+from segadv.monitor.profile import PhaseTimer
+from segadv.parallel import distributed
+from segadv.parallel.placement import to_device
+
+MIXING_SEED_WORD = 47  # the mixing RNG's seed: derived from train.seed, this word and the rank
+
+
+class MixingRNG:
+    """The mixing generator as a Stateful: every rank's state (a list by rank under DDP, as the
+    rank RNGs: ``state_dict`` gathers, so every rank calls it), this rank's restored."""
+
+    restores_generator = True  # segadv-plan saves it but cannot restore it (a fake state has no values)
+
+    def __init__(self, generator: torch.Generator, rank: int) -> None:
+        self.generator = generator
+        self.rank = rank
+
+    def state_dict(self) -> Any:
+        return distributed.gather_objects(self.generator.get_state())
+
+    def load_state_dict(self, state: Any) -> None:
+        self.generator.set_state(state[self.rank] if isinstance(state, list) else state)
+
+
+def this_rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
+
+
+class MeanTeacher(MeanTeacherSpec):
+    def __init__(
+        self, g: Network, teacher: Network, d: Optional[Network], phases: PhaseTimer, settings: MeanTeacherConfig, *,
+        adapts: bool, streams: tuple[StreamSpec, ...], num_classes: int, ignore_index: int,
+        mean: tuple[float, ...], std: tuple[float, ...], seed: int, aux_head: bool = False,
+    ) -> None:
+        """``g`` the student, ``teacher`` its EMA (the ``teacher`` role: no optimizer), ``d`` the
+        discriminator where ``lambda_adv`` > 0, else None; ``adapts``: source/target streams."""
+        self.g, self.teacher, self.d, self.phases = g, teacher, d, phases
+        self.settings = settings
+        self.adapts = adapts
+        self.streams = streams  # this run's (the declaration's data_streams): the loaders build these
+        self.labeled, self.unlabeled = ("source", "target") if adapts else ("labeled", "unlabeled")
+        self.num_classes, self.ignore_index = num_classes, ignore_index
+        self.aux_head = aux_head
+        self.mean, self.std = mean, std
+        self.schedule = Schedule(unsup=(settings.lambda_unsup, 0), adversarial=(settings.lambda_adv, 0))
+        if self.schedule.active("adversarial", 0) and d is None:
+            raise ValueError("method.mean_teacher.lambda_adv > 0 needs the discriminator")
+        self.rank = this_rank()
+        # On the host: its draws are copied to G's device pinned and non_blocking (mixing.py).
+        self.generator = torch.Generator().manual_seed(derived_seed(seed, MIXING_SEED_WORD, self.rank))
+        # What the EMA averages, in the same order on both: DACS's parameters, or with running
+        # BatchNorm statistics French et al.'s every float tensor (the statistics must follow the
+        # student when the teacher predicts with them).
+        self.ema_pairs = [list(t.parameters()) for t in (teacher.bare, g.bare)]
+        if settings.teacher_batchnorm == "running":
+            for index, module in enumerate((teacher.bare, g.bare)):
+                self.ema_pairs[index] += [b for b in module.buffers() if b.is_floating_point()]
+
+    def checkpoint_state(self) -> Mapping[str, Any]:
+        return {"mixing_rng": MixingRNG(self.generator, self.rank)}
+
+    def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
+        g, t, d, s, phase = self.g, self.teacher, self.d, self.settings, self.phases.phase
+        adversarial = self.schedule.active("adversarial", step)
+        images_l, labels_l = streams[self.labeled].next()
+        unlabeled = streams[self.unlabeled].next()  # images only: the unlabeled/target labels are never read
+        images_u_host = unlabeled[0] if isinstance(unlabeled, (tuple, list)) else unlabeled
+        if images_u_host.shape[0] != images_l.shape[0] or images_u_host.shape[2:] != images_l.shape[2:]:
+            raise UserError(f"method.mean_teacher mixes one {self.labeled} image with one {self.unlabeled} image: their "
+                            f"batches must match, got {tuple(images_l.shape)} and {tuple(images_u_host.shape)} (batch "
+                            "sizes and crops)")
+        images_l, labels_l, images_u = copy_in(self.phases, g.device, images_l, labels_l, images_u_host)
+        g.module.train()
+        losses: dict[str, torch.Tensor] = {}
+
+        # ---- the supervised loss on the labeled/source batch (its forward, then its backward)
+        with phase("g_fwd_bwd", g.device):
+            logits_l, unused = self.student(images_l)
+            loss_seg = F.cross_entropy(logits_l, labels_l, ignore_index=self.ignore_index)
+            probs_l = logits_l.detach().softmax(dim=1)  # D's labeled/source maps
+            g.opt.backward(loss_seg + unused)
+        losses["loss_seg"] = loss_seg.detach()
+
+        # ---- the teacher's pseudo labels on the unmixed unlabeled/target images
+        pseudo, confidence = self.pseudo_labels(images_u)
+
+        # ---- the mixed batch, its labels, its strong augmentation; the student's weighted loss
+        with phase("g_fwd_bwd", g.device), torch.no_grad():
+            if s.mix == "classmix":  # half the classes of each labeled/source label map, pasted
+                mask = mixing.class_mix_mask(labels_l, self.generator, self.num_classes, self.ignore_index)
+            else:  # one box of half the area
+                mask = mixing.box_mask(len(images_l), tuple(images_l.shape[2:]), self.generator, device=g.device)
+            mixed = mixing.mix(mask, images_l, images_u)
+            mixed_labels = mixing.mix(mask, labels_l, pseudo)
+            if s.color_jitter:
+                mixed = mixing.dacs_color_jitter(mixed, self.generator, mean=self.mean, std=self.std)
+            if s.blur:
+                mixed = mixing.dacs_gaussian_blur(mixed, self.generator)
+            pseudo_weight = self.pseudo_weight(confidence)
+            pixel_weight = mixing.dacs_mixed_pixel_weight(mask, pseudo_weight)  # 1 on the pasted labeled pixels
+        losses["pseudo_confidence"] = pseudo_weight.mean()
+
+        if adversarial:  # the student on the unmixed unlabeled/target images, D frozen
+            with phase("g_fwd_bwd", g.device):
+                logits_u, unused = self.student(images_u)
+                probs_u = logits_u.softmax(dim=1)
+            probs_u_d = hand_over(self.phases, probs_u, g, d)
+            with phase("g_fwd_bwd", g.device):
+                real = GROUND_TRUTH_REAL.real if not self.adapts else SOURCE_REAL.real
+                loss_adv = gan_loss(discriminator_view(d, probs_u_d), real)
+                g.opt.backward(s.lambda_adv * to_device(loss_adv, g.device) + unused)
+            losses["loss_adv"] = loss_adv.detach()
+
+        with phase("g_fwd_bwd", g.device):
+            logits_m, unused = self.student(mixed)
+            loss_unsup = mixing.pixel_weighted_cross_entropy(logits_m, mixed_labels, pixel_weight, self.ignore_index)
+            g.opt.backward(s.lambda_unsup * loss_unsup + unused)
+        losses["loss_unsup"] = loss_unsup.detach()
+        optimizer_step(self.phases, g)
+        if g.opt.micro_batches == 0:  # G stepped (the last micro-batch of an accumulated step)
+            self.update_teacher(step)
+
+        if adversarial:
+            losses["loss_d"] = self.update_discriminator(streams, probs_l, labels_l, probs_u_d.detach())
+        return losses
+
+    def student(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """G's main logits and, where G has an aux head (configs/uda.yaml's, for multi-level
+        adaptation), its output at weight 0: the references' DeepLab-v2 has one output, and every
+        parameter must take part in each backward under DDP."""
+        if not self.aux_head:
+            return generator_logits(self.g, images), 0.0
+        main, aux = generator_logits(self.g, images, return_aux=True)
+        return main, 0.0 * aux.sum()
+
+    # ------------------------------------------------------------------ the teacher
+
+    @torch.no_grad()
+    def pseudo_labels(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teacher's argmax and top probability on ``images``, on G's device. The teacher runs
+        on its own devices, under its own autocast, in eval mode (running statistics) or, with
+        ``teacher_batchnorm: batch``, train mode as DACS's ``ema_model.train()`` (trainUDA.py 265)."""
+        g, t = self.g, self.teacher
+        with self.phases.phase("g_fwd_bwd", t.device):
+            t.module.train(self.settings.teacher_batchnorm == "batch")
+            on_teacher = hand_over(self.phases, images, g, t)
+            with t.autocast():
+                logits = t.module(on_teacher)
+            confidence, pseudo = mixing.teacher_confidence(logits.float())
+        return hand_over(self.phases, pseudo, t, g), hand_over(self.phases, confidence, t, g)
+
+    def pseudo_weight(self, confidence: torch.Tensor) -> torch.Tensor:
+        """The pseudo labels' weight per pixel (B, H, W): DACS's share of pixels at least
+        ``dacs_threshold`` confident, or French et al.'s confidence mask at ``french_threshold``;
+        counted over the batch (the references'), each image, or each pixel."""
+        s = self.settings
+        share = s.confidence_share
+        if s.confidence == "dacs" and share != "pixel":
+            return mixing.dacs_pseudo_weight(confidence, s.dacs_threshold, per_image=share == "image")
+        threshold = s.dacs_threshold if s.confidence == "dacs" else s.french_threshold
+        if s.confidence == "french" and share == "batch":
+            probs = torch.stack([1.0 - confidence, confidence], dim=1)  # its top probability is the confidence
+            return mixing.french_confidence_mask(probs, threshold).expand_as(confidence)
+        confident = (confidence >= threshold).to(confidence.dtype)
+        return confident if share == "pixel" else confident.mean(dim=(1, 2), keepdim=True).expand_as(confidence)
+
+    @torch.no_grad()
+    def update_teacher(self, step: int) -> None:
+        """The EMA of G after its step ``step`` (DACS trainUDA.py 508-511), across devices without a
+        host sync; under DDP every rank's teacher then takes rank 0's BatchNorm statistics (its
+        parameters are equal already: the EMA of G's synchronised ones)."""
+        with self.phases.phase("optimizer", self.teacher.device):
+            decay = mixing.ema_decay(step, self.settings.ema_decay, warmup=self.settings.ema_warmup)
+            mixing.ema_update_(*self.ema_pairs, decay)
+            distributed.broadcast_buffers(self.teacher.bare)
+
+    # ------------------------------------------------------------------ D on top
+
+    def update_discriminator(self, streams: Mapping[str, Stream], probs_l: torch.Tensor, labels_l: torch.Tensor,
+                             probs_u: torch.Tensor) -> torch.Tensor:
+        """D's update as the method it comes from: AdvSemiSeg's (G's labeled and unlabeled maps as
+        fake against the ``gt`` stream's one-hot labels as real) or AdaptSegNet's (source maps real,
+        target maps fake, each its own forward and backward); each half weighted 1/2. Returns D's
+        detached loss."""
+        d = self.d
+        d.module.train()
+        probs_l_d = hand_over(self.phases, probs_l, self.g, d)
+        if self.adapts:
+            loss_source, _ = discriminator_backward(self.phases, d, [DiscriminatorBatch(probs_l_d, SOURCE_REAL.real)],
+                                                    weight=0.5)
+            loss_target, _ = discriminator_backward(self.phases, d, [DiscriminatorBatch(probs_u, SOURCE_REAL.fake)],
+                                                    weight=0.5)
+            optimizer_step(self.phases, d)
+            return loss_source + loss_target
+        _, labels_gt = streams["gt"].next()  # only its labels: D's real maps
+        (labels_gt, labels_l_d) = copy_in(self.phases, d.device, labels_gt, labels_l)
+        with self.phases.phase("d_fwd_bwd", d.device):
+            valid_gt = labels_gt != self.ignore_index
+            valid_l = labels_l_d != self.ignore_index
+            real = one_hot_labels(labels_gt, self.num_classes, valid_gt)
+            fake = torch.cat([probs_l_d, probs_u])
+            valid_fake = torch.cat([valid_l, torch.ones_like(valid_l[:1]).expand(len(probs_u), -1, -1)])
+        loss_d, _ = discriminator_backward(self.phases, d, [DiscriminatorBatch(fake, GROUND_TRUTH_REAL.fake, valid_fake),
+                                                            DiscriminatorBatch(real, GROUND_TRUTH_REAL.real, valid_gt)],
+                                           weight=0.5)
+        optimizer_step(self.phases, d)
+        return loss_d

@@ -1,0 +1,32 @@
+"""segadv-data check's hints say only what the masks show: the 0/255 hint needs a mask holding 255."""
+
+from __future__ import annotations
+
+from data_builders import make_folder, save_mask, stripes
+from segadv.cli.data import main as check_main
+
+
+def check(root, capsys):
+    code = check_main(["check", "data.kind=folder", f"data.root={root}", "data.num_classes=2",
+                       "data.train_transforms=[]", "data.val_transforms=[]", "--workers", "1"])
+    return code, capsys.readouterr().out
+
+
+def test_val_masks_all_0_get_the_absent_class_note_without_the_0_255_hint(tmp_path, capsys):
+    make_folder(tmp_path, n_train=2, n_val=2, num_classes=2)
+    for sample_id in ("val_000", "val_001"):
+        save_mask(tmp_path / "val" / "masks" / f"{sample_id}.png", stripes([0, 0, 0, 0]))
+    code, out = check(tmp_path, capsys)
+    assert code == 0
+    assert "no val mask pixels of class_1: mIoU cannot measure it (IoU 0 where predicted, left out where not)" in out
+    assert "0/255" not in out
+
+
+def test_masks_holding_255_and_no_class_1_still_get_the_hint(tmp_path, capsys):
+    make_folder(tmp_path, n_train=2, n_val=2, num_classes=2)
+    for sample_id in ("val_000", "val_001"):
+        save_mask(tmp_path / "val" / "masks" / f"{sample_id}.png", stripes([0, 255, 0, 0]))
+    code, out = check(tmp_path, capsys)
+    assert code == 0
+    assert "no val mask pixels of class_1: mIoU cannot measure it (IoU 0 where predicted, left out where not); " \
+           "binary masks saved as 0/255?" in out
