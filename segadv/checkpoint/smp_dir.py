@@ -14,15 +14,19 @@ smp's defaults for every kwarg segadv does not set) with two differences, both h
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 import segmentation_models_pytorch as smp
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from segadv.checkpoint.integrity import seal_safetensors
@@ -128,6 +132,7 @@ def save_smp_dir(generator: nn.Module, directory: Path) -> int:
                         "with --output instead")
     if directory.exists() and not directory.is_dir():
         raise UserError(f"--smp {directory}: exists and is not a directory")
+    created = not directory.exists()
     make_dir(directory)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -142,11 +147,23 @@ def save_smp_dir(generator: nn.Module, directory: Path) -> int:
                 with staged(directory / file.name) as stage:
                     os.replace(file, stage.path)
                     stage.commit()
-    except WriteFailed:
-        raise
-    except OSError as err:
-        raise WriteFailed(directory, err) from None
+    except (OSError, SafetensorError) as err:
+        if created and not any(directory.iterdir()):  # a failed write leaves no folder it made
+            shutil.rmtree(directory, ignore_errors=True)
+        if isinstance(err, WriteFailed):
+            raise
+        raise WriteFailed(directory, as_os_error(err)) from None
     return len(model.state_dict())
+
+
+def as_os_error(err: BaseException) -> OSError:
+    """An OSError for what failed: safetensors reports a failed write as its own error, naming the
+    OS's code in its message (``IoError(Os { code: 28, kind: StorageFull, ... })``)."""
+    if isinstance(err, OSError):
+        return err
+    code = re.search(r"code: (\d+)", str(err))
+    number = int(code.group(1)) if code else errno.EIO
+    return OSError(number, os.strerror(number))
 
 
 def _json_values(value: Any) -> Any:

@@ -194,3 +194,23 @@ def test_inspect_reads_a_save_pretrained_directory(smp_dir, capsys):
     assert ckpt_cli.main(["inspect", str(directory)]) == 0
     out = capsys.readouterr().out
     assert "segmentation generator" in out and "_model_class: DeepLabV3Plus" in out
+
+
+def test_convert_to_smp_onto_a_full_disk_exits_4_and_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    """safetensors reports a full disk as its own error: the convert answers it as any failed
+    write (exit 4, the folder named, ENOSPC) and removes the folder it made."""
+    from safetensors import SafetensorError
+
+    cfg, g = tiny_generator("model.generator.arch=deeplabv3plus")
+    ckpt = save_checkpoint(tmp_path / "last.pt", cfg, g)
+
+    def full_disk(self, *args, **kwargs):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                              'message: "No space left on device" })')
+
+    monkeypatch.setattr(smp.DeepLabV3Plus, "save_pretrained", full_disk)
+    out = tmp_path / "smp"
+    assert ckpt_cli.main(["convert", str(ckpt), "--smp", str(out)]) == 4
+    err = capsys.readouterr().err
+    assert f"cannot write {out}: No space left on device (ENOSPC)" in err and "Traceback" not in err
+    assert not out.exists()
