@@ -1,6 +1,8 @@
 """segadv-data check: scan the configured dataset and report what is wrong before training.
+segadv-data show: a picture of augmented training samples with their masks.
 
     segadv-data check [--config FILE] [--workers N] [key=value ...]
+    segadv-data show --output FILE.png [--num N] [--config FILE] [key=value ...]
 
 Reads every image and every labeled mask in full (the same checks training applies: missing or
 unreadable files, image / mask size mismatches, mask values that are not class ids or the ignore
@@ -11,11 +13,16 @@ config error). Masks of the unlabeled pool are not read, as in training.
 Warnings (exit 0) say what reads without error but may not be what was meant: a class with no
 pixel in a split, masks holding only 0 and 255 with two classes (binary masks saved as 0/255:
 every object pixel is ignore), images whose pixels are scaled on reading (16-bit grayscale).
+
+``show`` draws the first N labeled training samples through the real training pipeline (the
+datasets training builds, data.train_transforms applied, seeded by train.seed), un-normalised for
+display, each beside itself with its mask overlaid (mmsegmentation's browse_dataset.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import os
 import sys
@@ -25,7 +32,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from segadv.cli.args import HelpFormatter, add_config_arguments, count, docs_epilog, parse_args
+from segadv.cli.args import HelpFormatter, add_config_arguments, count, docs_epilog, parse_args, path_argument
 from segadv.config import load_config
 from segadv.config.schema import DataConfig
 from segadv.data.files import Problem, Sample, SampleError, absent_classes_note, display, image_note, read_image
@@ -214,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="segadv-data", formatter_class=HelpFormatter, description="Dataset tools.",
                                      epilog=docs_epilog("datasets.md"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                help="check (COMMAND --help: its options)")
+                                help="check, show (COMMAND --help: its options)")
     check = sub.add_parser(
         "check", formatter_class=HelpFormatter,
         help="scan the configured dataset and report every problem (exit 0 clean, 2 not)",
@@ -228,7 +235,67 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("overrides", nargs="*", metavar="key=value",
                        help="dotted config overrides, e.g. data.root=/data/VOC2012 "
                             "(the keys: segadv-train --help-config)")
+    show = sub.add_parser(
+        "show", formatter_class=HelpFormatter,
+        help="a picture of augmented training samples with their masks overlaid, as the loader delivers them",
+        description="Write a PNG of the first N labeled training samples after data.train_transforms, each "
+                    "beside itself with its mask's class colours overlaid (ignored pixels white).",
+        epilog=docs_epilog("datasets.md"),
+    )
+    show.add_argument("--output", type=path_argument, required=True, metavar="FILE.png", help="the picture to write")
+    show.add_argument("--num", type=count(1, MAX_SHOWN), default=8, help="samples, 1 or more (default: %(default)s)")
+    add_config_arguments(show, "default: default")
+    show.add_argument("overrides", nargs="*", metavar="key=value",
+                      help="dotted config overrides (the keys: segadv-train --help-config)")
     return parser
+
+
+MAX_SHOWN = 64  # samples in one picture: more does not fit a screen
+
+
+def show_samples(args: argparse.Namespace) -> int:
+    """segadv-data show: the first ``args.num`` labeled training samples as training's datasets
+    deliver them, drawn with the training panels' helpers (segadv/monitor/images.py)."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    from segadv.data.augment import seed_transform
+    from segadv.data.bundle import build_data
+    from segadv.data.config_checks import class_names
+    from segadv.data.palette import palette
+    from segadv.fsutil import atomic_write_bytes, check_parent, make_dir, refuse_overwriting
+    from segadv.monitor.images import samples_panel
+
+    output = Path(args.output)
+    if output.suffix.lower() != ".png":
+        raise UserError(f"--output {output}: the picture is a PNG; name a .png file")
+    if output.is_dir():
+        raise UserError(f"--output {output} is a folder; name a .png file")
+    cfg = load_config(args.config, args.overrides)
+    inputs = [("--config", args.config)] if args.config else []
+    refuse_overwriting([("--output", output)], inputs)
+    train = build_data(cfg.data).train
+    samples = getattr(train, "samples", ())
+    refuse_overwriting([("--output", output)], [(what, path) for s in samples
+                                                for what, path in (("an image", s.image), ("a mask", s.mask))
+                                                if path is not None])
+    check_parent(output)
+    # Seeded as training seeds it, so the same command draws the same picture.
+    seed_transform(getattr(train, "transform", None), cfg.train.seed)
+    picked = [train[i] for i in range(min(args.num, len(train)))]
+    picked = [item for item in picked if item is not None]
+    if not picked:
+        raise UserError("no labeled training sample loaded: segadv-data check lists the problems")
+    images, masks = zip(*picked)
+    panel = samples_panel(images, masks, palette(cfg.data.num_classes), cfg.data.input_normalization,
+                          class_names(cfg.data))
+    buffer = io.BytesIO()
+    Image.fromarray(panel.permute(1, 2, 0).numpy()).save(buffer, format="PNG")
+    make_dir(output.parent)
+    atomic_write_bytes(output, buffer.getvalue())
+    print(f"wrote      {output}: {len(picked)} augmented training sample(s), {panel.shape[2]}x{panel.shape[1]} px")
+    return 0
 
 
 @cli_entry
@@ -239,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     from segadv.training.process import setup_logging
 
     setup_logging(logging.WARNING)
+    if args.command == "show":
+        return show_samples(args)
     cfg = load_config(args.config, args.overrides).data
     check_config(cfg)
     build_transform(cfg.train_transforms, cfg.input_normalization, "data.train_transforms", ignore_index=cfg.ignore_index)

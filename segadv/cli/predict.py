@@ -35,7 +35,6 @@ import argparse
 import fnmatch
 import functools
 import glob
-import io
 import logging
 import os
 import sys
@@ -48,7 +47,6 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 from PIL import Image
-from PIL.PngImagePlugin import PngInfo
 
 from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import UserError, cli_entry
@@ -56,6 +54,7 @@ from segadv.export.deps import import_extra
 from segadv.export.sidecar import EMBED_FILE, EMBED_KEY, parse_metadata, prepare_input, read_sidecar, sidecar_path
 from segadv.fsutil import NAME_MAX, atomic_write_bytes, list_dir, make_dir, refuse_overwriting
 from segadv.data.images import ImageProblem, open_image, read_rgb
+from segadv.data.masks import overlay_png, palette_png
 
 log = logging.getLogger("segadv.cli.predict")
 
@@ -509,31 +508,7 @@ def run_windows(backend: Backend, plans: Sequence[TilePlan], batch_size: int) ->
                 plan.outputs[i] = result
 
 
-def _png(img: Image.Image) -> bytes:
-    """PNG bytes carrying segadv-predict's mark (so a later run may replace the file)."""
-    info = PngInfo()
-    info.add_text(MARK_KEY, MARK)
-    buffer = io.BytesIO()
-    img.save(buffer, format="PNG", pnginfo=info)
-    return buffer.getvalue()
-
-
-def palette_png(labels: np.ndarray, palette: np.ndarray) -> bytes:
-    img = Image.fromarray(labels.astype(np.uint8), mode="P")
-    flat = np.zeros((256, 3), dtype=np.uint8)
-    flat[: len(palette)] = palette
-    img.putpalette(flat.reshape(-1).tolist())
-    return _png(img)
-
-
-def overlay_png(image: np.ndarray, labels: np.ndarray, palette: np.ndarray, alpha: float) -> bytes:
-    """The image with each pixel's class colour blended in at ``alpha``, except where that colour
-    is black (the palette's class 0, background in VOC and the synthetic data): blending with
-    black only darkens, so there the image keeps its own brightness."""
-    colours = palette[labels]
-    weight = np.where(colours.any(axis=-1, keepdims=True), np.float32(alpha), np.float32(0.0))
-    blended = image.astype(np.float32) * (1.0 - weight) + colours.astype(np.float32) * weight
-    return _png(Image.fromarray(np.clip(blended + 0.5, 0, 255).astype(np.uint8)))
+# The mask and overlay writers are segadv/data/masks.py's (segadv-eval --show-dir writes with them too).
 
 
 def chunks(items: Sequence[Path], size: int) -> Iterator[Sequence[Path]]:

@@ -312,6 +312,13 @@ class DataConfig(Section):
         [{"name": "HorizontalFlip", "p": 0.5}],
         description="albumentations steps on image and mask, e.g. {name: HorizontalFlip, p: 0.5}; Normalize and ToTensorV2 appended")
     val_transforms: list[dict[str, Any]] = Field([], description="albumentations steps for val (same form)")
+    # AdaptSegNet's and ADVENT's evaluation (Cityscapes at [1024, 512]): G predicts at a smaller
+    # input and its output is upsampled to the label; the label keeps its size, so the scores are
+    # at full resolution. [W, H] as theirs (PIL's size order). Null: G predicts at the image's size.
+    val_input_size: Optional[list[Annotated[int, Field(ge=16, le=16384)]]] = Field(
+        None, min_length=2, max_length=2,
+        description="[W, H] each val image is resized to (bicubic, after data.val_transforms) before G; G's "
+        "raw output upsampled to the full-size label (null: predict at the image's size); docs/datasets.md")
 
     @field_validator("num_classes")
     @classmethod

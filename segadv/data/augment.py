@@ -247,12 +247,36 @@ class ReverseChannels(A.ImageOnlyTransform):
         return ()
 
 
+class ResizeImageOnly(A.ImageOnlyTransform):
+    """The image alone resized to ``(width, height)`` with PIL's BICUBIC, as AdaptSegNet's and
+    ADVENT's val datasets resize it (``image.resize(size, Image.BICUBIC)`` on the uint8 RGB image,
+    before the mean is taken off): PIL's bicubic widens its kernel when shrinking (antialiased),
+    which cv2's INTER_CUBIC does not, so PIL is what gives their inputs. The mask keeps its size:
+    the prediction is upsampled to it and scored at full resolution (``data.val_input_size``)."""
+
+    def __init__(self, width: int, height: int) -> None:
+        super().__init__(p=1.0)
+        self.width, self.height = int(width), int(height)
+
+    def apply(self, img: np.ndarray, **params: Any) -> np.ndarray:
+        from PIL import Image
+
+        if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
+            raise UserError(f"data.val_input_size: resizes uint8 RGB images as the references do; a "
+                            f"data.val_transforms step made a {img.dtype} image of shape {img.shape}")
+        return np.asarray(Image.fromarray(img).resize((self.width, self.height), Image.BICUBIC))
+
+    def get_transform_init_args_names(self) -> tuple[str, ...]:
+        return ("width", "height")
+
+
 def build_transform(
     steps: list[dict],
     normalization: Normalization,
     where: str,
     *,
     ignore_index: Optional[int] = None,
+    image_size: Optional[Sequence[int]] = None,
 ) -> A.Compose:
     """The configured steps, then ``normalization`` (the channels reversed for a BGR one,
     ``Normalize(mean, std)``) and ``ToTensorV2``, as one ``Compose``.
@@ -261,6 +285,8 @@ def build_transform(
     name the exact entry at fault. With ``ignore_index``, geometric steps that pad the mask pad
     it with ``ignore_index`` unless the step sets ``fill_mask`` itself. Resize-based steps
     resample masks with ``INTER_NEAREST_EXACT`` unless the step sets ``mask_interpolation``.
+    ``image_size`` ([W, H], ``data.val_input_size``): after the steps, the image alone resized to
+    it (:class:`ResizeImageOnly`); the mask keeps the steps' size.
     """
     if not isinstance(steps, (list, tuple)):
         raise UserError(f"{where}: expected a list of steps, got {type(steps).__name__}")
@@ -271,7 +297,9 @@ def build_transform(
     except (TypeError, ValueError) as err:
         raise UserError(f"{where}: Normalize(mean={mean}, std={std}): {one_line(err)}") from err
     order = (ReverseChannels(),) if normalization.bgr else ()
-    return _strict_compose(built, (*order, normalize, ToTensorV2()), where)
+    # Before the channel order and Normalize: the references resize the RGB uint8 image.
+    resize = () if image_size is None else (ResizeImageOnly(*image_size),)
+    return _strict_compose(built, (*resize, *order, normalize, ToTensorV2()), where)
 
 
 def seed_transform(transform: Any, seed: int) -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "build_pools",
     "build_val_dataset",
     "synthetic_split",
+    "val_transform",
 ]
 
 log = logging.getLogger(__name__)
@@ -220,9 +221,7 @@ def _source_pools(listed: Listed, run_dir: Optional[Path | str]) -> DataBundle:
     train_tf = build_transform(
         cfg.train_transforms, cfg.input_normalization, TRAIN_KEY, ignore_index=cfg.ignore_index
     )
-    val_tf = build_transform(
-        cfg.val_transforms, cfg.input_normalization, VAL_KEY, ignore_index=cfg.ignore_index
-    )
+    val_tf = val_transform(cfg)
     recorder = SkipRecorder(Path(run_dir) if run_dir is not None else None)
     if cfg.kind == "synthetic":
         bundle = _synthetic(listed, train_tf, val_tf)
@@ -287,7 +286,7 @@ def _val_dataset(cfg: DataConfig, listing: Optional[Listing], skipped: Optional[
     """A val split with the val pipeline, its listing scanned (None: synthetic, generated). Bad
     val samples follow ``data.on_error``; under skip they are left out of the scores and recorded
     in ``skipped`` (watched: the ones found bad as they are read too)."""
-    val_tf = build_transform(cfg.val_transforms, cfg.input_normalization, VAL_KEY, ignore_index=cfg.ignore_index)
+    val_tf = val_transform(cfg)
     if listing is None:
         val = synthetic_split(cfg, "val", val_tf)
     else:
@@ -300,6 +299,16 @@ def _val_dataset(cfg: DataConfig, listing: Optional[Listing], skipped: Optional[
     if skipped is not None:
         skipped.poll()
     return val
+
+
+def val_transform(cfg: DataConfig) -> Any:
+    """The val pipeline: ``data.val_transforms`` on image and mask, then, with
+    ``data.val_input_size``, the image alone resized to it. Here, in the loader's workers, rather
+    than on G's device: the references resize the uint8 image with PIL's bicubic before the mean is
+    taken off, which only the host reproduces exactly, and the smaller image is what crosses to the
+    device. The mask keeps its size; evaluation upsamples G's logits to it."""
+    return build_transform(cfg.val_transforms, cfg.input_normalization, VAL_KEY, ignore_index=cfg.ignore_index,
+                           image_size=cfg.val_input_size)
 
 
 def build_data(cfg: DataConfig, *, run_dir: Optional[Path | str] = None) -> DataBundle:

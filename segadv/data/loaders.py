@@ -89,7 +89,8 @@ class ValCollate:
             return None
         groups: dict[tuple, list[Any]] = {}
         for sample in kept:
-            groups.setdefault(tuple(sample[0].shape), []).append(sample)
+            # The label's size too: with data.val_input_size every image has one size, the labels their own.
+            groups.setdefault((tuple(sample[0].shape), tuple(sample[1].shape)), []).append(sample)
         if len(groups) == 1:
             return default_collate(kept)
         return SizeGroups(default_collate(group) for group in groups.values())

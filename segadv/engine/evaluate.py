@@ -9,9 +9,11 @@ from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
-from segadv.parallel.placement import to_device
+from segadv.models.generator import logits_at
+from segadv.parallel.placement import to_device, unwrap
 
 
 class ConfusionMatrix:
@@ -62,6 +64,12 @@ class EvalResult:
         return self.confusion.compute()
 
     @cached_property
+    def matrix(self) -> torch.Tensor:
+        """The confusion matrix on the host (int64 pixel counts; rows: ground truth, columns:
+        prediction): segadv-eval --json and the training run's TensorBoard image show it."""
+        return self.confusion.mat.cpu()
+
+    @cached_property
     def absent_classes(self) -> list[int]:
         """Classes with no ground-truth pixel in what was evaluated: mIoU cannot measure them."""
         return torch.nonzero(self.confusion.mat.sum(1).cpu() == 0).flatten().tolist()
@@ -76,26 +84,43 @@ def evaluate(
     autocast: Callable[[], AbstractContextManager] = nullcontext,
     num_samples: int = 0,
     track: Callable[[Iterable], Iterable] | None = None,
+    sink: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> EvalResult:
-    """``track``: wraps the loader (a progress bar, segadv/monitor/progress.py)."""
+    """``track``: wraps the loader (a progress bar, segadv/monitor/progress.py). ``sink``: called
+    with each batch's ``(labels, predictions)`` as scored, in the loader's order (segadv-eval
+    --show-dir writes them)."""
     was_training = generator.training
     generator.eval()
     confmat = ConfusionMatrix(num_classes, device)
     samples = None
+    network = unwrap(generator)  # its class says how G's logits reach the label's size (logits_at)
     try:
         for images, labels in (loader if track is None else track(loader)):
             images, labels = to_device(images, device), to_device(labels, device)
             with autocast():
-                logits = generator(images)
+                # At the label's size: larger than the image's where data.val_input_size resized the
+                # image alone (the references' evaluation); the label is scored as it is.
+                logits = logits_at(generator, network, images, labels.shape[-2:])
             pred = logits.argmax(dim=1)
             del logits  # G's output is the batch's largest tensor: gone before the next forward
             confmat.update(labels, pred)
+            if sink is not None:
+                sink(labels, pred)
             if samples is None and num_samples > 0:
                 # Copies of k samples: views (what .cpu() gives on the CPU) would hold the whole batch.
                 k = min(num_samples, images.shape[0])
-                samples = tuple(t[:k].to("cpu", copy=True) for t in (images.float(), labels, pred))
+                samples = tuple(t[:k].to("cpu", copy=True) for t in (panel_inputs(images[:k], labels), labels, pred))
             del images, labels, pred  # nothing of this batch lives on while the next one runs
     finally:
         generator.train(was_training)
     confmat.all_reduce()
     return EvalResult(confmat, samples)
+
+
+def panel_inputs(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The panel's input images at their labels' size (a panel's tiles share one size): resized
+    back where ``data.val_input_size`` predicted at a smaller input; only the panel's few samples."""
+    images = images.float()
+    if images.shape[-2:] == labels.shape[-2:]:
+        return images
+    return F.interpolate(images, size=labels.shape[-2:], mode="bilinear", align_corners=False)

@@ -107,16 +107,25 @@ class DeepLabV2(SegmentationModel):
         self.classification_head = None
         self.name = f"deeplabv2-{encoder_name}"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return self.main_logits(self.encoder(x), x)
+    def forward(self, x: torch.Tensor,  # type: ignore[override]
+                output_size: Sequence[int] | None = None) -> torch.Tensor:
+        """The main logits at ``x``'s size, or at ``output_size`` (H, W): the raw logits upsampled
+        once, straight to it, as AdaptSegNet's and ADVENT's evaluation upsamples a prediction made
+        at a resized input to the full-size label (``data.val_input_size``). Upsampling the output
+        at ``x``'s size a second time would not give theirs."""
+        return self.main_logits(self.encoder(x), x, output_size)
 
-    def main_logits(self, features: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return self.upsample_logits(self.segmentation_head(self.decoder(features)), x)
+    def main_logits(self, features: list[torch.Tensor], x: torch.Tensor,
+                    output_size: Sequence[int] | None = None) -> torch.Tensor:
+        return self.upsample_logits(self.segmentation_head(self.decoder(features)), x, output_size)
 
-    def upsample_logits(self, logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """A classifier's logits at ``x``'s size, as the references' ``nn.Upsample(size=...,
-        mode="bilinear", align_corners=True)`` makes them (their training and evaluation alike)."""
-        return F.interpolate(logits, size=x.shape[-2:], mode="bilinear", align_corners=True)
+    def upsample_logits(self, logits: torch.Tensor, x: torch.Tensor,
+                        output_size: Sequence[int] | None = None) -> torch.Tensor:
+        """A classifier's logits at ``x``'s size (or ``output_size``), as the references'
+        ``nn.Upsample(size=..., mode="bilinear", align_corners=True)`` makes them (their training
+        and evaluation alike)."""
+        size = x.shape[-2:] if output_size is None else tuple(output_size)
+        return F.interpolate(logits, size=size, mode="bilinear", align_corners=True)
 
     def aux_classifier(self, num_classes: int) -> nn.Module:
         """AdaptSegNet's multi-level aux classifier: the same ASPP-v2 classifier on the encoder's

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import segmentation_models_pytorch as smp
 import torch
@@ -33,9 +33,10 @@ class AuxOutputMixin:
 
     aux_head: nn.Module
 
-    def forward(self, x: torch.Tensor, return_aux: bool = False):  # type: ignore[override]
+    def forward(self, x: torch.Tensor, return_aux: bool = False, **kwargs: Any):  # type: ignore[override]
         if not return_aux:
-            return super().forward(x)  # type: ignore[misc]
+            # kwargs: the inference class's own (DeepLab-v2's ``output_size``), passed through.
+            return super().forward(x, **kwargs)  # type: ignore[misc]
         if not (torch.jit.is_scripting() or torch.jit.is_tracing()):
             self.check_input_shape(x)  # type: ignore[attr-defined]
         features = self.encoder(x)  # type: ignore[attr-defined]
@@ -84,6 +85,22 @@ class DeepLabV2Aux(AuxOutputMixin, DeepLabV2):
     aux_classifier = DeepLabV2.aux_classifier
     main_logits = DeepLabV2.main_logits
     upsample_aux = DeepLabV2.upsample_logits
+
+
+def logits_at(model: nn.Module, network: nn.Module, x: torch.Tensor, output_size: Sequence[int]) -> torch.Tensor:
+    """G's main logits for input ``x`` at ``output_size`` (H, W): the label's size, larger than
+    ``x``'s when evaluation predicts at a resized input (``data.val_input_size``). ``model`` is G
+    as evaluation calls it (maybe wrapped: DataParallel, torch.compile and AutocastForward pass
+    keyword arguments on), ``network`` the bare G behind it, whose class says how. DeepLab-v2
+    upsamples its raw logits once, straight to ``output_size`` (align_corners=True), as AdaptSegNet's
+    and ADVENT's evaluation does. smp's archs upsample inside their head (to ``x``'s size, with
+    ``UpsamplingBilinear2d``: align_corners=True), so their output is resampled from there the same way."""
+    output_size = tuple(int(n) for n in output_size)
+    if tuple(x.shape[-2:]) == output_size:
+        return model(x)  # the prediction at the image's own size: no resampling
+    if isinstance(network, DeepLabV2):
+        return model(x, output_size=output_size)
+    return F.interpolate(model(x), size=output_size, mode="bilinear", align_corners=True)
 
 
 def aspp_settings(cfg: GeneratorConfig) -> dict[str, Any]:

@@ -118,3 +118,66 @@ def _fit(text: str, font: ImageFont.ImageFont, width: int) -> str:
     while text and font.getlength(text + "...") > width:
         text = text[:-1]
     return text + "..." if text else ""
+
+
+_CELL = 26  # px per confusion-matrix cell: room for "100" in the built-in font
+_NO_TRUTH = (80, 80, 80)  # a row without ground-truth pixels: nothing to normalise by
+
+
+def confusion_panel(matrix, class_names: Sequence[str] = ()) -> torch.Tensor:
+    """The confusion matrix (rows: ground truth, columns: prediction) as a (3,H,W) uint8 heat map,
+    row-normalised (each cell the share of its class's pixels, in percent), rows named ``id name``
+    and columns by id. Drawn with Pillow alone: matplotlib is an optional extra."""
+    counts = np.asarray(matrix, dtype=np.float64)
+    n = counts.shape[0]
+    names = list(class_names) + [f"class_{i}" for i in range(len(class_names), n)]
+    totals = counts.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shares = np.where(totals > 0, counts / totals, np.nan)
+    font = ImageFont.load_default()
+    labels = [f"{i} {name}" for i, name in enumerate(names)]
+    left = min(max(int(font.getlength(text)) for text in labels) + 8, 160)
+    title = "rows: ground truth, columns: prediction (% of the row)"
+    top = 2 * _LINE + 4
+    width = max(left + n * _CELL + PADDING, int(font.getlength(title)) + 2 * PADDING)
+    canvas = Image.new("RGB", (width, top + n * _CELL + PADDING), _BACKGROUND)
+    draw = ImageDraw.Draw(canvas)
+    draw.text((PADDING, 2), title, fill=_TEXT, font=font)
+    for col in range(n):
+        text = str(col)
+        draw.text((left + col * _CELL + (_CELL - font.getlength(text)) / 2, _LINE + 2), text, fill=_TEXT, font=font)
+    for row in range(n):
+        y = top + row * _CELL
+        draw.text((PADDING, y + (_CELL - _LINE) / 2 + 2), _fit(labels[row], font, left - 6), fill=_TEXT, font=font)
+        for col in range(n):
+            x, share = left + col * _CELL, shares[row, col]
+            if share != share:  # NaN: no ground truth in this row
+                colour, text = _NO_TRUTH, ""
+            else:
+                # dark blue (none of the row) to bright yellow (all of it): readable on the dark background
+                colour = tuple(int(round(a + (b - a) * share)) for a, b in zip((20, 30, 70), (250, 220, 60)))
+                text = f"{share * 100:.0f}"
+            draw.rectangle([x, y, x + _CELL - 2, y + _CELL - 2], fill=colour)
+            if text:
+                ink = (0, 0, 0) if share > 0.5 else _TEXT
+                draw.text((x + (_CELL - 1 - font.getlength(text)) / 2, y + (_CELL - _LINE) / 2 + 1), text,
+                          fill=ink, font=font)
+    return torch.from_numpy(np.asarray(canvas).copy()).permute(2, 0, 1)
+
+
+def samples_panel(images: Sequence[torch.Tensor], masks: Sequence[torch.Tensor], palette: np.ndarray,
+                  normalization: Normalization, class_names: Sequence[str] = (), alpha: float = 0.5) -> torch.Tensor:
+    """One row per training sample as the loader delivers it: the augmented image | the image with
+    its mask's class colours blended in at ``alpha`` (ignored pixels white), as a (3,H,W) uint8
+    grid, titled, with the legend below. Samples of different sizes are padded to the largest."""
+    height = max(int(image.shape[-2]) for image in images)
+    width = max(int(image.shape[-1]) for image in images)
+    tiles = []
+    for image, mask in zip(images, masks):
+        picture, colours = denormalize(image, normalization), colorize(mask, palette)
+        blended = (picture.float() * (1 - alpha) + colours.float() * alpha).round().to(torch.uint8)
+        for tile in (picture, blended):
+            pad = (0, width - tile.shape[-1], 0, height - tile.shape[-2])
+            tiles.append(torch.nn.functional.pad(tile, pad, value=PAD_VALUE))
+    grid = make_grid(torch.stack(tiles), nrow=2, padding=PADDING, pad_value=PAD_VALUE)
+    return annotate(grid, ["augmented image", "mask overlaid"], width, legend(palette, class_names, ignore=True))

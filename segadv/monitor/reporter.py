@@ -20,7 +20,7 @@ import torch
 from segadv.config import Config
 from segadv.data.palette import palette
 from segadv.monitor.diagnostics import DWinsWatch, confidence_quality
-from segadv.monitor.images import confidence_panel, segmentation_panel
+from segadv.monitor.images import confidence_panel, confusion_panel, segmentation_panel
 from segadv.monitor.meters import LossAverager, StepTimer
 from segadv.monitor.profile import (PhaseTimer, RunClock, RunProfile, format_profile, peak_memory_gib,
                                     profile_scalars)
@@ -66,6 +66,7 @@ class Evaluation(Protocol):
     metrics: dict[str, object]
     samples: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     absent_classes: list[int]
+    matrix: Optional[torch.Tensor]  # the confusion matrix on the host (rows: truth, columns: prediction)
 
 
 class Reporter:
@@ -170,8 +171,8 @@ class Reporter:
     def evaluation(self, step: int, result: Evaluation, loader: Iterable, prefix: str = "val",
                    train_seconds: float | None = None) -> dict[str, object]:
         """G's evaluation on one val split, logged as ``<prefix>/mIoU``, ``<prefix>/pixel_acc``,
-        ``<prefix>/IoU/<class>``, its input/truth/prediction panel where it kept samples, and a
-        line; ``train_seconds`` (the time before it) as ``perf/train_seconds``, for accuracy
+        ``<prefix>/IoU/<class>``, its input/truth/prediction panel where it kept samples, its
+        row-normalised confusion matrix as ``<prefix>/confusion_matrix``, and a line; ``train_seconds`` (the time before it) as ``perf/train_seconds``, for accuracy
         against time (segadv-curves). Returns its metrics."""
         cfg, metrics = self.cfg, result.metrics
         scalars = {f"{prefix}/mIoU": metrics["mIoU"], f"{prefix}/pixel_acc": metrics["pixel_acc"]}
@@ -185,6 +186,8 @@ class Reporter:
             panel = segmentation_panel(*result.samples, palette(cfg.data.num_classes), cfg.data.input_normalization,
                                        names)
             self.writer.image(step, f"{prefix}/input_gt_pred", panel)
+        if result.matrix is not None:
+            self.writer.image(step, f"{prefix}/confusion_matrix", confusion_panel(result.matrix, names))
         self.progress.write(f"step {step}: {prefix} mIoU {metrics['mIoU']:.4f}, "
                             f"pixel accuracy {metrics['pixel_acc']:.4f}{notes}")
         return metrics

@@ -32,6 +32,8 @@ class BatchShape:
     height: int
     width: int
     labeled: bool
+    # The labels' (H, W) where it is not the images' (a val batch under data.val_input_size).
+    label_size: tuple[int, int] | None = None
 
 
 def crop_size(data: DataConfig, key: str) -> tuple[int, int]:
@@ -53,14 +55,16 @@ def crop_size(data: DataConfig, key: str) -> tuple[int, int]:
 LARGEST_IMAGE = {"voc": (500, 500), "cityscapes": (1024, 2048), "gta5": (1052, 1914)}
 
 
-def val_size(data: DataConfig) -> tuple[int, int]:
-    """The (H, W) of a val batch: the val pipeline's fixed size, or, where it keeps each image's
-    own size, the largest image the dataset kind has (the evaluation's worst batch)."""
+def val_size(data: DataConfig) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The (H, W) of a val batch's images and of its labels: the val pipeline's fixed size, or,
+    where it keeps each image's own size, the largest image the dataset kind has (the evaluation's
+    worst batch). They differ under ``data.val_input_size`` (the image alone resized: G's input is
+    smaller, its logits upsampled to the label's size)."""
     transform = build_transform(data.val_transforms, data.input_normalization, "data.val_transforms",
-                                ignore_index=data.ignore_index)
+                                ignore_index=data.ignore_index, image_size=data.val_input_size)
     h, w = (data.synthetic.image_size,) * 2 if data.kind == "synthetic" else LARGEST_IMAGE.get(data.kind, PROBE_SIZES[-1])
-    image = transform(image=np.zeros((h, w, 3), np.uint8), mask=np.zeros((h, w), np.uint8))["image"]
-    return tuple(image.shape[-2:])
+    out = transform(image=np.zeros((h, w, 3), np.uint8), mask=np.zeros((h, w), np.uint8))
+    return tuple(out["image"].shape[-2:]), tuple(out["mask"].shape[-2:])
 
 
 def stream_shapes(cfg: Config, streams: tuple[StreamSpec, ...]) -> dict[str, BatchShape]:
@@ -82,7 +86,8 @@ def make_batch(shape: BatchShape, num_classes: int, seed: int = 0) -> Any:
     images = torch.randn(shape.batch_size, 3, shape.height, shape.width, generator=gen)
     if not shape.labeled:
         return images
-    labels = torch.randint(0, num_classes, (shape.batch_size, shape.height, shape.width), generator=gen)
+    label_size = shape.label_size or (shape.height, shape.width)
+    labels = torch.randint(0, num_classes, (shape.batch_size, *label_size), generator=gen)
     return images, labels
 
 

@@ -294,11 +294,11 @@ def evaluation_pass(parts: Training, cfg: Config, tracker: DryRunMode, panel: to
     on ``log.num_images`` of its stream's images; placement enforced, memory filed as the
     evaluation's. The metrics are never read (fake tensors have no values)."""
     val_data = cfg.target_data or cfg.data
-    h, w = val_size(val_data)
+    (h, w), label_size = val_size(val_data)  # they differ under data.val_input_size
     batch_size = cfg.data.val_batch_size
     if val_data.kind == "synthetic":  # a val set smaller than a batch is one smaller batch
         batch_size = min(batch_size, val_data.synthetic.val_size)
-    shape = BatchShape(batch_size, h, w, labeled=True)
+    shape = BatchShape(batch_size, h, w, labeled=True, label_size=label_size)
 
     def val_loader() -> Iterator[Any]:
         """Two batches, one at a time as a loader hands them out (the host's batch counted):

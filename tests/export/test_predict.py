@@ -331,8 +331,9 @@ codes = [main(argv) for argv in json.loads(sys.argv[1])]
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in {"torch", "torchvision", "segmentation_models_pytorch",
                "albumentations", "timm", "tensorboard"} or m in {"segadv.training.loop", "segadv.models",
                "segadv.engine", "segadv.checkpoint", "segadv.training.build", "segadv.checkpoint.inference"}
-               # the data package's torch-free helpers (the image reader, the palette) are predict's own
-               or (m.startswith("segadv.data.") and m not in {"segadv.data.images", "segadv.data.palette"}))
+               # the data package's torch-free helpers (the image reader, the palette, the mask writer) are predict's own
+               or (m.startswith("segadv.data.") and m not in {"segadv.data.images", "segadv.data.palette",
+                                                              "segadv.data.masks"}))
 print(json.dumps({"codes": codes, "heavy": heavy}))
 """
 

@@ -875,3 +875,200 @@ def test_ddp_domain_adaptation_on_two_processes_matches_the_plain_loop(tmp_path,
                   torch.cat([r["adv_grad_aux"] for r in ranks]) / 2)
     case = Case("ddp", device_map, tuple(overrides), split_batch=True)
     print(f"adaptsegnet ddp {device_map} {overrides}: {assert_equivalent(case, got, uda_references('adaptsegnet', True))}")
+
+
+# ----------------------------------------------------------------------------------- mean teacher
+
+# The mean teacher (issue 47) over MT_STEPS iterations, so that the second step's pseudo labels
+# come from a teacher that has moved (DACS's warm-up: decay 0, then 1/2), compared on G's update,
+# the teacher's (parameters; with running statistics its buffers follow G's) and, with D on top,
+# D's and the adversarial gradient. The reference calls mixing.py's primitives (held to the
+# references in tests/methods/test_mixing.py) with its own generator seeded as the method's, in
+# the method's draw order (mask, jitter, blur), and not the method's iteration.
+# dacs_threshold: at DACS's 0.968 a fresh G's share is 0 and the pseudo-labelled pixels would not
+# count. A train-mode teacher's top probabilities straddle 0.3 (measured quartiles 0.27-0.35), so in
+# adaptation the weight is a share between 0 and 1; an eval-mode fresh teacher's are all near 0.2135
+# (5 classes), a knife edge, so the semi-supervised settings keep 0.25 (share 0 at step 0) and the
+# pasted pixels, their labels and the teacher's pseudo labels carry the comparison there.
+MT_STEPS = 2
+MT_OVERRIDES = ("method.name=mean_teacher", "method.mean_teacher.dacs_threshold=0.25", "data.labeled_fraction=0.5")
+MT_SETTINGS = {
+    "semi": (),
+    "semi-adv": (f"method.mean_teacher.lambda_adv={LAMBDA_ADV}",),
+    # DACS: adaptation, the teacher's BatchNorm on batch statistics (train mode).
+    "adaptation": (UDA_OVERRIDES[0], "method.mean_teacher.teacher_batchnorm=batch",
+                   "method.mean_teacher.dacs_threshold=0.3"),
+}
+MT_CASES = [(setting, c) for c in CASES if c.name in {"cpu", "cpu-dataparallel", "g-bf16"} for setting in MT_SETTINGS
+            if setting == "semi" or c.name == "cpu"]
+
+
+def mean_teacher_config(setting: str, *overrides: str):
+    return harness_config(*MT_OVERRIDES, *MT_SETTINGS[setting], *overrides)
+
+
+def make_mt_batches(cfg):
+    images_l, labels_l = make_batch(cfg)
+    images_u = torch.randn(images_l.shape, generator=torch.Generator().manual_seed(7))
+    labels_gt = torch.randint(0, cfg.data.num_classes, labels_l.shape, generator=torch.Generator().manual_seed(9))
+    return images_l, labels_l, images_u, labels_gt
+
+
+def averaged(module: nn.Module, running: bool) -> list[torch.Tensor]:
+    """What the teacher's EMA averages: the parameters, and with running statistics the floating buffers."""
+    return list(module.parameters()) + ([b for b in module.buffers() if b.is_floating_point()] if running else [])
+
+
+def reference_mean_teacher(g, teacher, d, images_l, labels_l, images_u, labels_gt, cfg) -> torch.Tensor | None:
+    """MT_STEPS mean-teacher iterations on the CPU in float32, plainly; returns G's adversarial
+    gradients at D's input (one per step, concatenated) where D is on, else None."""
+    from segadv.data.resumable import derived_seed
+    from segadv.methods import mixing
+
+    s, num_classes, ignore = cfg.method.mean_teacher, cfg.data.num_classes, cfg.data.ignore_index
+    mean, std = cfg.data.input_normalization.mean, cfg.data.input_normalization.std
+    generator = torch.Generator().manual_seed(derived_seed(cfg.train.seed, 47, 0))  # the method's, rank 0
+    opt_g = plain_optimizer(g, cfg.optim.generator)
+    opt_d = plain_optimizer(d, cfg.optim.discriminator) if d is not None else None
+    running = s.teacher_batchnorm == "running"
+    adv_grads = []
+    for step in range(MT_STEPS):
+        for opt, own in ((opt_g, cfg.optim.generator), (opt_d, cfg.optim.discriminator)):
+            if opt is not None:  # the poly schedule, in closed form
+                for group in opt.param_groups:
+                    group["lr"] = own.lr * (1 - step / cfg.train.max_steps) ** own.poly_power
+        opt_g.zero_grad()
+        g.train()
+        logits_l = g(images_l)
+        F.cross_entropy(logits_l, labels_l, ignore_index=ignore).backward()
+        with torch.no_grad():
+            teacher.train(not running)
+            confidence, pseudo = torch.softmax(teacher(images_u), dim=1).max(dim=1)
+            mask = mixing.class_mix_mask(labels_l, generator, num_classes, ignore)
+            mixed = torch.where(mask[:, None], images_l, images_u)
+            mixed_labels = torch.where(mask, labels_l, pseudo)
+            mixed = mixing.dacs_color_jitter(mixed, generator, mean=mean, std=std)
+            mixed = mixing.dacs_gaussian_blur(mixed, generator)
+            share = (confidence >= s.dacs_threshold).double().mean().float()  # over the batch
+            weight = torch.where(mask, torch.ones_like(confidence), share.expand_as(confidence))
+        if d is not None:
+            probs_u = g(images_u).softmax(dim=1)
+            d.requires_grad_(False)
+            loss_adv = F.binary_cross_entropy_with_logits(d(probs_u), torch.ones_like(probs_u[:, :1]))
+            d.requires_grad_(True)
+            loss_adv = s.lambda_adv * loss_adv  # the gradient at D's input, as G's loss sends it
+            (adv_grad,) = torch.autograd.grad(loss_adv, probs_u, retain_graph=True)
+            adv_grads.append(adv_grad)
+            loss_adv.backward()
+        per_pixel = F.cross_entropy(g(mixed), mixed_labels, ignore_index=ignore, reduction="none")
+        (s.lambda_unsup * (per_pixel * weight).mean()).backward()
+        opt_g.step()
+        decay = min(1 - 1 / (step + 1), s.ema_decay)
+        with torch.no_grad():
+            for t, live in zip(averaged(teacher, running), averaged(g, running)):
+                t.copy_(decay * t + (1 - decay) * live)
+        if d is not None:  # AdvSemiSeg's D: G's labeled and unlabeled maps fake, one-hot y_gt real, halved
+            valid_l, valid_gt = (labels_l != ignore).float(), (labels_gt != ignore).float()
+            onehot = F.one_hot(labels_gt.clamp(0, num_classes - 1), num_classes).permute(0, 3, 1, 2).float()
+            fake = torch.cat([logits_l.detach().softmax(dim=1), probs_u.detach()])
+            valid_fake = torch.cat([valid_l, torch.ones_like(valid_l)])
+            loss_d = 0.5 * (masked_bce(d(fake), 0.0, valid_fake) + masked_bce(d(onehot * valid_gt[:, None]), 1.0,
+                                                                              valid_gt))
+            opt_d.zero_grad()
+            loss_d.backward()
+            opt_d.step()
+    return torch.cat(adv_grads) if adv_grads else None
+
+
+@dataclass
+class TeacherOutcome:
+    updates: dict[str, dict[str, torch.Tensor]]  # by network: g, teacher (every averaged tensor), d
+    adv_grad: torch.Tensor | None
+
+
+def teacher_state(module: nn.Module, running: bool) -> dict[str, torch.Tensor]:
+    names = dict(unwrap(module).named_parameters())
+    if running:
+        names.update((k, v) for k, v in unwrap(module).named_buffers() if v.is_floating_point())
+    return {k: v.detach().float().cpu().clone() for k, v in names.items()}
+
+
+@pytest.fixture(scope="module")
+def mt_references():
+    cache = {}
+
+    def get(setting: str, freeze_stats: bool) -> TeacherOutcome:
+        if (setting, freeze_stats) not in cache:
+            cfg = mean_teacher_config(setting)
+            g, d = initial_networks(cfg)
+            teacher = no_dropout(build_generator(cfg.model.generator, cfg.data.num_classes))
+            teacher.load_state_dict(g.state_dict())
+            if freeze_stats:
+                freeze_batch_statistics(g)
+            d = d if cfg.method.mean_teacher.lambda_adv > 0 else None
+            running = cfg.method.mean_teacher.teacher_batchnorm == "running"
+            before = {"g": params(g), "teacher": teacher_state(teacher, running)} | ({"d": params(d)} if d else {})
+            adv = reference_mean_teacher(g, teacher, d, *make_mt_batches(cfg), cfg)
+            after = {"g": params(g), "teacher": teacher_state(teacher, running)} | ({"d": params(d)} if d else {})
+            cache[setting, freeze_stats] = TeacherOutcome(
+                {n: {k: after[n][k] - v for k, v in before[n].items()} for n in before}, adv)
+        return cache[setting, freeze_stats]
+
+    return get
+
+
+def mt_outcome(case: Case, setting: str) -> TeacherOutcome:
+    from segadv.training.build import start_copies
+
+    cfg = mean_teacher_config(setting, *case.overrides)
+    init_g, init_d = initial_networks(cfg)
+    with batch_statistics_frozen(case.freeze_stats):
+        parts = build_training(cfg, parse_device_map(case.device_map))
+    unwrap(parts.g.module).load_state_dict(init_g.state_dict())
+    if parts.d is not None:
+        unwrap(parts.d.module).load_state_dict(init_d.state_dict())
+    start_copies(parts)  # the teacher starts as G, after G's initial weights (as the loop)
+    teacher = parts.network("teacher")
+    no_dropout(parts.g.module)
+    no_dropout(teacher.bare)
+    if case.freeze_stats:
+        freeze_batch_statistics(unwrap(parts.g.module))
+    grads: list[torch.Tensor] = []
+    if parts.d is not None:
+        capture_adversarial_gradient(parts.d.module, grads)
+    running = cfg.method.mean_teacher.teacher_batchnorm == "running"
+    nets = {"g": parts.g.module} | ({"d": parts.d.module} if parts.d is not None else {})
+    before = {n: params(m) for n, m in nets.items()} | {"teacher": teacher_state(teacher.bare, running)}
+    scale = parts.g.opt.loss_scale()
+    images_l, labels_l, images_u, labels_gt = make_mt_batches(cfg)
+    labeled, unlabeled = ("source", "target") if cfg.target_data is not None else ("labeled", "unlabeled")
+    streams = {labeled: FixedStream((images_l, labels_l)), unlabeled: FixedStream(images_u),
+               "gt": FixedStream((images_l, labels_gt))}
+    for step in range(MT_STEPS):
+        parts.step(streams, step=step)
+    after = {n: params(m) for n, m in nets.items()} | {"teacher": teacher_state(teacher.bare, running)}
+    return TeacherOutcome({n: {k: after[n][k] - v for k, v in before[n].items()} for n in before},
+                          torch.cat(grads) / scale if grads else None)
+
+
+@pytest.mark.parametrize("setting, case", [pytest.param(s, c, id=f"{s}-{c.name}", marks=list(c.marks))
+                                           for s, c in MT_CASES])
+def test_mean_teacher_iterations_match_the_plain_float32_loop(setting, case, mt_references, no_tf32):
+    got, ref = mt_outcome(case, setting), mt_references(setting, case.freeze_stats)
+    assert got.updates.keys() == ref.updates.keys()
+    assert ("d" in got.updates) == (setting == "semi-adv")  # D built only where lambda_adv > 0
+    pairs = {name: (got.updates[name], ref.updates[name]) for name in ref.updates}
+    for name, (a, b) in pairs.items():
+        assert a.keys() == b.keys(), name
+        assert flat(b).abs().max() > 0, f"the reference's {name} did not move"
+    if ref.adv_grad is not None:
+        assert got.adv_grad is not None and flat(got.adv_grad).abs().max() > 0, "G's adversarial gradient is zero"
+        pairs["adversarial gradient"] = (got.adv_grad, ref.adv_grad)
+    if case.float32:
+        rtol = FP32_SUMMED_ELSEWHERE_RTOL if case.summed_elsewhere else FP32_RTOL
+        figures = {name: worst_relative_deviation(a, b) for name, (a, b) in pairs.items()}
+        assert all(v <= rtol for v in figures.values()), f"float32 deviations {figures} exceed {rtol}"
+    else:
+        figures = {name: cosine(a, b) for name, (a, b) in pairs.items()}
+        assert all(v >= AMP_MIN_COSINE for v in figures.values()), f"cosines {figures} below {AMP_MIN_COSINE}"
+    print(f"mean_teacher {setting} {case.name}: {figures}")

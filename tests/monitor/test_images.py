@@ -59,3 +59,20 @@ def test_a_bgr_input_is_shown_in_rgb():
     rgb = torch.tensor([200.0, 20.0, 90.0]).view(3, 1, 1)
     bgr_input = rgb.flip(0) - torch.tensor([104.00698793, 116.66876762, 122.67891434]).view(3, 1, 1)
     assert denormalize(bgr_input, norm).view(3).tolist() == [200, 20, 90]
+
+
+def test_the_confusion_matrix_is_a_row_normalised_heat_map_with_the_class_names():
+    from segadv.monitor.images import confusion_panel
+
+    matrix = torch.tensor([[90, 10, 0], [0, 100, 0], [0, 0, 0]])  # class 2: no ground truth
+    panel = confusion_panel(matrix, ["background", "circle", "square"])
+    assert panel.dtype == torch.uint8 and panel.shape[0] == 3
+    rgb = panel.permute(1, 2, 0).numpy().reshape(-1, 3)
+    colours = {tuple(int(c) for c in px) for px in rgb}
+    assert (250, 220, 60) in colours  # a whole row predicted as one class: the brightest cell
+    assert (20, 30, 70) in colours  # none of a row: the darkest
+    assert (80, 80, 80) in colours  # the row without ground truth: grey, not a division by zero
+    # the same counts scaled: the same picture (normalised per row)
+    assert torch.equal(panel, confusion_panel(matrix * 7, ["background", "circle", "square"]))
+    # without names: class_N, and a wider name widens the picture
+    assert confusion_panel(matrix).shape[-1] <= confusion_panel(matrix, ["a-very-long-class-name"] * 3).shape[-1]

@@ -174,7 +174,7 @@ def evaluation(classes: int, miou=0.5, pixel_acc=0.75):
     """An evaluation that never saw the last class (its IoU NaN)."""
     iou = [0.5] * (classes - 1) + [math.nan]
     return SimpleNamespace(metrics={"mIoU": miou, "pixel_acc": pixel_acc, "iou": iou}, samples=None,
-                           absent_classes=[])
+                           absent_classes=[], matrix=torch.eye(classes, dtype=torch.int64))
 
 
 def test_an_evaluation_is_logged_and_recorded(cfg, tmp_path, caplog):
@@ -182,7 +182,9 @@ def test_an_evaluation_is_logged_and_recorded(cfg, tmp_path, caplog):
     from segadv.data import class_names
 
     names = class_names(cfg.data)
+    images = {}
     with reporter_for(cfg, tmp_path) as reporter:
+        reporter.writer.image = lambda step, tag, image: images.setdefault(tag, (step, image))
         reporter.begin(0, None)
         metrics = reporter.evaluation(4, evaluation(len(names)), [], train_seconds=12.5)
         reporter.evaluation(4, evaluation(len(names), 0.25, 0.5), [], prefix="val_source")
@@ -197,6 +199,10 @@ def test_an_evaluation_is_logged_and_recorded(cfg, tmp_path, caplog):
     assert "step 4: val mIoU 0.5000, pixel accuracy 0.7500" in caplog.text
     assert "step 4: val_source mIoU 0.2500, pixel accuracy 0.5000" in caplog.text
     assert status.outcome == "running" and status.final.mIoU == 0.5 and status.best.pixel_acc == 0.75
+    # the confusion matrix as a TensorBoard image at each evaluation, per val split
+    assert set(images) == {"val/confusion_matrix", "val_source/confusion_matrix"}
+    step, image = images["val/confusion_matrix"]
+    assert step == 4 and image.dtype == torch.uint8 and image.shape[0] == 3
 
 
 def test_the_diagnostics_are_the_method_panel_and_d_confidence_quality(cfg, tmp_path):

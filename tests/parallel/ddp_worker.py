@@ -20,6 +20,48 @@ from segadv.engine.evaluate import evaluate  # noqa: E402
 from segadv.parallel import distributed, parse_device_map, unwrap  # noqa: E402
 from segadv.data.streams import iterate_epochs  # noqa: E402
 from segadv.training.run_data import generator_for_evaluation  # noqa: E402
+from segadv.training.build import start_copies  # noqa: E402
+
+
+class RankStream:
+    """A stream of fresh random batches, different on each rank (seeded by rank and stream), so
+    that each rank's BatchNorm statistics, pseudo labels and mixing differ: what the teacher's
+    cross-rank equality has to survive."""
+
+    def __init__(self, cfg, rank: int, word: int, labeled: bool) -> None:
+        self.generator = torch.Generator().manual_seed(1000 * rank + word)
+        self.size, self.batch, self.labeled = cfg.data.synthetic.image_size, cfg.data.batch_size, labeled
+        self.num_classes = cfg.data.num_classes
+
+    def next(self):
+        images = torch.randn(self.batch, 3, self.size, self.size, generator=self.generator)
+        if not self.labeled:
+            return images
+        return images, torch.randint(0, self.num_classes, (self.batch, self.size, self.size), generator=self.generator)
+
+
+def train_mean_teacher(parts, cfg, env, out: Path, steps: int = 3) -> None:
+    """``steps`` DDP iterations of mean_teacher; each rank saves its teacher (every tensor) and G,
+    and rank 0 also the EMA of G it computes itself after each step, written out plainly:
+    ``decay * ema + (1 - decay) * g`` over G's parameters (and, with
+    ``teacher_batchnorm: running``, its floating buffers), decay DACS's warm-up."""
+    start_copies(parts)  # the teacher starts as G (the loop does this after the initial weights)
+    settings = cfg.method.mean_teacher
+    averaged = lambda module: {k: v for k, v in module.state_dict().items()  # noqa: E731
+                               if k in dict(module.named_parameters()) or
+                               (settings.teacher_batchnorm == "running" and v.is_floating_point())}
+    ema = {k: v.detach().clone() for k, v in averaged(parts.g.bare).items()}
+    streams = {spec.name: RankStream(cfg, env.rank, index, labeled=spec.name not in ("unlabeled", "target"))
+               for index, spec in enumerate(parts.method.streams)}
+    for step in range(steps):
+        parts.step(streams, step=step)
+        decay = min(1.0 - 1.0 / (step + 1), settings.ema_decay) if settings.ema_warmup else settings.ema_decay
+        for k, v in averaged(parts.g.bare).items():
+            ema[k] = decay * ema[k] + (1.0 - decay) * v.detach()
+    saved = {"teacher": parts.network("teacher").bare.state_dict(), "g": parts.g.bare.state_dict()}
+    if env.is_main:
+        saved["ema"] = ema
+    torch.save(saved, out / f"rank{env.rank}.pt")
 
 
 def freeze_batch_statistics(module: nn.Module) -> None:
@@ -64,6 +106,8 @@ def main(mode: str, out: Path, overrides: list[str]) -> None:
         if env.is_main:
             torch.save({"g": unwrap(parts.g.module).state_dict(), "d": unwrap(parts.d.module).state_dict()},
                        out / "ddp_step.pt")
+    elif mode == "mean_teacher":
+        train_mean_teacher(parts, cfg, env, out)
     elif mode == "eval":
         _, val_loader = build_dataloaders(cfg.data, seed=0, pin_memory=False, rank=env.rank, world_size=env.world_size)
         metrics = evaluate(unwrap(parts.g.module), val_loader, device_map.generator, cfg.data.num_classes).metrics

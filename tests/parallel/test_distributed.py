@@ -22,7 +22,7 @@ from segadv.parallel import parse_device_map, unwrap
 from segadv.parallel.wrap import AutocastForward
 
 from conftest import TINY_OVERRIDES
-from helpers import stream_positions
+from helpers import TARGET_DATA, stream_positions
 from ddp_worker import freeze_batch_statistics
 
 HERE = Path(__file__).parent
@@ -97,6 +97,43 @@ def test_one_ddp_step_on_2x_b_equals_one_step_on_2b(tmp_path, tiny_cfg):
         ref = unwrap(module).state_dict()
         worst = max((ddp[net][k].float() - ref[k].float()).abs().max().item() for k in ref)
         assert worst < 1e-5, (net, worst)
+
+
+MEAN_TEACHER_SETTINGS = [
+    # French et al.'s teacher: eval-mode BatchNorm whose running statistics the EMA averages from
+    # each rank's own (locally updated) G buffers.
+    pytest.param(("method.name=mean_teacher", "method.mean_teacher.teacher_batchnorm=running"), id="semi-running"),
+    # DACS's: the teacher in train mode, its statistics moved by its own forward on each rank's
+    # target batch; adaptation with D on top (a third network, under DDP).
+    pytest.param(("method.name=mean_teacher", "method.mean_teacher.teacher_batchnorm=batch",
+                  "method.mean_teacher.lambda_adv=0.001", TARGET_DATA), id="adaptation-batch-d"),
+]
+
+
+@pytest.mark.parametrize("overrides", MEAN_TEACHER_SETTINGS)
+def test_ddp_ranks_hold_the_same_teacher_the_ema_of_rank0s_student(tmp_path, overrides):
+    """Three mean_teacher steps under DDP (gloo, 2 CPU processes, each rank its own random
+    batches): every teacher tensor, parameters and buffers, is bitwise equal across ranks, and
+    equal to the EMA of G that rank 0 computes itself after each step (parameters, and with running
+    statistics G's floating buffers; the same operations, so exactly)."""
+    worker("mean_teacher", tmp_path, *overrides)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    teacher = r0["teacher"]
+    assert teacher.keys() == r1["teacher"].keys() and teacher.keys() == r0["g"].keys()
+    unequal = [k for k in teacher if not torch.equal(teacher[k], r1["teacher"][k])]
+    assert not unequal, f"teacher tensors differ across ranks: {unequal}"
+    # The ranks did see different batches: G's BatchNorm statistics, updated locally in the last
+    # forward, differ, so equal teacher buffers are the method's doing, not the data's.
+    stats = [k for k in r0["g"] if k.endswith("running_mean")]
+    assert stats and any(not torch.equal(r0["g"][k], r1["g"][k]) for k in stats)
+    ema = r0["ema"]
+    running = "method.mean_teacher.teacher_batchnorm=running" in overrides
+    params = {k for k in teacher if "running" not in k and "num_batches" not in k}
+    assert set(ema) == params | ({k for k in teacher if "running" in k} if running else set())
+    off = {k: (teacher[k] - ema[k]).abs().max().item() for k in ema if not torch.equal(teacher[k], ema[k])}
+    assert not off, f"teacher differs from rank 0's EMA of G: {off}"
+    # And the teacher moved away from G's start (three steps with decay 0, 1/2, 2/3): it is not a copy.
+    assert any(not torch.equal(teacher[k], r0["g"][k]) for k in ema)
 
 
 def test_distributed_eval_equals_single_process_eval(tmp_path):
