@@ -10,7 +10,7 @@ TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
 # What `make test-fast` leaves out (`-m "not slow"`): multi-process runs, whole CLI trainings, the
 # wheel build, the full equivalence harness and the planner's per-config matrix. `make test` runs all.
-SLOW = ("integration/", "parallel/test_distributed.py", "parallel/test_cluster.py", "plan/test_plan.py",
+SLOW = ("integration/", "parallel/test_distributed.py", "parallel/test_cluster.py", "plan/test_plan",
         "experiment/test_cli.py", "tools/test_bench.py")
 
 

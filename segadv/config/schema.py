@@ -467,10 +467,30 @@ def _validated_method_config(data: dict[str, Any]) -> MethodConfig:
 
 
 class NetworkAmpConfig(Section):
-    enabled: bool = Field(False, description="run this network's forward under autocast")
-    dtype: Literal["float16", "bfloat16"] = Field("bfloat16", description="autocast dtype: bfloat16, or float16 (with a GradScaler)")
+    # auto is resolved once per network on its own devices when the run's roles are built
+    # (segadv/training/build.py, rule in segadv/engine/amp_optimizer.py resolve_auto); a stored
+    # config keeps auto, so a resume on another machine resolves again.
+    enabled: Union[bool, Literal["auto"]] = Field(
+        False, description="run this network's forward under autocast: true, false, or auto (bfloat16 where "
+                           "its device computes bf16 natively: CUDA compute capability 8.0+, a CPU with "
+                           "AMX-BF16 or AVX512-BF16; else off)")
+    dtype: Literal["float16", "bfloat16"] = Field("bfloat16", description="autocast dtype: bfloat16, or float16 (with a GradScaler); enabled: auto is bfloat16 only")
     # Up to 2**32: far above any useful scale, and a float32 scale that can still halve.
     init_scale: float = Field(2.0**16, gt=0, le=2.0**32, description="float16 only: the GradScaler's starting loss scale")
+
+    @model_validator(mode="after")
+    def _auto_is_bfloat16(self) -> "NetworkAmpConfig":
+        # fp16 is never chosen by a machine check: it needs loss scaling and overflows where bf16
+        # does not, and on a CPU it is 46x slower than float32 (docs/performance.md). Refused
+        # rather than silently ignored, so a config says what it runs.
+        if self.enabled == "auto" and self.dtype == "float16":
+            raise ValueError("enabled: auto chooses bfloat16 or off, never float16; write enabled: true with "
+                             "dtype: float16, or leave dtype out (bfloat16) with auto")
+        return self
+
+    @property
+    def is_auto(self) -> bool:
+        return self.enabled == "auto"
 
 
 class AmpConfig(Section):

@@ -38,7 +38,72 @@ warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step
 
 
 def uses_float16(amp: NetworkAmpConfig) -> bool:
-    return amp.enabled and amp.dtype == "float16"
+    """Whether ``amp`` (a resolved one: ``enabled: auto`` never chooses float16) runs in float16."""
+    return amp.enabled is True and amp.dtype == "float16"
+
+
+# ``amp.<network>.enabled: auto``. bf16 autocast pays only where the device has bf16 arithmetic:
+# on a CPU without it, oneDNN emulates bf16 through float32 conversions and G's step ran 5-8x
+# slower (docs/performance.md); on CUDA, bf16 tensor cores start with Ampere (compute capability
+# 8.0), and older cards emulate it.
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo's names for native bf16 instructions
+
+
+def cpu_bf16_features(cpuinfo: str | None = None) -> tuple[str, ...]:
+    """This CPU's native bf16 instruction sets (of ``CPU_BF16_FLAGS``): torch's own probes
+    (cpuinfo, any OS) together with the kernel's flags in ``/proc/cpuinfo`` (or ``cpuinfo``'s text)."""
+    found = set()
+    probes = {"avx512_bf16": "_is_avx512_bf16_supported", "amx_bf16": "_is_amx_tile_supported"}
+    for flag, probe in probes.items():  # private torch.cpu probes: absent in some versions
+        check = getattr(torch.cpu, probe, None)
+        try:
+            if check is not None and check():
+                found.add(flag)
+        except RuntimeError:
+            pass
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            found.update(set(line.partition(":")[2].split()) & set(CPU_BF16_FLAGS))
+            break
+    return tuple(flag for flag in CPU_BF16_FLAGS if flag in found)
+
+
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def device_native_bf16(device: torch.device) -> tuple[bool, str]:
+    """Whether ``device`` computes bf16 natively and faster than float32, and why (for the log)."""
+    if device.type == "cpu":
+        features = cpu_bf16_features()
+        if features:
+            return True, f"CPU with {' and '.join(features)}"
+        return False, (f"CPU without native bf16 (no {' or '.join(CPU_BF16_FLAGS)}; torch's capability "
+                       f"{torch.backends.cpu.get_cpu_capability()}): bf16 runs 5-8x slower there")
+    if device.type == "cuda":
+        major, minor = cuda_capability(device)
+        if major >= 8:
+            return True, f"{device}: CUDA compute capability {major}.{minor} has bf16 tensor cores"
+        return False, f"{device}: CUDA compute capability {major}.{minor} < 8.0 emulates bf16"
+    return False, f"{device}: no rule for {device.type} devices, so float32"
+
+
+def resolve_auto(amp: NetworkAmpConfig, devices: tuple[torch.device, ...]) -> tuple[NetworkAmpConfig, str]:
+    """``amp`` with ``enabled: auto`` made true (bfloat16) or false for a network on ``devices``
+    (every one must compute bf16 natively: DataParallel replicas run the same autocast), and the
+    reason; any other ``amp`` is returned as it is."""
+    if not amp.is_auto:
+        return amp, "set in the config"
+    verdicts = [device_native_bf16(device) for device in dict.fromkeys(devices)]
+    native = all(ok for ok, _ in verdicts)
+    why = "; ".join(reason for ok, reason in verdicts if ok == native)
+    return amp.model_copy(update={"enabled": native, "dtype": "bfloat16"}), why
 
 
 class AmpOptimizer:

@@ -27,6 +27,7 @@ from segadv.training.build import Training, build_training, network_settings, ru
 from segadv.config import Config
 from segadv.config.roles import ROLES
 from segadv.data import pool_has_masks
+from segadv.engine.amp_optimizer import resolve_auto
 from segadv.errors import UserError
 from segadv.parallel.compile import compile_enabled
 from segadv.parallel.device_map import DeviceMap, parse_device_map
@@ -118,6 +119,29 @@ def without_one_device_dp(cfg: Config, device_map: DeviceMap) -> tuple[Config, l
             notes.append(f"parallel.{role}=dp on one device ({devices[0]}): DataParallel runs the network itself "
                          "there; planned without the wrapper (same memory)")
     return cfg.model_copy(update={"parallel": parallel}), notes
+
+
+def auto_precision(cfg: Config, device_map: DeviceMap) -> tuple[Config, list[str]]:
+    """``amp.<role>.enabled: auto`` as segadv-train would resolve it on the map's own devices,
+    written into the config the stand-ins run (they are no device ``resolve_auto`` knows). A CUDA
+    device cannot be asked here (it need not be visible): it is planned as one with bf16 tensor
+    cores (Ampere or newer), and the note says so; a CPU is this machine's CPU."""
+    amp, notes = cfg.amp, []
+    for role in run_role_names(cfg):
+        own = network_settings(cfg, role).amp
+        if not own.is_auto:
+            continue
+        devices = device_map.devices_of(role)
+        cuda = [str(d) for d in devices if d.type == "cuda"]
+        if cuda and len(cuda) == len(devices):
+            resolved = own.model_copy(update={"enabled": True, "dtype": "bfloat16"})
+            why = (f"{', '.join(cuda)} planned as a GPU with bf16 tensor cores (compute capability 8.0+, Ampere or "
+                   "newer); on an older card auto runs float32")
+        else:
+            resolved, why = resolve_auto(own, devices)
+        amp = amp.model_copy(update={role: resolved})
+        notes.append(f"amp.{role}: auto -> {'bf16' if resolved.enabled else 'off'} ({why})")
+    return cfg.model_copy(update={"amp": amp}), notes
 
 
 def standin_map(device_map: DeviceMap, device_type: str) -> DeviceMap:
@@ -379,6 +403,8 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
     planned = standin_map(real, device_type)
     cfg, notes = without_one_device_dp(cfg, real)
     notes.extend(compiled)
+    cfg, precision = auto_precision(cfg, real)
+    notes.extend(precision)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     tracker = DryRunMode(planned.devices)
     # The device activate() makes current on a GPU: the map's first CUDA device.

@@ -7,7 +7,7 @@ Kept apart from the loop so tests and ``tools/bench.py`` build exactly what trai
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import torch
@@ -26,7 +26,7 @@ from segadv.config.schema import (
 from segadv.data.batch_checks import check_micro_batches
 from segadv.data.config_checks import training_side
 from segadv.engine.accumulation import Accumulation
-from segadv.engine.amp_optimizer import AmpOptimizer, uses_float16
+from segadv.engine.amp_optimizer import AmpOptimizer, resolve_auto, uses_float16
 from segadv.engine.network import Network
 from segadv.engine.optim import build_optimizer, build_poly_scheduler, poly_horizon
 from segadv.errors import UserError
@@ -36,7 +36,7 @@ from segadv.models.discriminator import check_input_side
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel import DeviceMap, place_networks
 from segadv.parallel.compile import check_compile, compile_enabled
-from segadv.parallel.distributed import DistEnv
+from segadv.parallel.distributed import DistEnv, check_ranks_agree
 from segadv.parallel.report import gather_rows, network_row, placement_table
 from segadv.parallel.wrap import check_batch_for_replicas, parallelize_network, resolve_mode
 
@@ -138,6 +138,27 @@ def network_settings(cfg: Config, role: str) -> NetworkSettings:
                            getattr(cfg.init, role, None))
 
 
+def resolved_amp(names: tuple[str, ...], settings: list[NetworkSettings], device_map: DeviceMap,
+                 env: DistEnv) -> list[NetworkSettings]:
+    """Each role's settings with ``amp.<role>.enabled: auto`` resolved on the role's own devices
+    (``resolve_auto``): the one place it is resolved, so everything built from a role (its
+    autocast, its GradScaler, G's loss scaling) sees true or false. One log line per network says
+    what was chosen and why. Under DDP every rank resolves on its own device, and the ranks must
+    agree (a rank in bf16 beside one in float32 would train a different model per rank)."""
+    out, chosen = [], {}
+    for name, own in zip(names, settings):
+        amp, why = resolve_auto(own.amp, device_map.devices_of(name))
+        if own.amp.is_auto:
+            chosen[f"amp.{name}.enabled: auto"] = "bf16" if amp.enabled else "off"
+            if env.is_main:
+                log.info("amp.%s: auto -> %s (%s)", name, chosen[f"amp.{name}.enabled: auto"], why)
+        out.append(replace(own, amp=amp))
+    if chosen:
+        check_ranks_agree(chosen, hint="auto resolves on each rank's own device; on machines that differ "
+                                       "set amp.<network>.enabled to true or false")
+    return out
+
+
 def check_map_roles(device_map: DeviceMap, names: tuple[str, ...], method: str, env: DistEnv) -> None:
     """The roles the device map names against those the run trains. G and D may be named on any
     run (each fills the other in; a MinEnt run trains no D): one line says what is not used. A role
@@ -174,7 +195,7 @@ def network_roles(cfg: Config, device_map: DeviceMap, env: DistEnv, checked: Che
     """The run's roles, G first, each checked against the device map and the launch."""
     names = run_role_names(cfg)
     check_map_roles(device_map, names, cfg.method.name, env)
-    settings = [network_settings(cfg, name) for name in names]
+    settings = resolved_amp(names, [network_settings(cfg, name) for name in names], device_map, env)
     micro_batch = checked.micro_batch
     # G's loss passes through a D's backward when an adversarial term is on: scale it if that D is fp16.
     through_float16 = method_class(cfg.method.name).passes_generator_loss_through_discriminator(cfg) and any(
