@@ -54,7 +54,7 @@ from segadv.export.deps import import_extra
 from segadv.export.sidecar import EMBED_FILE, EMBED_KEY, parse_metadata, prepare_input, read_sidecar, sidecar_path
 from segadv.fsutil import NAME_MAX, atomic_write_bytes, list_dir, make_dir, refuse_overwriting
 from segadv.data.images import ImageProblem, open_image, read_rgb
-from segadv.data.masks import overlay_png, palette_png
+from segadv.data.masks import PREDICT, overlay_png, palette_png, written_by
 
 log = logging.getLogger("segadv.cli.predict")
 
@@ -64,7 +64,6 @@ DEFAULT_MAX_SIZE = 1024
 OVERLAY_DIR = "overlay"
 ON_ERROR = ("raise", "skip")
 # The PNG text chunk every file segadv-predict writes carries: its own files may be replaced.
-MARK_KEY, MARK = "Software", "segadv-predict"
 SHOWN = 10  # problems shown in one message
 
 
@@ -353,13 +352,7 @@ def not_ours(out_dir: Path, overlay: bool) -> list[Path]:
 
 def written_by_predict(path: Path) -> bool:
     """Whether ``path`` is a PNG carrying segadv-predict's text chunk (read from its header)."""
-    if path.suffix.lower() != ".png":
-        return False
-    try:
-        with open_image(path) as img:
-            return img.info.get(MARK_KEY) == MARK
-    except ImageProblem:
-        return False
+    return written_by(path, PREDICT)
 
 
 def read_image(path: Path) -> np.ndarray:
