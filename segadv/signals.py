@@ -143,10 +143,6 @@ def handling_signals() -> Iterator[None]:
             _state.reset()
 
 
-# The name segadv-export used before every command had it (segadv.errors.cli_entry).
-sigterm_unwinds = handling_signals
-
-
 @contextlib.contextmanager
 def interrupted_note(after: str) -> Iterator[None]:
     """An :class:`Interrupted` leaving the block says ``after`` (what was kept), unless a block

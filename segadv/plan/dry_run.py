@@ -275,7 +275,7 @@ def iterate(parts: Training, cfg: Config, steps: int, tracker: DryRunMode, strea
 def standin_inputs(cfg: Config, parts: Training) -> tuple[dict[str, Any], torch.Tensor | None, tuple[torch.Tensor, ...]]:
     """Each stream's batch of the configured shape, the method's panel images and the diagnostic
     samples, on the host."""
-    shapes = stream_shapes(cfg, parts.method.streams)
+    shapes = stream_shapes(cfg, type(parts.method).data_streams(cfg))
     batches = {name: make_batch(shape, cfg.data.num_classes) for name, shape in shapes.items()}
     return batches, panel_images(cfg, parts, shapes), diagnostic_samples(cfg, parts, shapes)
 

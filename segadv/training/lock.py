@@ -71,10 +71,7 @@ class RunDirLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            return (f"run dir {self.path.parent} is in use by {holder}: wait for that run to end, "
-                    "stop it, or give another --run-dir")
+            return self._in_use(fd)
         except OSError as err:  # a file system without locks (some network mounts)
             os.close(fd)
             log.warning("cannot lock the run dir (%s): a second launch into it would not be refused", err)
@@ -84,6 +81,14 @@ class RunDirLock:
                  .encode())
         self._fd = fd
         return None
+
+    def _in_use(self, fd: int) -> str:
+        """The refusal when another process holds the lock (``fd``, closed here): who holds it, as
+        the lock file says."""
+        holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        return (f"run dir {self.path.parent} is in use by {holder}: wait for that run to end, "
+                "stop it, or give another --run-dir")
 
     def _acquire_read_only(self) -> str | None:
         """The lock in a run dir this process cannot write in (module docstring)."""
@@ -95,10 +100,7 @@ class RunDirLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            return (f"run dir {self.path.parent} is in use by {holder}: wait for that run to end, "
-                    "stop it, or give another --run-dir")
+            return self._in_use(fd)
         except OSError:
             os.close(fd)
             return None

@@ -52,12 +52,13 @@ def build_data(cfg: Config, parts: Training, run_dir: Path, catalog: Catalog | N
     given none (segadv-plan, tests), from the config: the rest of the data path (scan, pools,
     loaders, streams) runs once."""
     env, device_map = parts.env, parts.device_map
+    specs = type(parts.method).data_streams(cfg)
     loaders = build_run_loaders(
-        cfg.data, parts.method.streams, seed=cfg.train.seed, pin_memory=device_map.generator.type != "cpu",
+        cfg.data, specs, seed=cfg.train.seed, pin_memory=device_map.generator.type != "cpu",
         run_dir=run_dir, rank=env.rank, world_size=env.world_size, batch_sizes=parts.method.stream_batch_sizes(cfg),
         target=cfg.target_data, catalog=catalog, source_val=cfg.train.eval_source,
     )
-    keys = {spec.name: spec.batch_size_key for spec in parts.method.streams}
+    keys = {spec.name: spec.batch_size_key for spec in specs}
     check_last_batches(loaders.streams, keys, cfg.train.accumulation_steps,
                        not cfg.model.generator.trains_on_one_sample)
     streams = Streams({name: Stream(name, loader, keys[name]) for name, loader in loaders.streams.items()})

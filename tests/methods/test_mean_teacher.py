@@ -35,7 +35,7 @@ def built(overrides, device_map="cpu"):
 def fixed_streams(cfg, parts, seed=0):
     images, labels = batch(cfg, 2, seed)
     images_u, _ = batch(cfg, 2, seed + 1)
-    names = [spec.name for spec in parts.method.streams]
+    names = [spec.name for spec in type(parts.method).data_streams(cfg)]  # the streams this run draws
     streams = {}
     for name in names:
         streams[name] = FixedStream(images_u if name in ("unlabeled", "target") else (images, labels))

@@ -52,7 +52,7 @@ def train_mean_teacher(parts, cfg, env, out: Path, steps: int = 3) -> None:
                                (settings.teacher_batchnorm == "running" and v.is_floating_point())}
     ema = {k: v.detach().clone() for k, v in averaged(parts.g.bare).items()}
     streams = {spec.name: RankStream(cfg, env.rank, index, labeled=spec.name not in ("unlabeled", "target"))
-               for index, spec in enumerate(parts.method.streams)}
+               for index, spec in enumerate(type(parts.method).data_streams(cfg))}
     for step in range(steps):
         parts.step(streams, step=step)
         decay = min(1.0 - 1.0 / (step + 1), settings.ema_decay) if settings.ema_warmup else settings.ema_decay

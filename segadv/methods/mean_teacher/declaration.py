@@ -123,7 +123,7 @@ class MeanTeacherSpec(Method):
     def from_config(cls, cfg: Config, nets: Mapping[str, Network], phases: PhaseTimer) -> Method:
         return cls.iteration_class()(
             nets["generator"], nets["teacher"], nets.get("discriminator"), phases, cls.settings(cfg),
-            adapts=cls.adapts(cfg), streams=cls.data_streams(cfg), num_classes=cfg.data.num_classes,
+            adapts=cls.adapts(cfg), num_classes=cfg.data.num_classes,
             ignore_index=cfg.data.ignore_index, mean=cfg.data.input_normalization.mean,
             std=cfg.data.input_normalization.std,
             seed=cfg.train.seed, aux_head=cfg.model.generator.aux_head)

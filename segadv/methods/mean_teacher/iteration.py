@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 
 from segadv.data.resumable import derived_seed
-from segadv.data.stream_spec import StreamSpec
 from segadv.data.streams import Stream
 from segadv.engine.losses import one_hot_labels
 from segadv.engine.network import Network
@@ -80,7 +79,7 @@ def this_rank() -> int:
 class MeanTeacher(MeanTeacherSpec):
     def __init__(
         self, g: Network, teacher: Network, d: Optional[Network], phases: PhaseTimer, settings: MeanTeacherConfig, *,
-        adapts: bool, streams: tuple[StreamSpec, ...], num_classes: int, ignore_index: int,
+        adapts: bool, num_classes: int, ignore_index: int,
         mean: tuple[float, ...], std: tuple[float, ...], seed: int, aux_head: bool = False,
     ) -> None:
         """``g`` the student, ``teacher`` its EMA (the ``teacher`` role: no optimizer), ``d`` the
@@ -88,7 +87,6 @@ class MeanTeacher(MeanTeacherSpec):
         self.g, self.teacher, self.d, self.phases = g, teacher, d, phases
         self.settings = settings
         self.adapts = adapts
-        self.streams = streams  # this run's (the declaration's data_streams): the loaders build these
         self.labeled, self.unlabeled = ("source", "target") if adapts else ("labeled", "unlabeled")
         self.num_classes, self.ignore_index = num_classes, ignore_index
         self.aux_head = aux_head
@@ -111,7 +109,7 @@ class MeanTeacher(MeanTeacherSpec):
         return {"mixing_rng": MixingRNG(self.generator, self.rank)}
 
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
-        g, t, d, s, phase = self.g, self.teacher, self.d, self.settings, self.phases.phase
+        g, d, s, phase = self.g, self.d, self.settings, self.phases.phase
         adversarial = self.schedule.active("adversarial", step)
         images_l, labels_l = streams[self.labeled].next()
         unlabeled = streams[self.unlabeled].next()  # images only: the unlabeled/target labels are never read
