@@ -96,7 +96,7 @@ def check_resumed_config(saved: Mapping[str, Any] | None, now: Mapping[str, Any]
     cap = mapping_over_caps(saved)  # compared by recursion below: the YAML loader's caps first
     if cap is not None:
         raise UserError(f"the config stored in {checkpoint} is refused: it holds {cap}")
-    differ = config_differences(saved, now, schema_defaults())
+    differ = config_differences(as_the_schema_reads(saved), now, schema_defaults())
     if not differ:
         return
     shown = "; ".join(f"{key} differs from the checkpoint's ({_short(old)} then, {_short(new)} now)"
@@ -108,6 +108,19 @@ def check_resumed_config(saved: Mapping[str, Any] | None, now: Mapping[str, Any]
         f"docs/checkpoints.md lists (train.max_steps, learning rates, amp, logging, ...); resume with "
         f"{key}={_short(old)} (without --config a resume uses the run's own config.yaml), or start a new run dir "
         f"from its weights (init.generator.path={checkpoint} init.discriminator.path={checkpoint})")
+
+
+def as_the_schema_reads(saved: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``saved`` as the schema reads it now: each key segadv added since it was written at its
+    default, inside sections too (a saved ``target_data`` without ``normalization``), so a later
+    release resumes an earlier run. A config this schema refuses (a key since removed) is compared
+    as it is, keys it lacks against ``schema_defaults``."""
+    from segadv.config.loading import config_from_dict, config_to_dict
+
+    try:
+        return config_to_dict(config_from_dict(saved, source="the checkpoint's config"))
+    except UserError:
+        return saved
 
 
 def schema_defaults() -> dict[str, Any]:

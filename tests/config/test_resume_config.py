@@ -29,3 +29,17 @@ def test_a_key_the_saved_config_lacks_set_to_another_value_is_refused(tmp_path):
     now["model"]["generator"]["layout"] = "caffe"
     with pytest.raises(UserError, match="model.generator.layout differs"):
         check_resumed_config(saved_before("model.generator.layout"), now, tmp_path / "last.pt")
+
+
+def test_a_key_added_inside_a_section_the_saved_config_holds_counts_as_its_default(tmp_path):
+    """A run with a target saved before data.normalization existed: its target_data section lacks
+    the key, which the schema reads as its default."""
+    from segadv.config import load_config
+
+    now = config_to_dict(load_config("uda"))
+    saved = config_to_dict(load_config("uda"))
+    del saved["target_data"]["normalization"], saved["target_data"]["val_input_size"]
+    check_resumed_config(saved, now, tmp_path / "last.pt")
+    now["target_data"]["normalization"] = "caffe_bgr"
+    with pytest.raises(UserError, match="target_data.normalization differs"):
+        check_resumed_config(saved, now, tmp_path / "last.pt")
