@@ -96,7 +96,7 @@ def check_resumed_config(saved: Mapping[str, Any] | None, now: Mapping[str, Any]
     cap = mapping_over_caps(saved)  # compared by recursion below: the YAML loader's caps first
     if cap is not None:
         raise UserError(f"the config stored in {checkpoint} is refused: it holds {cap}")
-    differ = config_differences(as_the_schema_reads(saved), now, schema_defaults())
+    differ = config_differences(as_the_schema_reads(saved), as_the_schema_reads(now), schema_defaults())
     if not differ:
         return
     shown = "; ".join(f"{key} differs from the checkpoint's ({_short(old)} then, {_short(new)} now)"
@@ -110,17 +110,18 @@ def check_resumed_config(saved: Mapping[str, Any] | None, now: Mapping[str, Any]
         f"from its weights (init.generator.path={checkpoint} init.discriminator.path={checkpoint})")
 
 
-def as_the_schema_reads(saved: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``saved`` as the schema reads it now: each key segadv added since it was written at its
-    default, inside sections too (a saved ``target_data`` without ``normalization``), so a later
-    release resumes an earlier run. A config this schema refuses (a key since removed) is compared
-    as it is, keys it lacks against ``schema_defaults``."""
+def as_the_schema_reads(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A config (the saved one, the one resumed with) as the schema reads it now: each key segadv
+    added since the saved one was written at its default, inside sections too (a saved
+    ``target_data`` without ``normalization``), so a later release resumes an earlier run. A config
+    this schema refuses (a key since removed) is compared as it is, keys it lacks against
+    ``schema_defaults``."""
     from segadv.config.loading import config_from_dict, config_to_dict
 
     try:
-        return config_to_dict(config_from_dict(saved, source="the checkpoint's config"))
+        return config_to_dict(config_from_dict(config, source="a resumed run's config"))
     except UserError:
-        return saved
+        return config
 
 
 def schema_defaults() -> dict[str, Any]:
