@@ -62,6 +62,9 @@ TINY_OVERRIDES = [
     "log.progress_bar=false",
     "log.num_images=2",
     "loss.adv_warmup_steps=0",
+    # float32 whatever the machine: the demo's amp auto would pick bf16 on a CPU with native bf16.
+    "amp.generator.enabled=false",
+    "amp.discriminator.enabled=false",
 ]
 
 

@@ -53,6 +53,7 @@ from segadv.config import load_config
 from segadv.data import build_dataloaders
 from segadv.engine.losses import masked_bce_with_logits, one_hot_labels
 from segadv.errors import cli_entry
+from segadv.methods import method_class
 from segadv.monitor.meters import LossAverager, StepTimer
 from segadv.monitor.profile import STEP_PHASES
 from segadv.parallel import activate, distributed, parse_device_map
@@ -110,8 +111,9 @@ def bench_config(args: argparse.Namespace, *overrides: str):
     cfg.method.name = "supervised"
     # The adversarial term is on from the first step, so both sides do all of the work.
     cfg.loss.adv_warmup_steps = 0
-    if cfg.loss.lambda_adv == 0:
-        cfg.loss.lambda_adv = 0.01
+    # The weight as the supervised method reads it (null: its default), never 0; set explicitly, as
+    # both sides read it.
+    cfg.loss.lambda_adv = method_class("supervised").adversarial_weight(cfg) or 0.01
     return cfg
 
 

@@ -15,6 +15,7 @@ RNGs are gathered from every rank) and every rank raises together; rank 0 writes
 from __future__ import annotations
 
 import json
+import math
 import logging
 import os
 import re
@@ -31,6 +32,7 @@ from segadv.readback import read_json, whole_number
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
 from segadv.config.resume import check_resumed_config
+from segadv.config.schema import higher_is_better
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,9 @@ MIB = 2**20
 
 class CheckpointManager:
     """``states``: the run's stateful parts by checkpoint key; the manager adds its own two,
-    ``step`` and ``best`` (the best evaluation so far, ``{"mIoU", "step"}``, so a resumed run keeps
-    ``best.pt`` honest). ``config``: the run's config as a dict, saved with every checkpoint."""
+    ``step`` and ``best`` (the best evaluation so far by ``best_by``, ``{"mIoU", "step"}``, with
+    ``"by"`` and ``"score"`` when chosen by a label-free score, so a resumed run keeps ``best.pt`` honest). ``config``: the run's config as a dict,
+    saved with every checkpoint. ``best_by``: ``checkpoint.best_by`` (val/mIoU or a proxy/* score)."""
 
     def __init__(
         self,
@@ -54,8 +57,10 @@ class CheckpointManager:
         keep_last: int | None = None,
         config: dict[str, Any] | None = None,
         env: DistEnv = DistEnv(),
+        best_by: str = "val/mIoU",
     ) -> None:
         self.directory = run_dir / "checkpoints"
+        self.best_by = best_by  # checkpoint.best_by: the score best.pt is chosen by
         self.every = every
         self.keep_last = keep_last
         self.config = config or {}
@@ -74,7 +79,7 @@ class CheckpointManager:
 
     @property
     def best_path(self) -> Path:
-        """The checkpoint of the best evaluation (by val mIoU); ``best.json`` beside it says which."""
+        """The checkpoint of the best evaluation (by ``best_by``); ``best.json`` beside it says which."""
         return self.directory / "best.pt"
 
     def state_dict(self) -> dict[str, Any]:
@@ -94,6 +99,10 @@ class CheckpointManager:
         if self.env.is_main:
             self.archive_later_checkpoints(self.step, resumed_from)
         distributed.barrier()  # everyone has read the checkpoint (and rank 0 archived) before anything is written
+        if self.best is not None and best_score_by(self.best) != self.best_by:
+            log.warning("best.pt was chosen by %s, this run chooses by %s (checkpoint.best_by): the next evaluation "
+                        "writes a new one", best_score_by(self.best), self.best_by)
+            self.best = None
         if self.best is not None and not self.best_path.is_file():
             log.warning("best.pt (val mIoU %.4f at step %d) is gone (abandoned or removed): the next evaluation "
                         "writes a new one", self.best["mIoU"], self.best["step"])
@@ -263,17 +272,23 @@ class CheckpointManager:
         self.last_complete = (self.last_path, step)
         return paths[-1] if self.env.is_main else None
 
-    def keep_if_best(self, step: int, miou: float, pixel_acc: float | None = None) -> bool:
-        """An evaluation's val mIoU: when it beats the best so far (the same metrics on every rank,
-        all-reduced, so every rank agrees), ``best.pt`` (a full training state), then ``best.json``
-        (its step and mIoU), each atomic: a kill between them leaves a best.json one evaluation
-        behind best.pt, never ahead of it. Every evaluation is recorded for the checkpoints that
-        follow (:attr:`evaluation`)."""
+    def keep_if_best(self, step: int, miou: float, pixel_acc: float | None = None,
+                     proxies: Mapping[str, float] | None = None) -> bool:
+        """An evaluation's val mIoU and label-free ``proxies`` (``proxy/<name>``): when its
+        ``best_by`` score beats the best so far (the same metrics on every rank, all-reduced, so
+        every rank agrees), ``best.pt`` (a full training state), then ``best.json`` (its step,
+        mIoU, and the score that chose it), each atomic: a kill between them leaves a best.json
+        one evaluation behind best.pt, never ahead of it. Every evaluation is recorded for the
+        checkpoints that follow (:attr:`evaluation`)."""
         self.evaluation = {"step": step, "mIoU": float(miou),
                            "pixel_acc": None if pixel_acc is None else float(pixel_acc)}
-        if self.best is not None and miou <= self.best["mIoU"]:
+        score = float(miou) if self.best_by == "val/mIoU" else float((proxies or {}).get(self.best_by, math.nan))
+        if not better(score, None if self.best is None else self.best.get("score", self.best["mIoU"]),
+                      higher_is_better(self.best_by)):
             return False
         self.step, self.best = step, {"mIoU": float(miou), "step": step}
+        if self.best_by != "val/mIoU":  # by val mIoU the record stays what it always was
+            self.best.update(by=self.best_by, score=score)
         state = self.finite_state(step)
         failure = None
         if self.env.is_main:
@@ -284,7 +299,11 @@ class CheckpointManager:
             except OSError as err:
                 failure = err if isinstance(err, WriteFailed) else WriteFailed(self.directory, err)
             else:
-                log.info("best val mIoU so far (%.4f at step %d): %s", miou, step, self.best_path.name)
+                if self.best_by == "val/mIoU":
+                    log.info("best val mIoU so far (%.4f at step %d): %s", miou, step, self.best_path.name)
+                else:
+                    log.info("best %s so far (%.4f at step %d; val mIoU %.4f): %s", self.best_by, score, step, miou,
+                             self.best_path.name)
         self._agree_written(failure)
         if self.last_complete is None or self.last_complete[1] < step:
             self.last_complete = (self.best_path, step)
@@ -347,3 +366,17 @@ def saved_world_size(ckpt: Mapping[str, Any]) -> int:
         return int(ckpt["world_size"])
     rng = ckpt.get("rng")
     return len(rng) if isinstance(rng, list) else 1
+
+
+def best_score_by(best: Mapping[str, Any]) -> str:
+    """The score a ``best`` record was chosen by (a record from before checkpoint.best_by: val/mIoU)."""
+    return str(best.get("by", "val/mIoU"))
+
+
+def better(score: float, best: float | None, higher: bool) -> bool:
+    """Whether ``score`` beats ``best`` (None: nothing yet) in its direction; a NaN score never does."""
+    if score != score:
+        return False
+    if best is None or best != best:
+        return True
+    return score > best if higher else score < best

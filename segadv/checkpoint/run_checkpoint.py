@@ -1,6 +1,6 @@
 """The checkpoint a run dir stands for, where a command takes a checkpoint (``segadv-eval
 --checkpoint RUN_DIR``, ``segadv-ckpt inspect RUN_DIR``): its best, ``checkpoints/best.pt`` (the
-best evaluation by val mIoU, which ``best.json`` names); without one (no evaluation yet), its
+best evaluation by ``checkpoint.best_by``, which ``best.json`` names with the score that chose it); without one (no evaluation yet), its
 ``last.pt``, said so. Lightning's ``ckpt_path="best"``, for a directory."""
 
 from __future__ import annotations
@@ -29,7 +29,14 @@ def _best_record(directory: Path) -> str:
         step, miou = whole_number(record["step"]), real_number(record["mIoU"])
     except (OSError, UserError, KeyError, TypeError):
         return ""
-    return "" if step is None or miou is None else f" (step {step}, val mIoU {miou:.4f}, per best.json)"
+    if step is None or miou is None:
+        return ""
+    by, score = record.get("by", "val/mIoU"), record.get("score")
+    chosen = f"val mIoU {miou:.4f}"
+    if by != "val/mIoU" and isinstance(by, str):
+        value = real_number(score) if score is not None else None
+        chosen = f"chosen by {by}" + (f" {value:.4f}" if value is not None else "") + f", val mIoU {miou:.4f}"
+    return f" (step {step}, {chosen}, per best.json)"
 
 
 def checkpoint_of_run(path: str | Path) -> Optional[RunCheckpoint]:

@@ -32,12 +32,13 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from segadv.config.schema import Config, Section
+from segadv.config.renamed import apply_renamed_keys
+from segadv.config.schema import Config, Section, registered_methods
 from segadv.config.shipped import DEFAULT_CONFIG_PATH, resolve_config, shipped_hint
 from segadv.errors import UserError
 from segadv.fsutil import atomic_write_text
@@ -252,12 +253,20 @@ def _base_paths(value: Any, including: Path) -> list[Path]:
         raise UserError(f"config file {_display(including)}: {BASE_KEY}: {err}") from None
 
 
-def _resolve_file(path: Path, chain: tuple[Path, ...] = (), reads: Optional[list[int]] = None) -> dict:
+# A config layer (a file, the command line's overrides) and what it is, to the layer with each
+# renamed key at its new name (segadv/config/renamed.py ``apply_renamed_keys``).
+Rename = Callable[[dict, str], dict]
+
+
+def _resolve_file(path: Path, chain: tuple[Path, ...] = (), reads: Optional[list[int]] = None,
+                  rename: Optional[Rename] = None) -> dict:
     """One file with its ``_base_`` files merged underneath it, recursively.
 
     ``chain`` holds the files currently being resolved (resolved paths), to report cycles; a file
     reached twice along different branches (a diamond) is fine. ``reads`` counts the files read
     for the whole config, each read of a diamond's file included, against ``MAX_BASE_FILES``.
+    ``rename``: applied to each file's own keys before they are merged, so that a file's old key
+    and a new key set by another file (a base, one above it) are layers as any two keys are.
     """
     if path in chain:
         cycle = " -> ".join(_display(p) for p in (*chain[chain.index(path):], path))
@@ -269,9 +278,12 @@ def _resolve_file(path: Path, chain: tuple[Path, ...] = (), reads: Optional[list
                         f"(the cap on a config's {BASE_KEY} files, each read counted), the latest "
                         f"{_display(path)}: flatten them")
     data = _read_yaml_file(path, chain[-1] if chain else None)
+    bases = _base_paths(data.pop(BASE_KEY, None), path)
+    if rename is not None:
+        data = rename(data, f"config file {_display(path)}")
     merged: dict = {}
-    for base in _base_paths(data.pop(BASE_KEY, None), path):
-        merged = _deep_merge(merged, _resolve_file(base, (*chain, path), reads))
+    for base in bases:
+        merged = _deep_merge(merged, _resolve_file(base, (*chain, path), reads, rename))
     return _deep_merge(merged, data)
 
 
@@ -357,6 +369,38 @@ def override_settings(text: str) -> list[str]:
 
     walk(value, ".".join(parts))
     return found
+
+
+def _apply_overrides(data: dict, overrides: Sequence[str], method: Optional[str] = None) -> None:
+    """Each ``a.b.c=value`` of ``overrides`` set in ``data`` in place, in order. ``method``: the
+    config's method once every layer is read, for its renamed keys (segadv/config/renamed.py): the
+    command line is one layer, where an old key and its new one given with different values are a
+    UserError and an override of an old key sets the new one (one note each); None: as written."""
+    if method is None or not overrides:
+        for text in overrides:
+            _apply_override(data, text)
+        return
+    given: dict = {}
+    for text in overrides:
+        _apply_override(given, text)
+    apply_renamed_keys(given, method=method, source="the command line")  # the notes, or both names refused
+    for text in overrides:
+        layer: dict = {}
+        _apply_override(layer, text)
+        renamed = apply_renamed_keys(layer, method=method, log_notes=False)
+        if renamed == layer:
+            _apply_override(data, text)
+        else:  # an old key: its new one, or nothing (another method's)
+            merged = _deep_merge(data, renamed)
+            data.clear()
+            data.update(merged)
+
+
+def _method_name(data: Mapping[str, Any]) -> Optional[str]:
+    """``method.name`` in a merged config mapping, or None where it is not a name."""
+    method = data.get("method")
+    name = method.get("name") if isinstance(method, Mapping) else None
+    return name if isinstance(name, str) else None
 
 
 def _apply_override(data: dict, text: str) -> None:
@@ -486,50 +530,72 @@ def _describe_error(error: Mapping[str, Any]) -> str:
 
 
 def _validate(data: Mapping[str, Any], source: str) -> Config:
-    """``Config.model_validate`` with every problem gathered into one readable UserError."""
+    """``Config.model_validate`` with every problem gathered into one readable UserError; then G's
+    adversarial weight as the config's method reads it (``loss.lambda_adv``: a method without the
+    term refuses a value, segadv/methods/base.py ``Method.adversarial_weight``)."""
     try:
-        return Config.model_validate(data)
+        cfg = Config.model_validate(data)
     except ValidationError as err:
         lines = "\n".join(f"  {_describe_error(e)}" for e in err.errors())
         raise UserError(f"invalid config ({source}):\n{lines}") from err
+    try:
+        registered_methods()[cfg.method.name].adversarial_weight(cfg)
+    except UserError as err:
+        raise UserError(f"invalid config ({source}):\n  {err}") from None
+    return cfg
 
 
 # --------------------------------------------------------------------------------------- public API
 
 
-def load_config(path: Optional[PathLike], overrides: Sequence[str] = ()) -> Config:
+def load_config(path: Optional[PathLike], overrides: Sequence[str] = (), saved: bool = False) -> Config:
     """Build the validated config from a YAML file (None: the embedded default) and overrides.
 
     ``path`` may also name a shipped config (``semi``: configs/semi.yaml). Layers, lowest first:
     schema defaults, the file's ``_base_`` chain, the file, ``overrides`` (``"a.b.c=value"``
-    strings, values parsed as YAML). Raises UserError for anything a user can fix.
+    strings, values parsed as YAML). A renamed key's old name reads as its new one, with a note
+    (segadv/config/renamed.py); ``saved``: the file is a config segadv saved (a run dir's
+    ``config.yaml``), read as ``apply_renamed_keys`` reads one. Raises UserError for anything a
+    user can fix.
     """
     if isinstance(overrides, str):
         raise TypeError("overrides must be a sequence of 'key=value' strings, not one string")
     file = resolve_config(DEFAULT_CONFIG_PATH if path is None else path)
-    data = _deep_merge(_schema_defaults(), _resolve_file(file))
-    for text in overrides:
-        _apply_override(data, text)
+    # The method every layer is read for (renamed keys: an old one moves where it is its method's):
+    # the one the layers come to, read once as written.
+    probe = _deep_merge(_schema_defaults(), _resolve_file(file))
+    _apply_overrides(probe, overrides)
+    method = _method_name(probe)
+
+    def rename(layer: dict, where: str) -> dict:
+        return apply_renamed_keys(layer, saved=saved, source=where, method=method)
+
+    data = _deep_merge(_schema_defaults(), _resolve_file(file, rename=rename))
+    _apply_overrides(data, overrides, method)
     source = _display(file) + (" + overrides" if overrides else "")
     return _validate(_strip_markers(data), source)
 
 
 def config_from_dict(
-    data: Mapping[str, Any], overrides: Sequence[str] = (), source: str = "config dict"
+    data: Mapping[str, Any], overrides: Sequence[str] = (), source: str = "config dict", saved: bool = True
 ) -> Config:
     """Validate a plain mapping (e.g. the config a checkpoint carries) into a Config.
 
     Layered over the schema defaults like a file, so a partial mapping is fine; ``overrides``
-    apply on top. ``source`` names where the mapping came from in error messages.
+    apply on top. ``source`` names where the mapping came from in error messages. ``saved``
+    (default): the mapping is a config segadv saved, its renamed keys read as
+    segadv/config/renamed.py reads a saved one's; False: as a config file's.
     """
     if not isinstance(data, Mapping):
         raise UserError(f"invalid config ({source}): expected a mapping, got {_type_name(data)}")
     cap = mapping_over_caps(data)
     if cap is not None:  # the caps a YAML file has (read_yaml), met before anything recurses into it
         raise UserError(f"invalid config ({source}): it holds {cap}")
-    merged = _deep_merge(_schema_defaults(), data)
-    for text in overrides:
-        _apply_override(merged, text)
+    probe = _deep_merge(_schema_defaults(), data)
+    _apply_overrides(probe, overrides)
+    method = _method_name(probe)  # as load_config reads a file's layers
+    merged = _deep_merge(_schema_defaults(), apply_renamed_keys(data, saved=saved, source=source, method=method))
+    _apply_overrides(merged, overrides, method)
     source = source + (" + overrides" if overrides else "")
     return _validate(_strip_markers(merged), source)
 
@@ -577,8 +643,15 @@ def flat_config(cfg: Config) -> dict[str, Any]:
 
 
 def config_yaml(cfg: Config) -> str:
-    """``cfg`` as YAML in schema order: what ``config.yaml`` holds and ``--print-config`` prints."""
-    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
+    """``cfg`` as YAML in schema order: what ``config.yaml`` holds and ``--print-config`` prints. A
+    null ``loss.lambda_adv`` carries a comment saying what it is for the config's method (its
+    default: ``Method.lambda_adv_note``)."""
+    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
+    method = registered_methods().get(cfg.method.name)
+    null = "\nloss:\n  lambda_adv: null\n"
+    if method is not None and null in text:
+        text = text.replace(null, f"\nloss:\n  lambda_adv: null  # {method.lambda_adv_note()}\n", 1)
+    return text
 
 
 def dump_config(cfg: Config, path: PathLike) -> None:

@@ -36,6 +36,7 @@ RESUME_MAY_CHANGE: dict[str, str] = {
     "train.deterministic": "which kernels run",
     "train.profile": "timing only",
     "train.on_nonfinite": "what happens to a non-finite step from now on",
+    "train.on_discriminator_collapse": "what happens when D leaves its band from now on",
     "train.log_every": "when the run reports",
     "train.eval_every": "when the run reports",
     "train.eval_source": "what the run reports",
@@ -113,15 +114,33 @@ def check_resumed_config(saved: Mapping[str, Any] | None, now: Mapping[str, Any]
 def as_the_schema_reads(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """A config (the saved one, the one resumed with) as the schema reads it now: each key segadv
     added since the saved one was written at its default, inside sections too (a saved
-    ``target_data`` without ``normalization``), so a later release resumes an earlier run. A config
-    this schema refuses (a key since removed) is compared as it is, keys it lacks against
-    ``schema_defaults``."""
+    ``target_data`` without ``normalization``), and each key renamed since at its new name
+    (segadv/config/renamed.py), so a later release resumes an earlier run; a value its method
+    resolves (a null ``loss.lambda_adv``: the method's default) as it resolves it, so a run saved
+    with the value and one left at the default compare equal. A config this schema refuses (a key
+    since removed) is compared as it is, keys it lacks against ``schema_defaults``."""
     from segadv.config.loading import config_from_dict, config_to_dict
 
     try:
-        return config_to_dict(config_from_dict(config, source="a resumed run's config"))
+        cfg = config_from_dict(config, source="a resumed run's config")
     except UserError:
         return config
+    return with_method_defaults(config_to_dict(cfg))
+
+
+def with_method_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``config`` (a config mapping) with a null ``loss.lambda_adv`` as its method reads
+    it (``Method.resolve_adversarial_weight``): what runs, for comparing runs. A mapping whose
+    method is not registered is left as it is."""
+    from segadv.config.schema import MethodConfig, registered_methods
+
+    out = dict(config)
+    loss, method = out.get("loss"), out.get("method")
+    name = (method if isinstance(method, Mapping) else {}).get("name", MethodConfig.model_fields["name"].default)
+    if isinstance(loss, Mapping) and "lambda_adv" in loss and loss["lambda_adv"] is None \
+            and isinstance(name, str) and name in registered_methods():
+        out["loss"] = {**loss, "lambda_adv": registered_methods()[name].resolve_adversarial_weight(None)}
+    return out
 
 
 def schema_defaults() -> dict[str, Any]:

@@ -393,7 +393,14 @@ class OptimConfig(Section):
 
 
 class LossConfig(Section):
-    lambda_adv: Weight = Field(0.01, description="weight of G's adversarial term on labeled images (0: the CE-only baseline)")
+    # One key for every method (issue 50); its old names (method.adaptsegnet.lambda_adv_main, ...)
+    # still read, with a note: segadv/config/renamed.py. Each method's default and refusal are on its
+    # class (segadv/methods/base.py Method.adversarial_weight, the one reader of the key).
+    lambda_adv: Optional[Weight] = Field(
+        None, description="weight of G's adversarial term (adaptation: the main level's; 0: off). null: the "
+                          "method's reference default: supervised and advsemiseg 0.01 (on labeled images), "
+                          "adaptsegnet and advent 0.001, mean_teacher 0 (no D is built); minent has no such "
+                          "term (0 only), nor has s4gan (its term is method.s4gan.lambda_fm)")
     adv_warmup_steps: int = Field(0, ge=0, le=10**9, description="G's update ignores D until this many steps have run")
 
 
@@ -553,15 +560,33 @@ class TrainConfig(Section):
     # skip_step: a GradScaler held at scale 1 where no fp16 one runs: a host read of its flag per step.
     on_nonfinite: Literal["stop", "skip_step"] = Field(
         "stop", description="a non-finite loss or weight: stop (exit 3, nothing non-finite saved) or skip_step (skip that update)")
+    on_discriminator_collapse: Literal["warn", "stop"] = Field(
+        "warn", description="D leaves its band (log.d_wins_loss, log.d_collapse_loss): warn, or stop (a checkpoint, outcome stopped)")
     accumulation_steps: int = Field(
         1, gt=0, le=1024,
         description="micro-batches per optimizer step; must divide every stream's batch, leaving 2 or more per micro-batch")
+
+
+# The label-free scores logged at each evaluation of a run with unlabeled or target data
+# (segadv/engine/proxies.py), each with its direction: True where higher is better.
+PROXY_SCORES: dict[str, bool] = {"entropy": False, "flip_agreement": True, "scale_agreement": True, "snd": True,
+                                 "d_confidence": True}
+BEST_BY = ("val/mIoU", *(f"proxy/{name}" for name in PROXY_SCORES))
+
+
+def higher_is_better(score: str) -> bool:
+    """The direction of a ``checkpoint.best_by`` score."""
+    return score == "val/mIoU" or PROXY_SCORES[score.removeprefix("proxy/")]
 
 
 class CheckpointConfig(Section):
     every: Count = Field(1000, description="write step_<N>.pt and last.pt every this many steps (and at the end)")
     keep_last: Optional[int] = Field(
         None, ge=1, le=10**6, description="keep only the newest K step_<N>.pt files (null: all); last.pt is always kept")
+    best_by: Literal[BEST_BY] = Field(  # type: ignore[valid-type]
+        "val/mIoU", description="the score best.pt is chosen by: val/mIoU (the val labels; in adaptation the "
+                                "target's) or a label-free proxy/* score, each in its direction (entropy: lowest; "
+                                "the others: highest)")
 
 
 class InitSource(Section):
@@ -586,10 +611,22 @@ class LogConfig(Section):
         16, ge=0, le=4096,
         description="unlabeled images whose masks measure D's confidence at each evaluation (diag/*); 0: off")
     progress_bar: Optional[bool] = Field(None, description="a progress bar; null: on a terminal, log lines otherwise")
-    # BCE's scale: healthy AdvSemiSeg runs sit at 0.2-0.5; chance is ln 2 = 0.69.
+    # D's health (docs/training.md "D's health"): a band for D's loss and its accuracies, on the
+    # references' scale (AdvSemiSeg's loss_D: the mean of D's BCE on real and fake; its issue #39
+    # calls 0.2-0.5 healthy; chance is ln 2 = 0.693). The supervised method logs the sum of the two,
+    # so its bounds are doubled; an ls GAN's squared errors are not checked.
     d_wins_loss: Optional[float] = Field(
-        0.2, gt=0, le=100, description="warn once when D's loss stays below this for d_wins_steps log steps; null: no check")
-    d_wins_steps: int = Field(10, ge=1, le=10**6, description="consecutive log steps below d_wins_loss before the warning")
+        0.2, gt=0, le=100,
+        description="\"D wins outright\": D's loss below this at d_wins_steps consecutive log steps; null: not checked")
+    d_wins_steps: int = Field(
+        10, ge=1, le=10**6, description="the window: consecutive log steps out of D's band before a warning (either condition)")
+    d_collapse_loss: Optional[float] = Field(
+        0.69, gt=0, le=100,
+        description="\"D collapsed\": D's loss at or above this (chance ln 2 = 0.693) at d_wins_steps consecutive log "
+                    "steps, once it was below; null: not checked")
+    d_collapse_accuracy: float = Field(
+        0.55, ge=0, le=1,
+        description="\"D collapsed\" also needs the mean of D's accuracies on real and fake (where logged) at most this (0.5: chance)")
 
 
 class Config(Section):
@@ -602,7 +639,7 @@ class Config(Section):
     target_data: Optional[DataConfig] = Field(
         None, description="domain adaptation's unlabeled target: its train images and the val split val/* is measured on")
     optim: OptimConfig = Field(OptimConfig(), description="optimizers and their schedules")
-    loss: LossConfig = Field(LossConfig(), description="the supervised method's adversarial term")
+    loss: LossConfig = Field(LossConfig(), description="G's adversarial weight (every method's) and the labeled term's warm-up (supervised, advsemiseg)")
     method: SerializeAsAny[MethodConfig] = Field(default_factory=lambda: MethodConfig.model_validate({}),
                                                  description="what one training iteration does")
     amp: AmpConfig = Field(AmpConfig(), description="mixed precision per network")

@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from segadv.engine.proxies import ProxyMeter, Realness
 from segadv.models.generator import logits_at
 from segadv.parallel.placement import to_device, unwrap
 
@@ -57,11 +58,18 @@ class EvalResult:
     confusion: ConfusionMatrix = field(repr=False)
     # First few val samples for image panels: normalised images, labels, predictions (CPU).
     samples: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    meter: ProxyMeter | None = field(default=None, repr=False)  # the label-free scores, where asked for
 
     @cached_property
     def metrics(self) -> dict[str, object]:
         """mIoU, pixel accuracy and per-class IoU, read to the host when first asked for."""
         return self.confusion.compute()
+
+    @cached_property
+    def proxies(self) -> dict[str, float]:
+        """The label-free scores (segadv/engine/proxies.py) by ``proxy/<name>``, read to the host
+        when first asked for; {} where not asked for."""
+        return self.meter.compute() if self.meter is not None else {}
 
     @cached_property
     def matrix(self) -> torch.Tensor:
@@ -85,15 +93,25 @@ def evaluate(
     num_samples: int = 0,
     track: Callable[[Iterable], Iterable] | None = None,
     sink: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    proxies: bool = False,
+    realness: Realness | None = None,
 ) -> EvalResult:
     """``track``: wraps the loader (a progress bar, segadv/monitor/progress.py). ``sink``: called
     with each batch's ``(labels, predictions)`` as scored, in the loader's order (segadv-eval
-    --show-dir writes them)."""
+    --show-dir writes them). ``proxies``: also the label-free scores, from the images and G's
+    logits alone (``realness``: D's view of them, for ``proxy/d_confidence``)."""
     was_training = generator.training
     generator.eval()
     confmat = ConfusionMatrix(num_classes, device)
     samples = None
     network = unwrap(generator)  # its class says how G's logits reach the label's size (logits_at)
+
+    def predict(x: torch.Tensor, size) -> torch.Tensor:
+        with autocast():
+            return logits_at(generator, network, x, size)
+
+    divisor = network.encoder.output_stride if getattr(network, "requires_divisible_input_shape", False) else 1
+    meter = ProxyMeter(predict, device, realness=realness, divisor=divisor) if proxies else None
     try:
         for images, labels in (loader if track is None else track(loader)):
             images, labels = to_device(images, device), to_device(labels, device)
@@ -102,6 +120,8 @@ def evaluate(
                 # image alone (the references' evaluation); the label is scored as it is.
                 logits = logits_at(generator, network, images, labels.shape[-2:])
             pred = logits.argmax(dim=1)
+            if meter is not None:
+                meter.update(images, logits)  # the images and G's logits: no label
             del logits  # G's output is the batch's largest tensor: gone before the next forward
             confmat.update(labels, pred)
             if sink is not None:
@@ -114,7 +134,9 @@ def evaluate(
     finally:
         generator.train(was_training)
     confmat.all_reduce()
-    return EvalResult(confmat, samples)
+    if meter is not None:
+        meter.all_reduce()
+    return EvalResult(confmat, samples, meter)
 
 
 def panel_inputs(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from types import FrameType
 from typing import Iterator, Optional, Sequence
 
 from segadv.config import config_to_dict, load_config
-from segadv.config.resume import flatten
+from segadv.config.resume import flatten, with_method_defaults
 from segadv.errors import UserError
 from segadv.experiment.grid import Grid, Row
 from segadv.experiment.results import run_dir_for
@@ -71,7 +71,7 @@ class RunSpec:
         """What differs between the config the run ran with (its config.yaml) and the one its row
         gives now; None: nothing."""
         try:
-            wanted = flatten(config_to_dict(load_config(self.row.config, self.overrides)))
+            wanted = flatten(with_method_defaults(config_to_dict(load_config(self.row.config, self.overrides))))
         except UserError as err:
             return f"its row no longer loads ({err})"
         ran = read_run_config(self.run_dir)

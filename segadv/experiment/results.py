@@ -38,6 +38,7 @@ class RunResult:
     best_step: Optional[int]
     wall_s: Optional[float]  # over its attempts (status.json's total_wall_s)
     diagnostics: dict[str, float]
+    best_by: Optional[str] = None  # the score that chose its best (checkpoint.best_by); None: val/mIoU
 
 
 @dataclass
@@ -157,7 +158,7 @@ def collect_results(grid: Grid, out: Path) -> GridResults:
                 final, best = summary.final, summary.best
                 runs.append(RunResult(seed, str(run_dir), final.mIoU if final else None, final.step if final else None,
                                       best.mIoU if best else None, best.step if best else None, summary.wall_s,
-                                      read_train_diagnostics(run_dir / METRICS_FILE)))
+                                      read_train_diagnostics(run_dir / METRICS_FILE), best.by if best else None))
         rows.append(RowResult.of(row, grid.seeds_of(row), runs))
     by_name = {r.name: r for r in rows}
     for row, result in zip(grid.rows, rows):
@@ -220,6 +221,12 @@ def markdown_table(results: GridResults) -> str:
         elif compared:
             line += " - | - | - | - |"
         lines.append(line)
+        chosen_by = sorted({r.best_by for r in row.runs if r.best_by})
+        if chosen_by:
+            notes.append(f"- {row.name}: best is the val mIoU of the checkpoint chosen by {', '.join(chosen_by)} "
+                         "(checkpoint.best_by), not the highest val mIoU.")
+    if notes and not compared:
+        lines += ["", *notes]
     if compared:
         lines += ["", "Δ: difference of the means in points against the row named under vs, with Welch's t and "
                   "its two-sided p; paired: the mean per-seed difference over the seeds both rows finished, paired "

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from segadv.config.loading import read_yaml
-from segadv.config.resume import flatten
+from segadv.config.renamed import apply_renamed_keys
+from segadv.config.resume import flatten, with_method_defaults
 from segadv.errors import UserError
 from segadv.methods.registry import METHODS
 from segadv.monitor.status import STATUS_FILE, RunStatus, Score, read_status
@@ -127,7 +128,9 @@ def read_train_diagnostics(metrics_path: Path, keys: tuple[str, ...] | None = No
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:
     """The run's saved ``config.yaml`` (through the config loader and its caps), flattened to
-    dotted keys ({} when it has none; one that cannot be read is set aside with a warning)."""
+    dotted keys ({} when it has none; one that cannot be read is set aside with a warning), its
+    renamed keys at their new names and a null ``loss.lambda_adv`` at its method's default
+    (``with_method_defaults``), so runs saved before a rename compare with those saved after."""
     path = run_dir / CONFIG_FILE
     try:
         data = read_yaml(path, str(path))
@@ -136,7 +139,9 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
     except Unreadable as err:
         log.warning("%s: set aside", err)
         return {}
-    return flatten(data) if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    return flatten(with_method_defaults(apply_renamed_keys(data, saved=True, source=str(path))))
 
 
 @dataclass

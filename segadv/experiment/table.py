@@ -65,7 +65,9 @@ def _steps(run: RunSummary) -> str:
 
 
 def _score(score: Optional[Score]) -> str:
-    return MISSING if score is None else f"{score.mIoU:.4f} ({score.step})"
+    if score is None:
+        return MISSING
+    return f"{score.mIoU:.4f} ({score.step})" + (f", chosen by {score.by}" if score.by else "")
 
 
 def _wall(seconds: Optional[float]) -> str:

@@ -108,6 +108,15 @@ def discriminator_view(d: Network, maps: torch.Tensor, **forward_kwargs) -> Any:
         return d.bare(maps, **forward_kwargs)
 
 
+@torch.no_grad()
+def realness(d: Network, maps: torch.Tensor, labels: Labels) -> torch.Tensor:
+    """D's probability that ``maps`` (moved to D's device) are on ``labels.real``'s side, per D
+    output, float32 on D's device: what ``Method.discriminator_realness`` returns."""
+    with d.opt.autocast():
+        probability = torch.sigmoid(d.bare(to_device(maps, d.device)).float())
+    return probability if labels.real == 1.0 else 1.0 - probability
+
+
 # ---------------------------------------------------------------------------- updates
 
 
@@ -170,6 +179,10 @@ class LabeledAdversarial:
 
     def adversarial_active(self, step: int) -> bool:
         return self.schedule.active("adversarial", step)
+
+    def discriminator_realness(self, images: torch.Tensor, logits: torch.Tensor) -> Optional[torch.Tensor]:
+        """D's probability that G's softmax maps are ground truth (``Method.discriminator_realness``)."""
+        return realness(self.d, logits.softmax(dim=1), GROUND_TRUTH_REAL)
 
     def labeled_batch(
         self, images: torch.Tensor, labels: torch.Tensor

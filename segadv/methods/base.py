@@ -62,11 +62,22 @@ class Method(ABC):
     discriminator_kind: ClassVar[str] = "fc"  # the D it trains: fc (scores pixels) or image (whole images)
     trains_aux_output: ClassVar[bool] = False  # whether it trains G's aux head (model.generator.aux_head)
     # What its ``__call__`` returns, logged as train/<name> (some only under some settings); of them,
-    # D's losses (the "D wins" watch reads them; () without a D); and what a grid's table reports
+    # D's losses (D's health check reads them; () without a D); and what a grid's table reports
     # of its runs, as logged tags (train/loss_d, diag/d_confidence_auroc).
     losses: ClassVar[tuple[str, ...]] = ()
     d_losses: ClassVar[tuple[str, ...]] = ()
+    # Its D losses against the references' loss_D, the mean of D's BCE on real and fake (chance
+    # ln 2): 2 where it logs their sum (the supervised method). D's health check reads its bounds
+    # times this (segadv/monitor/diagnostics.py).
+    d_loss_scale: ClassVar[float] = 1.0
     diagnostics: ClassVar[tuple[str, ...]] = ()
+    # G's adversarial weight is one key for every method, ``loss.lambda_adv`` (the main level's in
+    # multi-level adaptation), read through ``adversarial_weight(cfg)``. Where a config leaves it
+    # null it is the method's reference default, ``lambda_adv_default``. A method with no term it
+    # weighs says why in ``lambda_adv_unused`` (one declaring neither has none either), and a config
+    # giving it another value than its default (MinEnt: 0; s4GAN: none, so any value) is refused.
+    lambda_adv_default: ClassVar[Optional[float]] = None
+    lambda_adv_unused: ClassVar[Optional[str]] = None
     schedule: Schedule  # when each term is on (segadv-plan runs every step where one switches on)
 
     # ---------------------------------------------------------------- what it declares (from the config)
@@ -133,9 +144,44 @@ class Method(ABC):
         return sizes
 
     @classmethod
+    def adversarial_weight(cls, cfg: Config) -> float:
+        """The weight of G's adversarial term under ``cfg``: ``loss.lambda_adv``, or where it is null
+        the method's reference default (0.0 for a method without the term). The one reader of the
+        key: a value the method refuses is a UserError naming the key (``resolve_adversarial_weight``)."""
+        return cls.resolve_adversarial_weight(cfg.loss.lambda_adv)
+
+    @classmethod
+    def resolve_adversarial_weight(cls, value: Optional[float]) -> float:
+        """``loss.lambda_adv``'s ``value`` (None: null) as this method reads it (``adversarial_weight``)."""
+        if value is None:
+            return float(cls.lambda_adv_default or 0.0)
+        unused = cls.lambda_adv_unused_because()
+        if unused is not None and value != cls.lambda_adv_default:
+            default = cls.lambda_adv_default
+            allowed = "leave it out (null)" + ("" if default is None else f" or give {default:g}")
+            raise UserError(f"loss.lambda_adv: {value:g}: the {cls.name} method {unused}; {allowed}")
+        return float(value)
+
+    @classmethod
+    def lambda_adv_unused_because(cls) -> Optional[str]:
+        """Why the method has no term ``loss.lambda_adv`` weighs, or None where it has one."""
+        if cls.lambda_adv_unused is None and cls.lambda_adv_default is None:
+            return "declares no adversarial term (a method with one sets Method.lambda_adv_default)"
+        return cls.lambda_adv_unused
+
+    @classmethod
+    def lambda_adv_note(cls) -> str:
+        """What a null ``loss.lambda_adv`` means for this method, in a few words (``--print-config``)."""
+        unused = cls.lambda_adv_unused_because()
+        if unused is not None:
+            return f"null: the {cls.name} method {unused}"
+        return f"null: the {cls.name} method's default, {cls.resolve_adversarial_weight(None):g}"
+
+    @classmethod
     def check_config(cls, cfg: Config) -> None:
         """What the schema cannot check alone: the method's fit with the model and the data.
         A subclass adding checks calls this one too."""
+        cls.adversarial_weight(cfg)
         if cfg.model.generator.aux_head and not cls.trains_aux_output:
             raise UserError(f"model.generator.aux_head: the {cls.name} method trains the main output only; the aux "
                             "head is for multi-level domain adaptation (docs/methods.md \"Domain adaptation\")")
@@ -144,11 +190,29 @@ class Method(ABC):
             if section is not None and section.kind == "image" and cls.discriminator_kind != "image":
                 raise UserError(f"model.{key}.kind: image is s4gan's image-level D; the {cls.name} method's D scores "
                                 f"pixels (kind: {cls.discriminator_kind})")
+        by = cfg.checkpoint.best_by
+        if by != "val/mIoU" and not cls.reads_unlabeled(cfg):
+            raise UserError(f"checkpoint.best_by: {by} is a label-free score, logged by a run with unlabeled or target "
+                            f"images; this {cls.name} run has none (val/mIoU chooses by the val labels)")
+        if by == "proxy/d_confidence" and "discriminator" not in cls.networks(cfg):
+            raise UserError(f"checkpoint.best_by: proxy/d_confidence is D's score; this {cls.name} run trains no D")
         if cfg.target_data is None and any(spec.pool == "target" for spec in cls.data_streams(cfg)):
             raise UserError(f"target_data: method {cls.name} adapts to a target domain; give target_data "
                             "(docs/methods.md \"Domain adaptation\")")
 
+    @classmethod
+    def reads_unlabeled(cls, cfg: Config) -> bool:
+        """Whether it trains on images without labels under ``cfg`` (an unlabeled or target
+        stream): its evaluations then log the label-free ``proxy/*`` scores."""
+        return any(spec.pool in ("unlabeled", "target") for spec in cls.data_streams(cfg))
+
     # ---------------------------------------------------------------- what the loop asks besides __call__
+
+    def discriminator_realness(self, images: torch.Tensor, logits: torch.Tensor) -> Optional[torch.Tensor]:
+        """D's probability, per D output, that G's maps of ``images`` (``logits``, G's, on G's
+        device) are on the side G is trained to imitate (``Labels.real``): the label-free
+        ``proxy/d_confidence``. None: it trains no D (the default)."""
+        return None
 
     def checkpoint_state(self) -> Mapping[str, Any]:
         """The method's own state to save and restore with the run, by checkpoint key: each value a

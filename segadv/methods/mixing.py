@@ -218,6 +218,9 @@ def _rgb_to_hsv(rgb: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, tor
 def _hsv_to_rgb(hue: torch.Tensor, saturation: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """Hue in turns (any real: taken modulo 1), saturation, value -> (B, 3, H, W) RGB."""
     h6 = torch.remainder(hue * 6.0, 6.0)
+    # A hue a hair below 0 (or below 1) makes remainder round up to exactly 6.0 in float32: that is
+    # hue 0, sector 0 (else its floor, 6, indexes past the table's six sectors).
+    h6 = torch.where(h6 >= 6.0, torch.zeros_like(h6), h6)
     sector = torch.floor(h6)
     frac = h6 - sector
     p = value * (1.0 - saturation)

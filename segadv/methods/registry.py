@@ -59,6 +59,10 @@ def check_declaration(cls: type[Method]) -> None:
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name.isidentifier():
         raise TypeError(f"method class {cls.__qualname__}: name must be an identifier (its method.name), got {name!r}")
+    default = cls.lambda_adv_default
+    if default is not None and (isinstance(default, bool) or not isinstance(default, (int, float)) or default < 0):
+        raise TypeError(f"method {name}: lambda_adv_default (what a null loss.lambda_adv means) must be a weight "
+                        f">= 0 or None, got {default!r}")
     fields = cls.config.model_fields if cls.config is not None else {}
     for spec in cls.streams:
         prefix, _, field = spec.batch_size_key.rpartition(".")

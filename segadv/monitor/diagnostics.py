@@ -1,16 +1,22 @@
 """What D's side of the game looks like: D's accuracy on real and fake maps, its confidence on
-unlabeled pixels (for a histogram), and a warning when D wins outright, the failure users of
-AdvSemiSeg's reference report (D's loss near zero; G's adversarial terms then teach little and
-self-training's confidence mask empties)."""
+unlabeled pixels (for a histogram), and D's health: a band for D's loss and accuracies, with a
+warning when D leaves it, winning outright (the failure users of AdvSemiSeg's reference report:
+D's loss near zero, G's adversarial terms then teach little and self-training's confidence mask
+empties) or collapsed (D no longer tells real from fake: its loss at chance)."""
 
 from __future__ import annotations
 
 import logging
-from typing import Mapping, Optional
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Optional
 
 import torch
 
 from segadv.config.schema import LogConfig
+
+if TYPE_CHECKING:
+    from segadv.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -69,49 +75,222 @@ def confidence_quality(preds: torch.Tensor, confidence: torch.Tensor, passes: to
     }
 
 
-class DWinsDetector:
-    """Warns once, with the numbers, when ``loss_d`` (its value at each log step) has been below
-    ``bound`` at ``steps`` consecutive log steps. Its count starts over on a resumed run."""
+# ---------------------------------------------------------------------------- D's health
 
-    def __init__(self, bound: float, steps: int, name: str = "loss_d") -> None:
-        self.bound, self.steps, self.name = bound, steps, name
-        self._streak: list[tuple[int, float]] = []
-        self.warned = False
+WINS, COLLAPSED = "wins", "collapsed"
+CONDITIONS = {WINS: "D wins outright", COLLAPSED: "D collapsed"}
+STATE_VALUES = {None: 0.0, WINS: 1.0, COLLAPSED: -1.0}  # health/d_state: in the band, out of it on either side
+CHANCE = math.log(2)  # the references' loss_D (the mean of the two halves) of a D that says 0.5 everywhere
+# D's accuracies beside its loss, as the methods log them: (on real, on fake) and their words.
+ACCURACY_PAIRS = (("d_acc_real", "d_acc_fake", "real", "fake"), ("d_acc_source", "d_acc_target", "source", "target"))
+HEALTH_KEYS = "log.d_wins_loss, log.d_collapse_loss, log.d_collapse_accuracy, log.d_wins_steps"
+
+
+@dataclass(frozen=True)
+class HealthBand:
+    """D's healthy band on the references' scale (AdvSemiSeg's loss_D: the mean of D's BCE on real
+    and fake maps): its loss at least ``wins_loss`` (None: not checked) and, once it has been below
+    ``collapse_loss``, not back at or above it while the mean of D's accuracies on real and fake is
+    at most ``collapse_accuracy`` (None: not checked). ``window`` consecutive log steps out of it
+    make a warning. The ``log`` section's keys (docs/training.md, "D's health")."""
+
+    wins_loss: Optional[float] = 0.2
+    collapse_loss: Optional[float] = 0.69
+    collapse_accuracy: float = 0.55
+    window: int = 10
 
     @classmethod
-    def from_config(cls, cfg: LogConfig, name: str = "loss_d") -> Optional["DWinsDetector"]:
-        """``log.d_wins_loss`` and ``log.d_wins_steps``; None when ``log.d_wins_loss`` is None."""
-        return None if cfg.d_wins_loss is None else cls(cfg.d_wins_loss, cfg.d_wins_steps, name)
+    def from_config(cls, cfg: LogConfig) -> "HealthBand":
+        return cls(cfg.d_wins_loss, cfg.d_collapse_loss, cfg.d_collapse_accuracy, cfg.d_wins_steps)
 
-    def update(self, step: int, loss_d: float) -> bool:
-        """Takes one log step's value; True when this call warned."""
-        if self.warned:
-            return False
-        if not loss_d < self.bound:  # NaN too: not a win
+    @property
+    def checked(self) -> bool:
+        return self.wins_loss is not None or self.collapse_loss is not None
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """D's loss ``loss`` left its band at log step ``step`` on the ``condition`` side, out since
+    ``since`` (the warning), or (``back``) came back into it at ``step`` after an episode out
+    since ``since``. ``values``: the D loss and D's accuracies logged at ``step``."""
+
+    condition: str  # WINS or COLLAPSED
+    loss: str
+    step: int
+    since: int
+    values: dict[str, float]
+    message: str
+    back: bool = False
+
+    @property
+    def label(self) -> str:
+        return CONDITIONS[self.condition]
+
+
+class DHealthDetector:
+    """The health of one D loss, ``name``, fed each log step's averaged values (the loss and, where
+    the run logs them beside it, D's accuracies on real and fake). An episode starts when
+    ``band.window`` consecutive log steps are out of the band on the same side, "D wins outright"
+    (the loss below the band) or "D collapsed" (at or above its top, D's accuracies at chance),
+    with one warning naming the values, the window and the likely cause; it ends, with an info
+    line, at the first log step back in the band. ``scale``: the logged loss over the references'
+    (``Method.d_loss_scale``: 2 for a sum of the two halves); the bounds are compared and named
+    times it. ``announce``: log the lines (rank 0); ``stop``: the warning says the run stops. A
+    non-finite value starts the count over. Its count starts over on a resumed run."""
+
+    def __init__(self, band: HealthBand, name: str = "loss_d", scale: float = 1.0, *, announce: bool = True,
+                 stop: bool = False) -> None:
+        self.band, self.name, self.scale, self.announce, self.stop = band, name, scale, announce, stop
+        self.suffix = name[len("loss_d"):] if name.startswith("loss_d") else None  # loss_d_aux: _aux
+        self.tag = "health/d_state" + (self.suffix if self.suffix is not None else f"_{name}")
+        self.told_apart = False  # the loss was below band.collapse_loss at a log step: D separated the two
+        self._streak: list[tuple[int, dict[str, float]]] = []
+        self._streak_condition: Optional[str] = None
+        self.state: Optional[str] = None  # the episode's condition; None: in the band
+        self.since: Optional[int] = None
+
+    def accuracies(self, logged: Mapping[str, float]) -> Optional[tuple[str, str, str, str]]:
+        """The names of D's accuracies beside this loss in ``logged`` and their words
+        (``d_acc_real``, ``d_acc_fake``, "real", "fake"), or None where the run logs none."""
+        if self.suffix is None:
+            return None
+        for real, fake, real_word, fake_word in ACCURACY_PAIRS:
+            if real + self.suffix in logged and fake + self.suffix in logged:
+                return real + self.suffix, fake + self.suffix, real_word, fake_word
+        return None
+
+    def condition(self, loss: float, accuracy: Optional[tuple[float, float]]) -> Optional[str]:
+        """Which side of the band one log step's values are on (None: in it)."""
+        band, scale = self.band, self.scale
+        if band.collapse_loss is not None and loss < band.collapse_loss * scale:
+            self.told_apart = True
+        if band.wins_loss is not None and loss < band.wins_loss * scale:
+            return WINS
+        if (band.collapse_loss is not None and self.told_apart and loss >= band.collapse_loss * scale
+                and (accuracy is None or (accuracy[0] + accuracy[1]) / 2 <= band.collapse_accuracy)):
+            return COLLAPSED
+        return None
+
+    def update(self, step: int, logged: Mapping[str, float]) -> Optional[HealthEvent]:
+        """Takes one log step's averaged values; the event it makes (a warning or a return into
+        the band), if any. A loss the run did not log is skipped."""
+        if self.name not in logged:
+            return None
+        loss = logged[self.name]
+        names = self.accuracies(logged)
+        values = {self.name: loss, **({names[0]: logged[names[0]], names[1]: logged[names[1]]} if names else {})}
+        if not all(math.isfinite(value) for value in values.values()):  # the guard reports it
             self._streak.clear()
-            return False
-        self._streak.append((step, loss_d))
-        if len(self._streak) < self.steps:
-            return False
-        self.warned = True
-        values = [value for _, value in self._streak]
-        log.warning(
-            "D wins outright: %s below %g at %d consecutive log steps (steps %d-%d; min %.4f, now %.4f): D "
-            "tells G's maps from real ones almost surely, so G's adversarial terms carry little signal and "
-            "a confidence-masked self-training loss passes few pixels (log.d_wins_loss, log.d_wins_steps).",
-            self.name, self.bound, self.steps, self._streak[0][0], step, min(values), loss_d)
-        return True
+            return None
+        now = self.condition(loss, (values[names[0]], values[names[1]]) if names else None)
+        if self.state is not None:
+            if now == self.state:
+                return None
+            where = "D back in its band" if now is None else f"D out on the band's other side ({CONDITIONS[now]})"
+            event = HealthEvent(self.state, self.name, step, self.since, values,
+                                f"{where}: {self.name} {loss:.4f} at step {step} "
+                                f"({CONDITIONS[self.state]} since step {self.since})", back=True)
+            self.state = self.since = None
+            self._start(now, step, values)
+            if self.announce:
+                log.info("%s", event.message)
+            return event
+        if now is None:
+            self._streak.clear()
+            return None
+        if self._streak_condition != now:
+            self._streak.clear()
+        self._start(now, step, values)
+        if len(self._streak) < self.band.window:
+            return None
+        self.state, self.since = now, self._streak[0][0]
+        event = HealthEvent(now, self.name, step, self.since, values, self.warning(now, names))
+        self._streak.clear()
+        if self.announce:
+            log.warning("%s", event.message)
+        return event
+
+    def _start(self, condition: Optional[str], step: int, values: dict[str, float]) -> None:
+        if condition is None:
+            self._streak.clear()
+        else:
+            self._streak_condition = condition
+            self._streak.append((step, values))
+
+    def warning(self, condition: str, names: Optional[tuple[str, str, str, str]]) -> str:
+        """The warning line: the values over the window, the bound, the likely cause and the keys."""
+        band, scale, name = self.band, self.scale, self.name
+        losses = [values[name] for _, values in self._streak]
+        first, last = self._streak[0][0], self._streak[-1][0]
+        now = self._streak[-1][1]
+        accuracy = ""
+        if names is not None:
+            real, fake = now[names[0]], now[names[1]]
+            accuracy = f"; D's accuracy on {names[2]} {real:.3f}, on {names[3]} {fake:.3f}"
+        window = (f"at {len(losses)} consecutive log steps (steps {first}-{last}; min {min(losses):.4f}, "
+                  f"max {max(losses):.4f}, now {losses[-1]:.4f}{accuracy})")
+        summed = f"{scale:g} x the key's: {name} sums D's two halves" if scale != 1 else ""
+        if condition == WINS:
+            text = (f"D wins outright: {name} below {band.wins_loss * scale:g}{f' ({summed})' if summed else ''} "
+                    f"{window}: D tells G's maps from real ones almost surely, so G's adversarial terms carry little "
+                    "signal and a confidence-masked self-training loss passes few pixels. Likely cause: D learns much "
+                    "faster than G (D's learning rate too high for G's, or G's adversarial weight too small to push "
+                    "back)")
+        else:
+            accuracies = ("" if names is None else
+                          f", D's accuracies at chance (their mean at most {band.collapse_accuracy:g}),")
+            text = (f"D collapsed: {name} at or above {band.collapse_loss * scale:g} (chance {CHANCE * scale:.3f}"
+                    f"{f'; {summed}' if summed else ''}){accuracies} {window}: D no longer tells G's maps from real "
+                    "ones, so G's adversarial terms carry no signal. Likely cause: D stuck at a constant output after "
+                    "too large a step (D's learning rate, an fp16 overflow) or G's maps pushed where D cannot follow")
+        stop = "; stopping the run (train.on_discriminator_collapse: stop)" if self.stop else ""
+        return f"{text}. The band: {HEALTH_KEYS} (docs/training.md, \"D's health\"){stop}."
 
 
-class DWinsWatch:
-    """One :class:`DWinsDetector` per D loss, fed the averaged losses of each log step. A loss the
-    run does not log (``loss_d_aux`` with one D, any with MinEnt) is skipped."""
+def d_loss_scale(cfg: "Config", method: type) -> Optional[float]:
+    """The method's D losses over the references' scale (``Method.d_loss_scale``), or None where
+    they are not BCE (a domain adaptation method's ``gan: ls``: squared errors), which the band
+    does not read."""
+    section = getattr(cfg.method, getattr(method, "name", ""), None)
+    if getattr(section, "gan", "bce") != "bce":
+        return None
+    return float(getattr(method, "d_loss_scale", 1.0))
 
-    def __init__(self, cfg: LogConfig, names: tuple[str, ...]) -> None:
-        detectors = (DWinsDetector.from_config(cfg, name) for name in names)
-        self.detectors = [detector for detector in detectors if detector is not None]
 
-    def update(self, step: int, losses: Mapping[str, float]) -> None:
-        for detector in self.detectors:
-            if detector.name in losses:
-                detector.update(step, losses[detector.name])
+class DHealthWatch:
+    """D's health for each D loss ``names`` of the run (``Method.d_losses``; a loss the run does
+    not log, ``loss_d_aux`` with one D, is skipped), fed the averaged losses of each log step.
+    Those are averaged over the ranks before they come here, so every rank's watch takes the same
+    decisions at the same steps (``stop_reason``) with no collective of its own; rank 0 alone
+    ``announce``s. ``stop``: the first warning sets ``stop_reason`` (train.on_discriminator_collapse)."""
+
+    def __init__(self, band: HealthBand, names: tuple[str, ...], scale: Optional[float] = 1.0, *,
+                 stop: bool = False, announce: bool = True) -> None:
+        self.stop = stop
+        self.stop_reason: Optional[str] = None
+        checked = band.checked and scale is not None
+        self.detectors = [DHealthDetector(band, name, scale, announce=announce, stop=stop)
+                          for name in names] if checked else []
+        if names and band.checked and scale is None and announce:
+            log.info("D's health is not checked: an ls GAN's D losses are squared errors, not BCE's scale "
+                     "(docs/training.md, \"D's health\")")
+
+    @classmethod
+    def for_run(cls, cfg: "Config", method: type, announce: bool = True) -> "DHealthWatch":
+        """The watch of a run of ``cfg`` with the method class ``method`` (its ``d_losses`` and
+        ``d_loss_scale``)."""
+        return cls(HealthBand.from_config(cfg.log), tuple(getattr(method, "d_losses", ())), d_loss_scale(cfg, method),
+                   stop=cfg.train.on_discriminator_collapse == "stop", announce=announce)
+
+    def update(self, step: int, logged: Mapping[str, float]) -> list[HealthEvent]:
+        """One log step's averaged values; the events it made (warnings, returns into the band)."""
+        events = [event for event in (detector.update(step, logged) for detector in self.detectors) if event]
+        warnings = [event for event in events if not event.back]
+        if self.stop and self.stop_reason is None and warnings:
+            self.stop_reason = f"{warnings[0].label} on {warnings[0].loss}, train.on_discriminator_collapse: stop"
+        return events
+
+    def scalars(self, logged: Mapping[str, float]) -> dict[str, float]:
+        """``health/d_state`` (``_aux``...) of each D loss in ``logged``: 0 in the band, 1 while D
+        wins outright, -1 while it has collapsed."""
+        return {d.tag: STATE_VALUES[d.state] for d in self.detectors if d.name in logged}

@@ -19,7 +19,7 @@ import torch
 
 from segadv.config import Config
 from segadv.data.palette import palette
-from segadv.monitor.diagnostics import DWinsWatch, confidence_quality
+from segadv.monitor.diagnostics import DHealthWatch, HealthEvent, confidence_quality
 from segadv.monitor.images import confidence_panel, confusion_panel, segmentation_panel
 from segadv.monitor.meters import LossAverager, StepTimer
 from segadv.monitor.profile import (PhaseTimer, RunClock, RunProfile, format_profile, peak_memory_gib,
@@ -35,7 +35,7 @@ log = logging.getLogger("segadv.training.loop")
 T = TypeVar("T")
 
 def d_loss_names(method: object) -> tuple[str, ...]:
-    """The D losses the "D wins outright" watch reads: what the method's class declares
+    """The D losses D's health watch reads: what the method's class declares
     (``Method.d_losses``; none for a method without a D)."""
     return tuple(type(method).d_losses)
 
@@ -67,6 +67,7 @@ class Evaluation(Protocol):
     samples: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     absent_classes: list[int]
     matrix: Optional[torch.Tensor]  # the confusion matrix on the host (rows: truth, columns: prediction)
+    proxies: dict[str, float]  # the label-free scores by proxy/<name> ({}: none asked for)
 
 
 class Reporter:
@@ -86,8 +87,9 @@ class Reporter:
         self.clock = clock if clock is not None else RunClock()
         self.writer = open_writer(run_dir, cfg.log.tensorboard, is_main, resume_step)
         self.losses, self.timer = LossAverager(), StepTimer()
-        # On rank 0 only: the losses it reads are averaged over the ranks, and the others would warn too.
-        self.d_wins = DWinsWatch(cfg.log, d_loss_names(parts.method) if is_main else ())
+        # D's health on every rank (the losses it reads are averaged over the ranks: each decides
+        # alike whether to stop), logged by rank 0 only.
+        self.d_health = DHealthWatch.for_run(cfg, type(parts.method), announce=is_main)
         self.progress: Progress | None = None
         self.profile = RunProfile(parts.phases)
         self.start_step = self.step = 0
@@ -132,19 +134,35 @@ class Reporter:
     def log(self, step: int) -> dict[str, float]:
         """A log step: the losses' means since the last one, read on the host (the loop's sync)
         and averaged over the ranks, written with the learning rates, loss scales, timings and
-        skipped updates and shown in the progress; then checked by the guard and the D-wins
-        watch. Returns the means."""
+        skipped updates and shown in the progress; then checked by the guard; D's health
+        (``health/d_state``) is read from them too. Returns the means."""
         with self.profile.host_phase("logging"):
             means = self.losses.pop_means()
             perf = {**self.timer.pop(), **(self.guard.skipped() if self.guard is not None else {})}
             means = distributed.mean_over_ranks(means, self.parts.device_map.generator)
-            self.writer.scalars(step, {**training_scalars(means, self.parts.networks()), **perf})
+            health = self.d_health.update(step, means)
+            self.writer.scalars(step, {**training_scalars(means, self.parts.networks()), **perf,
+                                       **self.d_health.scalars(means)})
             self.progress.update(step, means)
             self.parts.phases.resolve()  # the losses' read synced the devices
         if self.guard is not None:
             self.guard.check(step, means)
-        self.d_wins.update(step, means)
+        for event in health:
+            self.discriminator_health(step, event)
         return means
+
+    def discriminator_health(self, step: int, event: HealthEvent) -> None:
+        """D left its band (the warning, logged by the watch, also as TensorBoard text
+        ``health/discriminator``) or came back into it: status.json's ``discriminator_health``."""
+        if not event.back:
+            self.writer.text(step, "health/discriminator", event.message)
+        self.record.discriminator_health(event)
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run stops at this log step, D having left its band under
+        ``train.on_discriminator_collapse: stop`` (the same on every rank); None: it goes on."""
+        return self.d_health.stop_reason
 
     def check_finite(self, step: int) -> None:
         """Before an evaluation or a save: the losses not logged yet go to the guard (a sync, at
@@ -172,8 +190,10 @@ class Reporter:
                    train_seconds: float | None = None) -> dict[str, object]:
         """G's evaluation on one val split, logged as ``<prefix>/mIoU``, ``<prefix>/pixel_acc``,
         ``<prefix>/IoU/<class>``, its input/truth/prediction panel where it kept samples, its
-        row-normalised confusion matrix as ``<prefix>/confusion_matrix``, and a line; ``train_seconds`` (the time before it) as ``perf/train_seconds``, for accuracy
-        against time (segadv-curves). Returns its metrics."""
+        row-normalised confusion matrix as ``<prefix>/confusion_matrix``, its label-free scores as
+        ``proxy/*`` (where it has them), and a line; ``train_seconds`` (the time before it) as
+        ``perf/train_seconds``, for accuracy against time (segadv-curves). Returns its metrics, the
+        label-free scores under ``proxies``."""
         cfg, metrics = self.cfg, result.metrics
         scalars = {f"{prefix}/mIoU": metrics["mIoU"], f"{prefix}/pixel_acc": metrics["pixel_acc"]}
         if train_seconds is not None:
@@ -181,6 +201,7 @@ class Reporter:
         names = class_names_for(cfg)
         notes = evaluation_notes(cfg, loader, result.absent_classes, names)
         scalars.update({f"{prefix}/IoU/{name}": iou for name, iou in zip(names, metrics["iou"]) if iou == iou})
+        scalars.update(result.proxies)
         self.writer.scalars(step, scalars)
         if result.samples is not None:
             panel = segmentation_panel(*result.samples, palette(cfg.data.num_classes), cfg.data.input_normalization,
@@ -190,6 +211,10 @@ class Reporter:
             self.writer.image(step, f"{prefix}/confusion_matrix", confusion_panel(result.matrix, names))
         self.progress.write(f"step {step}: {prefix} mIoU {metrics['mIoU']:.4f}, "
                             f"pixel accuracy {metrics['pixel_acc']:.4f}{notes}")
+        if result.proxies:
+            self.progress.write(f"step {step}: label-free scores (no label read): " + ", ".join(
+                f"{name.removeprefix('proxy/')} {value:.4f}" for name, value in result.proxies.items()))
+            return {**metrics, "proxies": dict(result.proxies)}
         return metrics
 
     def diagnostics(self, step: int, panel_images: torch.Tensor | None,
@@ -229,7 +254,7 @@ class Reporter:
 
     def evaluated(self, step: int, metrics: Mapping[str, Any], best: Mapping[str, Any]) -> None:
         """The val evaluation at ``step`` is kept, ``best`` the checkpoints' best after it:
-        status.json's scores and ``val/best_mIoU``."""
+        status.json's scores and ``val/best_mIoU`` (the val mIoU of best.pt, whichever score chose it)."""
         self.record.evaluated(step, metrics, best)
         self.writer.scalars(step, {"val/best_mIoU": best["mIoU"]})
 

@@ -4,8 +4,9 @@ Rank 0 writes it atomically (segadv/fsutil.py): ``running`` when the training lo
 at every evaluation (with the scores so far), then the outcome when the process leaves the run:
 
 - ``finished``: ``train.max_steps`` reached;
-- ``stopped``: a SIGTERM / SIGINT / SIGHUP, the launcher's death or ``stop_at`` ended it early at a
-  checkpoint (the trainer exits 0), or a signal ended it at once (a second Ctrl-C: exit 130);
+- ``stopped``: a SIGTERM / SIGINT / SIGHUP, the launcher's death, ``stop_at`` or D out of its band
+  (``train.on_discriminator_collapse: stop``) ended it early at a checkpoint (the trainer exits 0),
+  or a signal ended it at once (a second Ctrl-C: exit 130);
 - ``diverged``: a non-finite loss or weight (:class:`segadv.errors.Diverged`, exit 3);
 - ``failed``: any other error (a user error met mid-run, a failed write, a crash), its message
   and its exit code recorded.
@@ -34,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer
 
 from segadv import __version__
 from segadv.errors import Diverged, EXIT_OK, WriteFailed, exit_code_of
@@ -55,6 +56,29 @@ class Score(BaseModel):
     step: int
     mIoU: float
     pixel_acc: Optional[float] = None
+    # The label-free scores of that evaluation (proxy/<name>), where the run logs them.
+    proxies: Optional[dict[str, float]] = None
+    # For the best: the score that chose it (checkpoint.best_by) and its value; None: val/mIoU.
+    by: Optional[str] = None
+    score: Optional[float] = None
+
+    @model_serializer(mode="wrap")
+    def _written(self, handler: Any) -> dict[str, Any]:
+        """The fields a run without label-free scores or checkpoint.best_by does not have are left
+        out of status.json rather than written as null."""
+        return {key: value for key, value in handler(self).items()
+                if value is not None or key not in ("proxies", "by", "score")}
+
+
+class DiscriminatorHealth(BaseModel):
+    """An episode of D out of its healthy band (docs/training.md, "D's health")."""
+
+    condition: Literal["wins", "collapsed"]  # "D wins outright", "D collapsed"
+    loss: str  # the D loss: loss_d, loss_d_aux
+    step: int  # the log step of the warning
+    since: int  # the first log step of its window
+    values: dict[str, float]  # at ``step``, as logged: the D loss and D's accuracies
+    until: Optional[int] = None  # the first log step back in the band; None: not back where this was written
 
 
 class RunStatus(BaseModel):
@@ -67,9 +91,11 @@ class RunStatus(BaseModel):
     max_steps: int
     start_step: int  # where this attempt started: 0, or the step it resumed from
     final: Optional[Score] = None  # the last evaluation, at or before ``step``
-    best: Optional[Score] = None  # the best evaluation by val mIoU: checkpoints/best.pt
+    best: Optional[Score] = None  # the best evaluation by checkpoint.best_by: checkpoints/best.pt
     stopped_by: Optional[str] = None  # stopped: SIGTERM, SIGINT, "launcher gone", stop_at, ...
     error: Optional[str] = None  # diverged / failed: the error's message
+    # D's episodes out of its band (the last HEALTH_EPISODES), oldest first; [] where it stayed in.
+    discriminator_health: list[DiscriminatorHealth] = []
     exit_code: Optional[int] = None  # the process's exit code (None while running)
     wall_s: float  # this attempt's wall time, from taking the run dir to the end
     total_wall_s: float  # summed over the attempts since step 0 (a resumed attempt adds its own)
@@ -128,6 +154,7 @@ class RunRecord:
         self.final: Optional[Score] = None
         self.best: Optional[Score] = None
         self._known: dict[int, Score] = {}  # evaluations by step: this attempt's, and the earlier ones kept
+        self.d_health: list[DiscriminatorHealth] = []
         self.wall_before: float | None = None  # the wall seconds the checkpoint resumed from recorded
         self.begun = self.closed = False
 
@@ -141,6 +168,7 @@ class RunRecord:
         if not self.begun:  # a start that failed: the run stands where the earlier attempt left it
             self.start_step = self.step = self.previous.step
             self.final, self.best = self.previous.final, self.previous.best
+            self.d_health = list(self.previous.discriminator_health)
         stopped_by = None
         if isinstance(err, KeyboardInterrupt):  # a signal that ended the run at once
             stopped_by = err.name if isinstance(err, Interrupted) else "SIGINT"
@@ -165,6 +193,10 @@ class RunRecord:
                     self._known[score.step] = score
             if previous.final is not None and previous.final.step <= step:
                 self.final = previous.final
+            # D's episodes up to the step resumed from (one that ended later is open again: the
+            # check starts over).
+            self.d_health = [episode.model_copy(update={"until": None}) if (episode.until or 0) > step else episode
+                             for episode in previous.discriminator_health if episode.step <= step]
         self.best = self._best(best)
         self._write("running")
 
@@ -172,8 +204,23 @@ class RunRecord:
         """An evaluation at ``step`` (val ``metrics``) and the best so far after it; rewrites ``running``."""
         self.step = step
         self.final = self._known[step] = Score(step=step, mIoU=float(metrics["mIoU"]),
-                                                pixel_acc=float(metrics["pixel_acc"]))
+                                                pixel_acc=float(metrics["pixel_acc"]),
+                                                proxies=metrics.get("proxies") or None)
         self.best = self._best(best)
+        self._write("running")
+
+    def discriminator_health(self, event: Any) -> None:
+        """D left its band, or (``event.back``) came back into it, at a log step
+        (segadv/monitor/diagnostics.py's ``HealthEvent``); rewrites ``running``."""
+        if event.back:
+            for episode in reversed(self.d_health):
+                if episode.loss == event.loss and episode.until is None:
+                    episode.until = event.step
+                    break
+        else:
+            self.d_health.append(DiscriminatorHealth(condition=event.condition, loss=event.loss, step=event.step,
+                                                     since=event.since, values=event.values))
+            del self.d_health[:-HEALTH_EPISODES]
         self._write("running")
 
     def reached(self, step: int) -> None:
@@ -195,8 +242,11 @@ class RunRecord:
             return None
         step, miou = int(best["step"]), float(best["mIoU"])
         known = self._known.get(step)
-        pixel_acc = known.pixel_acc if known is not None and known.mIoU == miou else None
-        return Score(step=step, mIoU=miou, pixel_acc=pixel_acc)
+        same = known is not None and known.mIoU == miou
+        by = best.get("by")
+        return Score(step=step, mIoU=miou, pixel_acc=known.pixel_acc if same else None,
+                     proxies=known.proxies if same else None, by=None if by in (None, "val/mIoU") else by,
+                     score=None if by in (None, "val/mIoU") else best.get("score"))
 
     def _close(self, outcome: Outcome, exit_code: int, **fields: Any) -> None:
         self.closed = True
@@ -229,6 +279,7 @@ class RunRecord:
         status = RunStatus(
             outcome=outcome, step=self.step, max_steps=self.max_steps, start_step=self.start_step,
             final=self.final, best=self.best, wall_s=round(wall, 1), total_wall_s=round(earlier + wall, 1),
+            discriminator_health=self.d_health,
             started_at=self.started_at, segadv_version=__version__, **fields,
         )
         text = status.model_dump_json(indent=1) + "\n"
@@ -238,6 +289,8 @@ class RunRecord:
         else:
             atomic_write_text(self.path, text)
 
+
+HEALTH_EPISODES = 20  # D's episodes out of its band status.json keeps, the latest
 
 # A write that fails for want of room: a full disk or an exhausted quota.
 NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})

@@ -38,7 +38,7 @@ class TrainResult:
     run_dir: Path
     step: int
     val_metrics: dict[str, object]
-    stopped_by: str | None = None  # the signal that ended the run early, if any
+    stopped_by: str | None = None  # what ended the run early, if anything: a signal, stop_at, D's health
     best: dict[str, float] | None = None  # the best evaluation: {"mIoU", "step"} (checkpoints/best.pt)
 
 
@@ -101,7 +101,8 @@ def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, record:
     log_placement(parts)
     clock = RunClock()  # the run's time, checkpointed, so that a resume continues it
     checkpoints = CheckpointManager(run_dir, run_state(parts, data.streams, clock), every=cfg.checkpoint.every,
-                                    keep_last=cfg.checkpoint.keep_last, config=config_to_dict(cfg), env=env)
+                                    keep_last=cfg.checkpoint.keep_last, config=config_to_dict(cfg), env=env,
+                                    best_by=cfg.checkpoint.best_by)
     step = start_checkpoints(cfg, checkpoints, resume, trusted, force)
     max_steps, val_metrics, stopped_by = cfg.train.max_steps, {}, None
     guard = NonFiniteGuard(cfg.train.on_nonfinite, checkpoints, device_map.generator)
@@ -128,6 +129,9 @@ def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, record:
                 interrupted = stopped_by is not None and not final
                 if reporter.should_log(step) or interrupted:
                     reporter.log(step)
+                    if stopped_by is None and not final:  # D out of its band, train.on_discriminator_collapse: stop
+                        stopped_by = reporter.stop_reason  # the same on every rank (Reporter.stop_reason)
+                        interrupted = stopped_by is not None
                 evaluating = step % cfg.train.eval_every == 0 or final
                 saving = checkpoints.due(step, final or interrupted)
                 if evaluating or saving:
@@ -137,7 +141,8 @@ def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, record:
                     with reporter.phase("evaluation"):
                         val_metrics = evaluate_all(cfg, parts, data, reporter, step)
                     with reporter.phase("checkpoint"):
-                        checkpoints.keep_if_best(step, val_metrics["mIoU"], val_metrics["pixel_acc"])
+                        checkpoints.keep_if_best(step, val_metrics["mIoU"], val_metrics["pixel_acc"],
+                                                 val_metrics.get("proxies"))
                         reporter.evaluated(step, val_metrics, checkpoints.best)
                 if saving:
                     with reporter.phase("checkpoint"):
@@ -197,10 +202,12 @@ def interrupted_start(err: Interrupted, run_dir: Path, resumed: rundir.ResumePoi
 
 
 def evaluate_all(cfg: Config, parts: Training, data: RunData, reporter: Reporter, step: int) -> dict[str, object]:
-    """Every evaluation due at ``step``, each reported as it ends: val (its metrics returned), the
+    """Every evaluation due at ``step``, each reported as it ends: val (its metrics returned, with
+    its label-free scores as ``proxies`` where the method reads unlabeled or target images), the
     method's panel and diagnostics, the source's val split."""
     train_seconds = reporter.elapsed()
-    val = evaluate_generator(cfg, parts, data.val_loader, num_samples=cfg.log.num_images, track=reporter.track)
+    val = evaluate_generator(cfg, parts, data.val_loader, num_samples=cfg.log.num_images, track=reporter.track,
+                             proxies=type(parts.method).reads_unlabeled(cfg))
     metrics = reporter.evaluation(step, val, data.val_loader, train_seconds=train_seconds)
     reporter.diagnostics(step, data.panel_images, data.diagnostic)
     if data.source_val_loader is not None:
@@ -240,10 +247,12 @@ def stopped(run_dir: Path, step: int, max_steps: int, reason: str, val_metrics: 
 def finished(cfg: Config, run_dir: Path, step: int, val_metrics: dict[str, object],
              checkpoints: CheckpointManager, tensorboard_dir: Path) -> TrainResult:
     best = checkpoints.best
+    by = best.get("by", "val/mIoU") if best else "val/mIoU"
+    chosen = "" if by == "val/mIoU" else f" (chosen by {by} {best['score']:.4f})"
     log.info(
-        "done: %d steps, final val mIoU %.4f, pixel accuracy %.4f; best val mIoU %.4f at step %d",
+        "done: %d steps, final val mIoU %.4f, pixel accuracy %.4f; best val mIoU %.4f at step %d%s",
         step, val_metrics.get("mIoU", float("nan")), val_metrics.get("pixel_acc", float("nan")),
-        best["mIoU"] if best else float("nan"), best["step"] if best else -1,
+        best["mIoU"] if best else float("nan"), best["step"] if best else -1, chosen,
     )
     log.info("checkpoints: %s (final), %s (best)", newest_checkpoint(checkpoints),
              checkpoints.best_path if best else "none")

@@ -118,8 +118,10 @@ def generator_for_evaluation(parts: Training) -> nn.Module:
 
 
 def evaluate_generator(cfg: Config, parts: Training, loader: Iterable, num_samples: int = 0,
-                       track: Callable[[Iterable], Iterable] | None = None) -> EvalResult:
+                       track: Callable[[Iterable], Iterable] | None = None, proxies: bool = False) -> EvalResult:
     """G on one val split, on G's device under G's autocast (``num_samples`` input/truth/prediction
-    samples kept for a panel; ``track`` wraps the loader, e.g. a progress bar)."""
+    samples kept for a panel; ``track`` wraps the loader, e.g. a progress bar; ``proxies``: the
+    label-free scores too, D's among them where the method has one)."""
     return evaluate(generator_for_evaluation(parts), loader, parts.device_map.generator, cfg.data.num_classes,
-                    autocast=parts.g.opt.autocast, num_samples=num_samples, track=track)
+                    autocast=parts.g.opt.autocast, num_samples=num_samples, track=track, proxies=proxies,
+                    realness=parts.method.discriminator_realness if proxies else None)

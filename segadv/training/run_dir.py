@@ -200,7 +200,7 @@ def resume_config(run_dir: Path, resume: str, overrides: list[str], trusted: boo
     saved = run_dir / CONFIG_FILE
     problem = saved_config_problem(saved)
     if problem is None:
-        return load_config(saved, overrides)
+        return load_config(saved, overrides, saved=True)  # written by segadv: read as segadv/config/renamed.py says
     found = stored_config(run_dir, resume, trusted)
     if found is None:
         if problem in ("missing", "empty"):
@@ -341,5 +341,7 @@ def finished_line(run_dir: Path, step: int, evaluation: dict[str, Any] | None, b
         final = f"final val mIoU {evaluation['mIoU']:.4f}" + (
             f", pixel accuracy {accuracy:.4f}" if accuracy is not None else "")
     best_text = f"; best val mIoU {best['mIoU']:.4f} at step {best['step']}" if best else ""
+    if best and best.get("by", "val/mIoU") != "val/mIoU":
+        best_text += f" (chosen by {best['by']})"
     return (f"{run_dir} is finished: step {step} of train.max_steps={step}, nothing to train; {final}{best_text} "
             f"(checkpoint: {checkpoint}). To train on, resume with a larger train.max_steps")

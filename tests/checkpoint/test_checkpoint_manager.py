@@ -70,6 +70,23 @@ def test_best_is_kept_only_when_an_evaluation_beats_it(tmp_path):
     assert read_checkpoint(tmp_path / "checkpoints" / "last.pt")["best"] == {"mIoU": 0.5, "step": 2}
 
 
+def test_best_by_a_label_free_score_in_its_direction_and_a_resume_that_chooses_otherwise(tmp_path):
+    weights = Weights()
+    m = manager(tmp_path, weights, best_by="proxy/entropy")  # lower is better
+    for step, miou, entropy in ((1, 0.3, 0.5), (2, 0.6, 0.4), (3, 0.4, 0.2), (4, 0.7, 0.3), (5, 0.8, float("nan"))):
+        weights.value += 1
+        assert m.keep_if_best(step, miou, 0.9, {"proxy/entropy": entropy}) == (step in (1, 2, 3))
+    record = json.loads((tmp_path / "checkpoints" / "best.json").read_text())
+    assert record == {"step": 3, "mIoU": 0.4, "by": "proxy/entropy", "score": 0.2}
+    assert read_checkpoint(tmp_path / "checkpoints" / "best.pt")["generator"]["w"].item() == 3.0
+    m.save(4)
+    by_snd = manager(tmp_path, Weights(), best_by="proxy/snd")  # higher is better
+    by_snd.start("auto")
+    assert by_snd.best is None  # chosen by another score: the next evaluation writes a new best.pt
+    assert by_snd.keep_if_best(6, 0.1, None, {"proxy/snd": 1.0})
+    assert not by_snd.keep_if_best(7, 0.9, None, {"proxy/snd": 0.5})
+
+
 def test_resume_auto_restores_every_state_from_the_newest_file(tmp_path):
     weights = Weights()
     m = manager(tmp_path, weights)

@@ -17,6 +17,7 @@ from segadv.experiment.grid import load_grid
 from segadv.experiment.results import diagnostics_table, stat_cell
 from segadv.experiment.runs import ValScores, read_train_diagnostics, read_val_metrics
 from segadv.experiment.stats import WelchTest
+from segadv.methods import method_class
 from segadv.monitor.status import RunStatus, Score
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,8 +174,9 @@ def test_the_shipped_grid_is_valid(monkeypatch):
         grid = load_grid(ROOT / "configs" / "experiments" / f"{name}.yaml")
         assert all(len(grid.seeds_of(r)) == 5 for r in grid.rows)
         assert "checkpoint.every=250" in grid.common_overrides  # the label-free scores read every evaluation's
-        with_d = grid.rows[-1]
-        assert any(o.startswith("method.mean_teacher.lambda_adv=") for o in with_d.overrides)
+        with_d = grid.rows[-1]  # D on top: G's adversarial weight (loss.lambda_adv, or its old name) above 0
+        cfg = load_config(with_d.config, with_d.overrides)
+        assert method_class(cfg.method.name).adversarial_weight(cfg) > 0
         assert grid.baseline_of(with_d) == grid.rows[-2].name
 
 

@@ -61,6 +61,7 @@ from helpers import FixedStream
 from segadv.training.build import build_training
 from segadv.config import load_config
 from segadv.config.schema import GeneratorConfig
+from segadv.methods import method_class
 from segadv.models import build_discriminator, build_generator
 from segadv.parallel import parse_device_map, unwrap
 
@@ -695,8 +696,8 @@ UDA_OVERRIDES = (
     "target_data={kind: synthetic, num_classes: 5, val_batch_size: 4, num_workers: 0, "
     "synthetic: {image_size: 64, train_size: 8, val_size: 4, domain: target, seed: 1}}",
     "model.generator.aux_head=true", "method.adaptsegnet.lambda_seg_aux=0.1",
-    f"method.adaptsegnet.lambda_adv_main={LAMBDA_ADV}", f"method.adaptsegnet.lambda_adv_aux={LAMBDA_ADV}",
-    f"method.advent.lambda_adv_main={LAMBDA_ADV}", f"method.advent.lambda_adv_aux={LAMBDA_ADV}",
+    f"loss.lambda_adv={LAMBDA_ADV}", f"method.adaptsegnet.lambda_adv_aux={LAMBDA_ADV}",
+    f"method.advent.lambda_adv_aux={LAMBDA_ADV}",
 )
 D_AUX_APART = (*amp("discriminator", "bfloat16"), *amp("discriminator_aux", "float16"))
 UDA_CASES = [c for c in CASES if c.name in {
@@ -754,7 +755,7 @@ def reference_uda_step(g, d, d_aux, images_s, labels_s, images_t, cfg, method: s
     grads = torch.autograd.grad(loss_s, params_g)
     main_t, aux_t = g(images_t, return_aux=True)
     maps_t, maps_aux_t = to_map(main_t), to_map(aux_t)
-    loss_adv = settings.lambda_adv_main * bce(d(maps_t), 0.0)
+    loss_adv = method_class(method).adversarial_weight(cfg) * bce(d(maps_t), 0.0)
     loss_adv_aux = settings.lambda_adv_aux * bce(d_aux(maps_aux_t), 0.0)
     adv_grad, adv_grad_aux = torch.autograd.grad(loss_adv + loss_adv_aux, [maps_t, maps_aux_t], retain_graph=True)
     grads_t = torch.autograd.grad(loss_adv + loss_adv_aux, params_g, allow_unused=True)
@@ -892,12 +893,12 @@ def test_ddp_domain_adaptation_on_two_processes_matches_the_plain_loop(tmp_path,
 # pasted pixels, their labels and the teacher's pseudo labels carry the comparison there.
 MT_STEPS = 2
 MT_OVERRIDES = ("method.name=mean_teacher", "method.mean_teacher.dacs_threshold=0.25", "data.labeled_fraction=0.5")
-MT_SETTINGS = {
-    "semi": (),
-    "semi-adv": (f"method.mean_teacher.lambda_adv={LAMBDA_ADV}",),
+MT_SETTINGS = {  # after the harness's loss.lambda_adv: 0 builds no D
+    "semi": ("loss.lambda_adv=0",),
+    "semi-adv": (f"loss.lambda_adv={LAMBDA_ADV}",),
     # DACS: adaptation, the teacher's BatchNorm on batch statistics (train mode).
     "adaptation": (UDA_OVERRIDES[0], "method.mean_teacher.teacher_batchnorm=batch",
-                   "method.mean_teacher.dacs_threshold=0.3"),
+                   "method.mean_teacher.dacs_threshold=0.3", "loss.lambda_adv=0"),
 }
 MT_CASES = [(setting, c) for c in CASES if c.name in {"cpu", "cpu-dataparallel", "g-bf16"} for setting in MT_SETTINGS
             if setting == "semi" or c.name == "cpu"]
@@ -956,7 +957,7 @@ def reference_mean_teacher(g, teacher, d, images_l, labels_l, images_u, labels_g
             d.requires_grad_(False)
             loss_adv = F.binary_cross_entropy_with_logits(d(probs_u), torch.ones_like(probs_u[:, :1]))
             d.requires_grad_(True)
-            loss_adv = s.lambda_adv * loss_adv  # the gradient at D's input, as G's loss sends it
+            loss_adv = method_class("mean_teacher").adversarial_weight(cfg) * loss_adv  # the gradient at D's input
             (adv_grad,) = torch.autograd.grad(loss_adv, probs_u, retain_graph=True)
             adv_grads.append(adv_grad)
             loss_adv.backward()
@@ -1005,7 +1006,7 @@ def mt_references():
             teacher.load_state_dict(g.state_dict())
             if freeze_stats:
                 freeze_batch_statistics(g)
-            d = d if cfg.method.mean_teacher.lambda_adv > 0 else None
+            d = d if method_class("mean_teacher").adversarial_weight(cfg) > 0 else None
             running = cfg.method.mean_teacher.teacher_batchnorm == "running"
             before = {"g": params(g), "teacher": teacher_state(teacher, running)} | ({"d": params(d)} if d else {})
             adv = reference_mean_teacher(g, teacher, d, *make_mt_batches(cfg), cfg)

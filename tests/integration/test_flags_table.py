@@ -67,10 +67,11 @@ def table_keys() -> list[str]:
 
 def test_schema_walk_sees_method_and_null_sections():
     keys = schema_keys()
-    for key in ("loss.lambda_adv", "method.s4gan.lambda_fm", "method.adaptsegnet.lambda_adv_main",
+    for key in ("loss.lambda_adv", "method.s4gan.lambda_fm", "method.adaptsegnet.lambda_adv_aux",
                 "target_data.root", "init.generator.path", "optim.discriminator_aux.lr"):
         assert key in keys
     assert "method.s4gan.lambda_adv" not in keys
+    assert "method.adaptsegnet.lambda_adv_main" not in keys  # renamed: loss.lambda_adv (issue 50)
 
 
 def test_every_key_in_the_flag_tables_exists():

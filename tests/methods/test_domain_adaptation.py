@@ -124,7 +124,7 @@ class TwoLevelG(nn.Module):
         return (self.main(h), self.aux(h)) if return_aux else self.main(h)
 
 
-def make_adaptation(method, settings, multi_level=True, seed=0):
+def make_adaptation(method, settings, multi_level=True, seed=0, lambda_adv=0.0):
     torch.manual_seed(seed)
     generator, d_main, d_aux = TwoLevelG(), FCDiscriminator(C, ndf=4), FCDiscriminator(C, ndf=4)
     device = torch.device("cpu")
@@ -133,7 +133,8 @@ def make_adaptation(method, settings, multi_level=True, seed=0):
             for m, n in ((generator, "generator"), (d_main, "discriminator"), (d_aux, "discriminator_aux"))]
     g, d, d_aux = (Network(n, m, opt, (device,)) for m, n, opt in zip(
         (generator, d_main, d_aux), ("generator", "discriminator", "discriminator_aux"), opts))
-    return ITERATIONS[method](g, d, d_aux, PhaseTimer(), settings, ignore_index=255, multi_level=multi_level)
+    return ITERATIONS[method](g, d, d_aux, PhaseTimer(), settings, ignore_index=255, multi_level=multi_level,
+                              lambda_adv=lambda_adv)
 
 
 def make_streams(seed=1, n_s=2, n_t=3, size=32):
@@ -144,9 +145,10 @@ def make_streams(seed=1, n_s=2, n_t=3, size=32):
             "target": FixedStream(torch.randn(n_t, 3, size, size, generator=gen))}
 
 
-def expected_update(method, settings, multi_level, streams, lr=0.5):
-    """The parameters after one iteration, from a plain hand-written loop on copies."""
-    ref = make_adaptation(method, settings, multi_level)
+def expected_update(method, settings, multi_level, streams, lr=0.5, lambda_adv=0.0):
+    """The parameters after one iteration, from a plain hand-written loop on copies (``lambda_adv``:
+    the main level's adversarial weight, loss.lambda_adv)."""
+    ref = make_adaptation(method, settings, multi_level, lambda_adv=lambda_adv)
     g, d_main, d_aux = copy.deepcopy(ref.g.module), copy.deepcopy(getattr(ref.levels[0].d, "module", None)), None
     if multi_level:
         d_aux = copy.deepcopy(getattr(ref.levels[1].d, "module", None))
@@ -161,7 +163,7 @@ def expected_update(method, settings, multi_level, streams, lr=0.5):
     main_s, aux_s = g(x_s, return_aux=True)
     main_t, aux_t = g(x_t, return_aux=True)
     loss = F.cross_entropy(main_s, y_s, ignore_index=255)
-    levels = [("main", main_s, main_t, d_main, settings.lambda_adv_main, settings.lambda_ent_main)]
+    levels = [("main", main_s, main_t, d_main, lambda_adv, settings.lambda_ent_main)]
     if multi_level:
         loss = loss + settings.lambda_seg_aux * F.cross_entropy(aux_s, y_s, ignore_index=255)
         levels.append(("aux", aux_s, aux_t, d_aux, settings.lambda_adv_aux, settings.lambda_ent_aux))
@@ -197,23 +199,23 @@ def assert_same_parameters(actual, expected, atol=1e-6):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
-CASES = [
-    ("adaptsegnet", DomainAdaptationConfig(lambda_adv_main=0.3, lambda_adv_aux=0.2), True),
-    ("adaptsegnet", DomainAdaptationConfig(lambda_adv_main=0.3, gan="ls"), False),
-    ("advent", DomainAdaptationConfig(lambda_adv_main=0.3, lambda_adv_aux=0.2, lambda_ent_main=0.1), True),
-    ("minent", MinEntConfig(lambda_ent_main=0.4, lambda_ent_aux=0.2), True),
+CASES = [  # the main level's adversarial weight is loss.lambda_adv, the iteration's lambda_adv
+    ("adaptsegnet", DomainAdaptationConfig(lambda_adv_aux=0.2), True, 0.3),
+    ("adaptsegnet", DomainAdaptationConfig(gan="ls"), False, 0.3),
+    ("advent", DomainAdaptationConfig(lambda_adv_aux=0.2, lambda_ent_main=0.1), True, 0.3),
+    ("minent", MinEntConfig(lambda_ent_main=0.4, lambda_ent_aux=0.2), True, 0.0),
 ]
 
 
-@pytest.mark.parametrize("method,settings,multi_level", CASES,
+@pytest.mark.parametrize("method,settings,multi_level,lambda_adv", CASES,
                          ids=["adaptsegnet-multi", "adaptsegnet-single-ls", "advent-multi", "minent"])
-def test_one_iteration_equals_the_hand_written_update(method, settings, multi_level):
+def test_one_iteration_equals_the_hand_written_update(method, settings, multi_level, lambda_adv):
     """G with every D frozen (source CE, aux CE, target adversarial and entropy terms), then each D
     on source maps as 0 and target maps as 1: parameters equal a plain loop's after one step."""
     streams = make_streams()
-    uda = make_adaptation(method, settings, multi_level)
+    uda = make_adaptation(method, settings, multi_level, lambda_adv=lambda_adv)
     losses = uda(streams, step=0)
-    g, d_main, d_aux = expected_update(method, settings, multi_level, streams)
+    g, d_main, d_aux = expected_update(method, settings, multi_level, streams, lambda_adv=lambda_adv)
     assert_same_parameters(uda.g.module, g)
     if method != "minent":
         assert_same_parameters(uda.levels[0].d.module, d_main)
@@ -227,7 +229,7 @@ def test_one_iteration_equals_the_hand_written_update(method, settings, multi_le
 
 
 def test_the_aux_discriminator_sees_only_aux_maps_and_the_main_one_only_main_maps():
-    uda = make_adaptation("adaptsegnet", DomainAdaptationConfig(lambda_adv_main=0.3, lambda_adv_aux=0.2))
+    uda = make_adaptation("adaptsegnet", DomainAdaptationConfig(lambda_adv_aux=0.2), lambda_adv=0.3)
     streams = make_streams()
     seen = {"main": [], "aux": []}
     outputs = []
@@ -297,7 +299,7 @@ def test_with_frozen_batchnorm_the_control_trains_g_bitwise_as_source_only(tmp_p
         "train.eval_every=100", "checkpoint.every=100", "log.tensorboard=false", "train.deterministic=true"]
     weights = {}
     for name, extra in (("source_only", ["method.name=supervised", "loss.lambda_adv=0"]),
-                        ("control", ["method.adaptsegnet.lambda_adv_main=0"])):
+                        ("control", ["loss.lambda_adv=0"])):
         cfg = load_config(None, [*common, *extra])
         cfg.run_dir, cfg.device_map = str(tmp_path / name), "cpu"
         weights[name] = read_checkpoint(train(cfg).run_dir / "checkpoints" / "last.pt")["generator"]
@@ -339,7 +341,7 @@ def test_resume_is_exact_with_source_and_target_streams(tmp_path):
     (source: 8 batches an epoch, target: 4) and the aux D's state restored."""
     extra = ["train.max_steps=7", "train.log_every=1", "train.eval_every=100", "checkpoint.every=3",
              "train.deterministic=true", "log.tensorboard=false", "method.adaptsegnet.target_batch_size=3",
-             "method.adaptsegnet.lambda_adv_main=0.1", "method.adaptsegnet.lambda_adv_aux=0.1"]
+             "loss.lambda_adv=0.1", "method.adaptsegnet.lambda_adv_aux=0.1"]
     keys = ("train/loss_seg", "train/loss_seg_aux", "train/loss_adv", "train/loss_adv_aux", "train/loss_d",
             "train/loss_d_aux")
 

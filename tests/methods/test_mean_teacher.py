@@ -55,13 +55,13 @@ def test_the_teacher_is_a_role_that_is_not_trained():
 @pytest.mark.parametrize("overrides, streams", [
     (SEMI, ("labeled", "unlabeled")),
     (UDA, ("source", "target")),
-    ([*SEMI, "method.mean_teacher.lambda_adv=0.01"], ("labeled", "unlabeled", "gt")),
-    ([*UDA, "method.mean_teacher.lambda_adv=0.001"], ("source", "target")),
+    ([*SEMI, "loss.lambda_adv=0.01"], ("labeled", "unlabeled", "gt")),
+    ([*UDA, "loss.lambda_adv=0.001"], ("source", "target")),
 ])
 def test_networks_and_streams_by_setting(overrides, streams):
     cfg = load_config(None, overrides)
     cls = registry.method_class("mean_teacher")
-    adversarial = cfg.method.mean_teacher.lambda_adv > 0
+    adversarial = cls.adversarial_weight(cfg) > 0  # null: the mean teacher's 0, no D
     assert cls.networks(cfg) == ("generator", "teacher") + (("discriminator",) if adversarial else ())
     assert tuple(spec.name for spec in cls.data_streams(cfg)) == streams
     assert cls.passes_generator_loss_through_discriminator(cfg) is adversarial
@@ -202,8 +202,8 @@ def test_with_accumulation_the_teacher_moves_once_per_optimizer_step():
     assert calls == [0, 1]
 
 
-@pytest.mark.parametrize("overrides", [[*SEMI, "method.mean_teacher.lambda_adv=0.01"],
-                                       [*UDA, "method.mean_teacher.lambda_adv=0.001"]], ids=["advsemiseg", "adaptsegnet"])
+@pytest.mark.parametrize("overrides", [[*SEMI, "loss.lambda_adv=0.01"],
+                                       [*UDA, "loss.lambda_adv=0.001"]], ids=["advsemiseg", "adaptsegnet"])
 def test_lambda_adv_trains_d_as_the_method_it_comes_from(overrides):
     cfg, parts = built(overrides)
     assert [r.name for r in parts.roles] == ["generator", "teacher", "discriminator"]
@@ -227,14 +227,14 @@ def test_a_teacher_entry_in_the_device_map_needs_a_run_with_a_teacher():
 
 @pytest.mark.parametrize("extra", [
     ["method.name=mean_teacher", "data.labeled_fraction=0.5"],
-    [TARGET_DATA, "method.name=mean_teacher", "method.mean_teacher.lambda_adv=0.001"],
+    [TARGET_DATA, "method.name=mean_teacher", "loss.lambda_adv=0.001"],
 ], ids=["semi", "uda_adv"])
 def test_resume_is_bitwise_with_the_teacher_in_the_checkpoint(tmp_path, extra):
     full = train(resume_cfg(tmp_path, "full", *extra))
     assert full.step == 6
     saved = read_checkpoint(tmp_path / "full" / "checkpoints" / "last.pt")
     assert "teacher" in saved and "optim_teacher" not in saved and "mixing_rng" in saved
-    assert ("discriminator" in saved) == ("method.mean_teacher.lambda_adv=0.001" in extra)
+    assert ("discriminator" in saved) == ("loss.lambda_adv=0.001" in extra)
 
     first = train(resume_cfg(tmp_path, "split", *extra), stop_at=4)
     assert first.step == 4

@@ -914,3 +914,14 @@ def test_ema_update_across_two_cuda_devices_without_sync():
         torch.cuda.set_sync_debug_mode(0)
     for t, e in zip(teacher, expected):
         assert torch.equal(t.cpu(), e)
+
+
+def test_a_hue_a_hair_below_zero_is_hue_zero_not_a_seventh_sector():
+    """float32's remainder(-6e-9, 6) is exactly 6.0: the jitter's hue shift found it in a real run
+    (issue 47's grid: "index 6 is out of bounds for dimension 2 with size 6")."""
+    from segadv.methods.mixing import _hsv_to_rgb
+
+    s, v = torch.full((1, 1, 2, 2), 0.5), torch.full((1, 1, 2, 2), 0.8)
+    hue = torch.full((1, 1, 2, 2), -1e-9)
+    assert torch.remainder(hue * 6.0, 6.0).max().item() == 6.0  # the case exists
+    assert torch.equal(_hsv_to_rgb(hue, s, v), _hsv_to_rgb(torch.zeros_like(hue), s, v))

@@ -180,12 +180,14 @@ def test_another_methods_section_is_kept_when_name_switches_methods():
     (["method.name=supervised", "loss.lambda_adv=0"], False),
     (["method.name=advsemiseg", "loss.lambda_adv=0"], True),
     (["method.name=advsemiseg", "loss.lambda_adv=0", "method.advsemiseg.lambda_semi_adv=0"], False),
-    (["method.name=s4gan", "loss.lambda_adv=0"], True),
+    (["method.name=s4gan"], True),
     (["method.name=s4gan", "method.s4gan.lambda_fm=0"], False),
-    (["method.name=adaptsegnet", "method.adaptsegnet.lambda_adv_main=0"], False),
-    (["method.name=adaptsegnet", "method.adaptsegnet.lambda_adv_main=0", "model.generator.aux_head=true"], True),
+    (["method.name=adaptsegnet", "loss.lambda_adv=0"], False),
+    (["method.name=adaptsegnet", "loss.lambda_adv=0", "model.generator.aux_head=true"], True),
     (["method.name=advent"], True),
-    (["method.name=minent", "method.minent.lambda_adv_main=1"], False),
+    (["method.name=minent", "loss.lambda_adv=0"], False),
+    (["method.name=mean_teacher"], False),
+    (["method.name=mean_teacher", "loss.lambda_adv=0.01"], True),
 ])
 def test_built_ins_say_whether_gs_loss_passes_through_a_d(overrides, passes):
     cfg = load_config(None, overrides)

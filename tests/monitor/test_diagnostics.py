@@ -1,4 +1,5 @@
-"""D's diagnostics: accuracy on real and fake maps, confidence histogram, "D wins outright"."""
+"""D's diagnostics: accuracy on real and fake maps, confidence histogram, D's health ("D wins
+outright", "D collapsed")."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 
 from segadv.config import load_config
 from segadv.config.schema import LogConfig
-from segadv.monitor.diagnostics import DWinsDetector, d_accuracy, d_confidence
+from segadv.methods.registry import method_class
+from segadv.monitor.diagnostics import (DHealthDetector, DHealthWatch, HealthBand, d_accuracy, d_confidence,
+                                        d_loss_scale)
 from segadv.monitor.writer import MetricWriter, NullWriter
 from segadv.training.loop import train
 
@@ -35,22 +38,121 @@ def test_confidence_is_the_sigmoid_at_the_valid_pixels():
     assert torch.equal(d_confidence(LOGITS), torch.sigmoid(LOGITS.flatten()))
 
 
-def test_d_wins_warns_once_after_enough_consecutive_low_losses(caplog):
-    detector = DWinsDetector(bound=0.2, steps=3)
-    with caplog.at_level(logging.WARNING, logger="segadv.monitor.diagnostics"):
-        results = [detector.update(step, loss) for step, loss in
-                   [(10, 0.1), (20, 0.15), (30, 0.3), (40, 0.1), (50, math.nan), (60, 0.1), (70, 0.05), (80, 0.19),
-                    (90, 0.01), (100, 0.01), (110, 0.01)]]
-    assert results == [False] * 7 + [True] + [False] * 3  # 0.3 and NaN start the count over
-    assert len(caplog.records) == 1 and detector.warned
-    assert ("D wins outright: loss_d below 0.2 at 3 consecutive log steps (steps 60-80; min 0.0500, now 0.1900)"
-            in caplog.text)
+HEALTH_LOGGER = "segadv.monitor.diagnostics"
 
 
-def test_d_wins_from_the_log_section():
-    detector = DWinsDetector.from_config(LogConfig(), name="loss_d_aux")
-    assert (detector.bound, detector.steps, detector.name) == (0.2, 10, "loss_d_aux")
-    assert DWinsDetector.from_config(LogConfig(d_wins_loss=None)) is None
+def feed(detector, values):
+    """``(step, loss_d, d_acc_real, d_acc_fake)`` rows (accuracies None: not logged); the events."""
+    events = []
+    for step, loss, real, fake in values:
+        logged = {"loss_d": loss, **({"d_acc_real": real, "d_acc_fake": fake} if real is not None else {})}
+        events.append(detector.update(step, logged))
+    return events
+
+
+def test_d_wins_outright_warns_once_per_episode_after_a_window_below_the_band(caplog):
+    detector = DHealthDetector(HealthBand(wins_loss=0.2, window=3))
+    with caplog.at_level(logging.INFO, logger=HEALTH_LOGGER):
+        events = feed(detector, [(10, 0.1, 1, 1), (20, 0.15, 1, 1), (30, 0.3, 1, 1), (40, 0.1, 1, 1),
+                                 (50, math.nan, 1, 1), (60, 0.1, 1, 1), (70, 0.05, 0.99, 1), (80, 0.19, 0.98, 0.97),
+                                 (90, 0.01, 1, 1), (100, 0.01, 1, 1), (110, 0.4, 0.9, 0.8), (120, 0.1, 1, 1)])
+    fired = {step: event for step, event in zip(range(10, 130, 10), events) if event is not None}
+    assert list(fired) == [80, 110]  # 0.3 and NaN start the count over; once per episode, not every step
+    warning, back = fired[80], fired[110]
+    assert (warning.condition, warning.loss, warning.step, warning.since, warning.back) == ("wins", "loss_d", 80, 60, False)
+    assert warning.values == {"loss_d": 0.19, "d_acc_real": 0.98, "d_acc_fake": 0.97}
+    assert (back.condition, back.step, back.since, back.back) == ("wins", 110, 60, True)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0] == warning.message
+    assert warning.message.startswith(
+        "D wins outright: loss_d below 0.2 at 3 consecutive log steps (steps 60-80; min 0.0500, max 0.1900, "
+        "now 0.1900; D's accuracy on real 0.980, on fake 0.970): D tells G's maps from real ones almost surely")
+    assert "Likely cause: D learns much faster than G" in warning.message
+    assert "log.d_wins_loss" in warning.message and "train.on_discriminator_collapse" not in warning.message
+    assert "D back in its band: loss_d 0.4000 at step 110 (D wins outright since step 60)" in caplog.text
+    assert detector.state is None
+
+
+def test_d_collapsed_is_a_loss_at_chance_with_accuracies_at_chance_once_d_told_the_two_apart(caplog):
+    """A D stuck at a constant output (sure everything is real: accuracy 1 on real, 0 on fake) has
+    a loss at or above ln 2; one that never went below it yet has not learnt, and one whose
+    accuracies still separate the two is weak, not collapsed."""
+    detector = DHealthDetector(HealthBand(collapse_loss=0.69, collapse_accuracy=0.55, window=3))
+    with caplog.at_level(logging.WARNING, logger=HEALTH_LOGGER):
+        events = feed(detector, [(1, 0.70, 0.5, 0.5), (2, 0.70, 0.5, 0.5), (3, 0.70, 0.5, 0.5),  # not learnt yet
+                                 (4, 0.45, 0.8, 0.8),  # told apart
+                                 (5, 0.70, 0.9, 0.6), (6, 0.71, 0.8, 0.7), (7, 0.72, 0.9, 0.5),  # weak, not chance
+                                 (8, 0.693, 1.0, 0.0), (9, 0.80, 1.0, 0.0), (10, 0.75, 1.0, 0.0), (11, 0.75, 1.0, 0.0)])
+    assert [i for i, event in enumerate(events, 1) if event is not None] == [10]
+    event = events[9]
+    assert (event.condition, event.since, event.step, event.back) == ("collapsed", 8, 10, False)
+    assert detector.state == "collapsed"
+    assert event.message.startswith(
+        "D collapsed: loss_d at or above 0.69 (chance 0.693), D's accuracies at chance (their mean at most 0.55), "
+        "at 3 consecutive log steps (steps 8-10; min 0.6930, max 0.8000, now 0.7500; D's accuracy on real 1.000, "
+        "on fake 0.000): D no longer tells G's maps from real ones")
+    assert "Likely cause: D stuck at a constant output" in event.message
+    assert [r.getMessage() for r in caplog.records] == [event.message]
+
+
+def test_without_accuracies_collapse_is_read_from_the_loss_alone():
+    detector = DHealthDetector(HealthBand(window=2))
+    events = feed(detector, [(1, 0.5, None, None), (2, 0.7, None, None), (3, 0.7, None, None)])
+    assert events[:2] == [None, None] and events[2].condition == "collapsed"
+    assert events[2].values == {"loss_d": 0.7} and "accuracies" not in events[2].message
+
+
+def test_a_summed_d_loss_is_held_to_doubled_bounds():
+    """The supervised method logs the sum of D's two BCE halves: its bounds are the keys' times 2."""
+    assert method_class("supervised").d_loss_scale == 2.0 and method_class("advsemiseg").d_loss_scale == 1.0
+    detector = DHealthDetector(HealthBand(window=1), scale=2.0)
+    assert feed(detector, [(1, 0.39, 1, 1)])[0].message.startswith(
+        "D wins outright: loss_d below 0.4 (2 x the key's: loss_d sums D's two halves) at 1 consecutive")
+    detector = DHealthDetector(HealthBand(window=1), scale=2.0)
+    assert feed(detector, [(1, 0.41, 1, 1), (2, 1.0, 0.9, 0.9), (3, 1.37, 0.5, 0.5)]) == [None] * 3
+    assert feed(detector, [(4, 1.386, 1.0, 0.0)])[0].message.startswith(
+        "D collapsed: loss_d at or above 1.38 (chance 1.386; 2 x the key's: loss_d sums D's two halves)")
+
+
+def test_the_band_comes_from_the_log_section_and_each_side_can_be_turned_off():
+    from segadv.config.schema import LogConfig
+
+    assert HealthBand.from_config(LogConfig()) == HealthBand(0.2, 0.69, 0.55, 10)
+    only_collapse = HealthBand.from_config(LogConfig(d_wins_loss=None))
+    assert feed(DHealthDetector(only_collapse), [(1, 0.0, 1, 1)] * 20) == [None] * 20
+    off = HealthBand.from_config(LogConfig(d_wins_loss=None, d_collapse_loss=None))
+    assert not off.checked and DHealthWatch(off, ("loss_d",)).detectors == []
+
+
+def test_the_watch_reads_each_d_loss_with_its_own_accuracies_and_skips_what_is_not_logged():
+    """AdaptSegNet's two levels: loss_d with d_acc_source/d_acc_target, loss_d_aux with the _aux
+    ones; a run without the aux D (or a method without a D: mean_teacher with lambda_adv 0) logs
+    no such loss and gets no check nor state."""
+    watch = DHealthWatch(HealthBand(window=2), ("loss_d", "loss_d_aux"), stop=True, announce=False)
+    level = {"loss_d": 0.5, "d_acc_source": 0.8, "d_acc_target": 0.7}
+    aux = {"loss_d_aux": 0.05, "d_acc_source_aux": 1.0, "d_acc_target_aux": 1.0}
+    assert watch.update(1, {**level, **aux}) == [] and watch.stop_reason is None
+    [event] = watch.update(2, {**level, **aux})
+    assert (event.loss, event.condition) == ("loss_d_aux", "wins")
+    assert event.values == {"loss_d_aux": 0.05, "d_acc_source_aux": 1.0, "d_acc_target_aux": 1.0}
+    assert "D's accuracy on source 1.000, on target 1.000" in event.message
+    assert event.message.endswith("stopping the run (train.on_discriminator_collapse: stop).")
+    assert watch.stop_reason == "D wins outright on loss_d_aux, train.on_discriminator_collapse: stop"
+    assert watch.scalars({**level, **aux}) == {"health/d_state": 0.0, "health/d_state_aux": 1.0}
+    assert watch.update(3, {"loss_seg": 1.0}) == [] and watch.scalars({"loss_seg": 1.0}) == {}
+
+
+def test_only_the_methods_with_a_bce_d_are_watched():
+    cfg = load_config(None, [*UDA_OVERRIDES, "method.name=minent"])
+    assert DHealthWatch.for_run(cfg, method_class("minent")).detectors == []  # no D
+    cfg = load_config(None, UDA_OVERRIDES)
+    assert [d.name for d in DHealthWatch.for_run(cfg, method_class("adaptsegnet")).detectors] == ["loss_d", "loss_d_aux"]
+    cfg = load_config(None, [*UDA_OVERRIDES, "method.adaptsegnet.gan=ls"])
+    assert d_loss_scale(cfg, method_class("adaptsegnet")) is None  # squared errors, not BCE's scale
+    assert DHealthWatch.for_run(cfg, method_class("adaptsegnet")).detectors == []
+    cfg = load_config(None, ["method.name=supervised", "train.on_discriminator_collapse=stop"])
+    watch = DHealthWatch.for_run(cfg, method_class("supervised"))
+    assert watch.stop and [(d.name, d.scale) for d in watch.detectors] == [("loss_d", 2.0)]
 
 
 def test_histogram_goes_to_tensorboard(tmp_path):
@@ -98,11 +200,15 @@ def test_a_run_warns_once_per_d_that_wins_with_the_numbers(tmp_path, caplog, d_w
         return
     logged = {r["step"]: r for r in read_metrics(tmp_path / "run") if "train/loss_d" in r}
     expected = []
-    for name in ("loss_d", "loss_d_aux"):
+    for name, suffix in (("loss_d", ""), ("loss_d_aux", "_aux")):
         first, second = logged[1][f"train/{name}"], logged[2][f"train/{name}"]
+        source, target = logged[2][f"train/d_acc_source{suffix}"], logged[2][f"train/d_acc_target{suffix}"]
         expected.append(f"D wins outright: {name} below 100 at 2 consecutive log steps (steps 1-2; "
-                        f"min {min(first, second):.4f}, now {second:.4f})")
+                        f"min {min(first, second):.4f}, max {max(first, second):.4f}, now {second:.4f}; "
+                        f"D's accuracy on source {source:.3f}, on target {target:.3f})")
     assert [w.split(": D tells")[0] for w in warnings] == expected
+    states = [(r["health/d_state"], r["health/d_state_aux"]) for _, r in sorted(logged.items())]
+    assert states == [(0.0, 0.0)] + [(1.0, 1.0)] * (len(states) - 1)  # from the warning on
 
 
 def test_auroc_is_the_probability_a_positive_outscores_a_negative_ties_counting_half():

@@ -142,7 +142,7 @@ def test_a_phase_outside_the_step_is_profiled_and_kept_out_of_the_step_time(cfg,
     assert records(tmp_path)[0]["perf/data_time"] == pytest.approx(1.0)  # the wait before the phase is dropped
 
 
-def test_the_d_wins_watch_reads_the_method_d_losses(cfg, tmp_path, caplog):
+def test_the_d_health_watch_reads_the_method_d_losses(cfg, tmp_path, caplog):
     assert d_loss_names(Method()) == method_class("adaptsegnet").d_losses == ("loss_d", "loss_d_aux")
     assert method_class("minent").d_losses == ()  # no D, nothing to watch
     assert d_loss_names(DeclaringMethod()) == ("loss_critic",)
@@ -159,22 +159,56 @@ def test_the_d_wins_watch_reads_the_method_d_losses(cfg, tmp_path, caplog):
     assert "loss_critic below 0.1" in caplog.text and "loss_d below" not in caplog.text
 
 
-def test_only_rank_0_writes_and_watches(cfg, tmp_path):
-    cfg.log.d_wins_loss = 0.1
-    with reporter_for(cfg, tmp_path, is_main=False) as reporter:
+def test_only_rank_0_writes_and_warns_but_every_rank_decides_on_d_health(cfg, tmp_path, caplog):
+    cfg.log.d_wins_loss, cfg.log.d_wins_steps, cfg.train.on_discriminator_collapse = 0.1, 1, "stop"
+    with caplog.at_level(logging.INFO, logger="segadv.monitor.diagnostics"), \
+            reporter_for(cfg, tmp_path, is_main=False) as reporter:
         reporter.begin(0, None)
         reporter.step_done(1, {"loss_d": torch.tensor(0.01)}, {})
         reporter.log(2)
         reporter.finish(2)
-    assert reporter.d_wins.detectors == []
+    assert reporter.stop_reason == "D wins outright on loss_d, train.on_discriminator_collapse: stop"
+    assert caplog.records == []
     assert not (tmp_path / "metrics.jsonl").exists() and read_status(tmp_path) is None
+
+
+def test_d_leaving_its_band_goes_to_the_metrics_tensorboard_and_status(cfg, tmp_path, caplog):
+    cfg.log.d_wins_loss, cfg.log.d_wins_steps, cfg.train.log_every = 0.1, 2, 1
+    cfg.log.tensorboard = True
+    with caplog.at_level(logging.WARNING, logger="segadv.monitor.diagnostics"), \
+            reporter_for(cfg, tmp_path) as reporter:
+        reporter.begin(0, None)
+        for step, loss in enumerate((0.5, 0.01, 0.02, 0.03, 0.5), 1):
+            reporter.step_done(step, {"loss_d": torch.tensor(loss)}, {})
+            reporter.log(step)
+            if step == 3:
+                during = read_status(tmp_path)
+        assert reporter.stop_reason is None  # train.on_discriminator_collapse: warn
+        reporter.finish(5)
+    assert [r["health/d_state"] for r in records(tmp_path) if "train/loss_d" in r] == [0.0, 0.0, 1.0, 1.0, 0.0]
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("D wins outright: loss_d below 0.1 at 2 consecutive log steps (steps 2-3;")
+    [episode] = during.discriminator_health
+    assert (during.outcome, episode.condition, episode.loss, episode.since, episode.step, episode.until) == \
+        ("running", "wins", "loss_d", 2, 3, None)
+    assert episode.values == {"loss_d": pytest.approx(0.02)}
+    assert read_status(tmp_path).discriminator_health[0].until == 5  # back in the band
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(reporter.tensorboard_dir))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("health/d_state")] == \
+        [(1, 0.0), (2, 0.0), (3, 1.0), (4, 1.0), (5, 0.0)]
+    [text] = events.Tensors("health/discriminator/text_summary")
+    assert text.step == 3 and text.tensor_proto.string_val[0].decode() == warning
 
 
 def evaluation(classes: int, miou=0.5, pixel_acc=0.75):
     """An evaluation that never saw the last class (its IoU NaN)."""
     iou = [0.5] * (classes - 1) + [math.nan]
     return SimpleNamespace(metrics={"mIoU": miou, "pixel_acc": pixel_acc, "iou": iou}, samples=None,
-                           absent_classes=[], matrix=torch.eye(classes, dtype=torch.int64))
+                           absent_classes=[], matrix=torch.eye(classes, dtype=torch.int64), proxies={})
 
 
 def test_an_evaluation_is_logged_and_recorded(cfg, tmp_path, caplog):

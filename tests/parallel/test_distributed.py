@@ -102,11 +102,13 @@ def test_one_ddp_step_on_2x_b_equals_one_step_on_2b(tmp_path, tiny_cfg):
 MEAN_TEACHER_SETTINGS = [
     # French et al.'s teacher: eval-mode BatchNorm whose running statistics the EMA averages from
     # each rank's own (locally updated) G buffers.
-    pytest.param(("method.name=mean_teacher", "method.mean_teacher.teacher_batchnorm=running"), id="semi-running"),
+    # No D (the worker's loss.lambda_adv=0.1 is the other methods').
+    pytest.param(("method.name=mean_teacher", "method.mean_teacher.teacher_batchnorm=running", "loss.lambda_adv=0"),
+                 id="semi-running"),
     # DACS's: the teacher in train mode, its statistics moved by its own forward on each rank's
     # target batch; adaptation with D on top (a third network, under DDP).
     pytest.param(("method.name=mean_teacher", "method.mean_teacher.teacher_batchnorm=batch",
-                  "method.mean_teacher.lambda_adv=0.001", TARGET_DATA), id="adaptation-batch-d"),
+                  "loss.lambda_adv=0.001", TARGET_DATA), id="adaptation-batch-d"),
 ]
 
 
@@ -168,6 +170,23 @@ def test_cli_ddp_run_writes_one_checkpoint_set_and_one_event_file(tmp_path):
     ckpt = read_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert isinstance(ckpt["rng"], list) and len(ckpt["rng"]) == 2
     assert not any(k.startswith("module.") for k in ckpt["generator"])
+
+
+def test_cli_ddp_ranks_stop_together_when_d_leaves_its_band(tmp_path):
+    """train.on_discriminator_collapse=stop under DDP (gloo, 2 ranks): D at 100 times its learning
+    rate wins outright within a few log steps; every rank decides from the same rank-averaged
+    losses, so both stop at that step (no rank waits in a collective for the other), one
+    checkpoint, one warning (rank 0's), outcome stopped."""
+    run_dir = tmp_path / "ddp-health"
+    result = run(train_cli(run_dir, "train.max_steps=12", "train.log_every=1", "checkpoint.every=100",
+                           "train.eval_every=100", "optim.discriminator.lr=0.01", "log.d_wins_steps=3",
+                           "train.on_discriminator_collapse=stop", "--nproc-per-node", "2"))
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["outcome"] == "stopped" and status["stopped_by"].startswith("D wins outright on loss_d")
+    assert status["step"] < 12 and read_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == status["step"]
+    assert [e["step"] for e in status["discriminator_health"]] == [status["step"]]
+    assert (run_dir / "train.log").read_text().count("WARNING segadv.monitor.diagnostics: D wins outright") == 1
+    assert result.stderr.count("D wins outright: loss_d below") == 1
 
 
 def test_cli_ddp_advsemiseg_shards_and_checkpoints_its_three_streams(tmp_path):

@@ -510,3 +510,27 @@ def test_frozen_batchnorm_is_planned_at_batch_one_without_its_affine_state():
     dry_run(demo("data.batch_size=1", "model.generator.arch=deeplabv2", "model.generator.norm=frozen_affine"), steps=1)
     with pytest.raises(UserError, match="G.s BatchNorm cannot train on a batch of one sample"):
         dry_run(demo("data.batch_size=1"), steps=1)
+
+
+def test_the_label_free_scores_are_planned_and_d_reading_g_devices_maps_is_caught(monkeypatch):
+    """The evaluation of a run with target images adds the proxies' passes, D's among them: G's
+    maps cross to D's device (segadv/methods/adversarial.py ``realness``). Planted: a D view that
+    does not move them."""
+    import segadv.methods.domain_adaptation.iteration as adaptation
+
+    cfg = load_config("uda", ["device_map=g:1,d:0", "model.generator.aux_head=false"])
+    planned = dry_run(cfg, steps=1).devices
+    with monkeypatch.context() as patched:
+        patched.setattr(method_class("adaptsegnet"), "reads_unlabeled", classmethod(lambda cls, cfg: False))
+        without = dry_run(cfg, steps=1).devices
+    # D's score runs D in the evaluation, G's two more passes (the mirror, the smaller image) add to G's.
+    assert planned["cuda:0"].evaluation_peak_bytes > without["cuda:0"].evaluation_peak_bytes
+    assert planned["cuda:1"].evaluation_peak_bytes >= without["cuda:1"].evaluation_peak_bytes
+
+    def unmoved(d, maps, labels):
+        with d.opt.autocast():
+            return torch.sigmoid(d.bare(maps).float())
+
+    monkeypatch.setattr(adaptation, "realness", unmoved)
+    with pytest.raises(PlacementError, match="aten.convolution.default mixes devices cuda:0, cuda:1"):
+        dry_run(cfg, steps=1)

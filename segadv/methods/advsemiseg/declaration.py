@@ -44,6 +44,7 @@ class AdvSemiSegSpec(Method):
 
     name = "advsemiseg"
     config = AdvSemiSegConfig
+    lambda_adv_default = 0.01  # on the labeled predictions: the reference README's --lambda-adv-pred 0.01
     # Seed words 1 and 2: each stream shuffles and augments independently of the others.
     streams = (
         StreamSpec("labeled", "labeled"),
@@ -61,9 +62,9 @@ class AdvSemiSegSpec(Method):
     @classmethod
     def from_config(cls, cfg: Config, nets: Mapping[str, Network], phases: PhaseTimer) -> Method:
         return cls.iteration_class()(nets["generator"], nets["discriminator"], phases, cls.settings(cfg), num_classes=cfg.data.num_classes,
-                                     ignore_index=cfg.data.ignore_index, lambda_adv=cfg.loss.lambda_adv,
+                                     ignore_index=cfg.data.ignore_index, lambda_adv=cls.adversarial_weight(cfg),
                                      adv_warmup_steps=cfg.loss.adv_warmup_steps)
 
     @classmethod
     def passes_generator_loss_through_discriminator(cls, cfg: Config) -> bool:
-        return cfg.loss.lambda_adv > 0 or cls.settings(cfg).lambda_semi_adv > 0  # labeled, unlabeled terms
+        return cls.adversarial_weight(cfg) > 0 or cls.settings(cfg).lambda_semi_adv > 0  # labeled, unlabeled terms

@@ -46,6 +46,8 @@ from segadv.parallel.placement import for_inference, to_device
 
 
 class AdvSemiSeg(AdvSemiSegSpec, LabeledAdversarial):
+    discriminator_realness = LabeledAdversarial.discriminator_realness
+
     def __init__(
         self, g: Network, d: Network, phases: PhaseTimer, settings: AdvSemiSegConfig, *, num_classes: int,
         ignore_index: int, lambda_adv: float, adv_warmup_steps: int = 0,

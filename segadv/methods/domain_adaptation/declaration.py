@@ -22,11 +22,12 @@ if TYPE_CHECKING:
 class DomainAdaptationConfig(Section):
     """Unsupervised domain adaptation from the labeled source (``data``) to the unlabeled target
     (``target_data``). Levels: main, and aux when ``model.generator.aux_head`` (multi-level).
-    Defaults: AdaptSegNet's multi-level weights (docs/methods.md "Domain adaptation")."""
+    Defaults: AdaptSegNet's multi-level weights (docs/methods.md "Domain adaptation"); the main
+    level's adversarial weight is every method's ``loss.lambda_adv`` (null: 0.001)."""
 
     lambda_seg_aux: Weight = Field(0.1, description="weight of the aux output's source CE")
-    lambda_adv_main: Weight = Field(0.001, description="weight of the main level's adversarial term (target made to look like source)")
-    lambda_adv_aux: Weight = Field(0.0002, description="weight of the aux level's adversarial term")
+    lambda_adv_aux: Weight = Field(
+        0.0002, description="weight of the aux level's adversarial term (the main level's: loss.lambda_adv)")
     lambda_ent_main: Weight = Field(0.0, description="weight of the main level's mean normalised target entropy (MinEnt)")
     lambda_ent_aux: Weight = Field(0.0, description="weight of the aux level's target entropy")
     gan: Literal["bce", "ls"] = Field("bce", description="GAN loss: bce, or ls (least squares: MSE on D's logits)")
@@ -37,7 +38,6 @@ class DomainAdaptationConfig(Section):
 class MinEntConfig(DomainAdaptationConfig):
     """ADVENT's MinEnt: no discriminator, the target's entropy minimised."""
 
-    lambda_adv_main: Weight = Field(0.0, description="weight of the main level's adversarial term (MinEnt: none)")
     lambda_adv_aux: Weight = Field(0.0, description="weight of the aux level's adversarial term (MinEnt: none)")
     lambda_ent_main: Weight = Field(0.001, description="weight of the main level's mean normalised target entropy")
     lambda_ent_aux: Weight = Field(0.0002, description="weight of the aux level's target entropy")
@@ -50,6 +50,9 @@ class DomainAdaptationSpec(Method):
     config: ClassVar[type[DomainAdaptationConfig]] = DomainAdaptationConfig
     has_discriminator: ClassVar[bool]  # a D per level (AdaptSegNet, ADVENT), or none (MinEnt)
     trains_aux_output = True
+    # The main level's adversarial weight (the aux level's: lambda_adv_aux): AdaptSegNet's and
+    # ADVENT's --lambda-adv-target2 / TRAIN.LAMBDA_ADV_MAIN.
+    lambda_adv_default = 0.001
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -76,12 +79,12 @@ class DomainAdaptationSpec(Method):
     def passes_generator_loss_through_discriminator(cls, cfg: Config) -> bool:
         settings = cls.settings(cfg)
         return cls.has_discriminator and (
-            settings.lambda_adv_main > 0 or (cfg.model.generator.aux_head and settings.lambda_adv_aux > 0))
+            cls.adversarial_weight(cfg) > 0 or (cfg.model.generator.aux_head and settings.lambda_adv_aux > 0))
 
     @classmethod
     def from_config(cls, cfg: Config, nets: Mapping[str, Network], phases: PhaseTimer) -> Method:
         return cls.iteration_class()(nets["generator"], nets.get("discriminator"), nets.get("discriminator_aux"), phases, cls.settings(cfg), ignore_index=cfg.data.ignore_index,
-                                     multi_level=cfg.model.generator.aux_head)
+                                     multi_level=cfg.model.generator.aux_head, lambda_adv=cls.adversarial_weight(cfg))
 
 
 # What AdaptSegNet and AdvEnt log (the _aux ones with two levels, loss_ent* where weighted) and report.
@@ -119,5 +122,7 @@ class MinEntSpec(DomainAdaptationSpec):
     name = "minent"
     config = MinEntConfig
     has_discriminator = False
+    lambda_adv_default = 0.0  # what its old key said (method.minent.lambda_adv_main: 0); more is refused
+    lambda_adv_unused = "trains no D: it has no adversarial term (its target term is method.minent.lambda_ent_main)"
     losses = ("loss_seg", "loss_seg_aux", "loss_ent", "loss_ent_aux")
     diagnostics = ("train/loss_seg",)

@@ -48,6 +48,7 @@ from segadv.methods.adversarial import (
     generator_logits,
     hand_over,
     optimizer_step,
+    realness,
 )
 from segadv.methods.schedule import Schedule
 from segadv.methods.domain_adaptation.declaration import AdaptSegNetSpec, AdventSpec, DomainAdaptationConfig, MinEntSpec
@@ -141,9 +142,12 @@ class DomainAdaptation:
         *,
         ignore_index: int,
         multi_level: bool = False,
+        lambda_adv: float = 0.0,
     ) -> None:
         """``d``: the main level's D, ``d_aux`` the aux level's (multi-level); None where the
-        method trains none (MinEnt)."""
+        method trains none (MinEnt). ``lambda_adv``: the main level's adversarial weight
+        (``loss.lambda_adv`` as the method reads it, ``Method.adversarial_weight``; the aux level's is
+        ``settings.lambda_adv_aux``)."""
         self.g, self.phases = g, phases
         self.settings = settings
         self.schedule = Schedule()  # every term from the first step
@@ -154,7 +158,7 @@ class DomainAdaptation:
             if multi_level:
                 self.levels.append(Level("aux", None, 0.0, settings.lambda_ent_aux))
             return
-        self.levels = [Level("main", d, settings.lambda_adv_main, settings.lambda_ent_main)]
+        self.levels = [Level("main", d, lambda_adv, settings.lambda_ent_main)]
         if multi_level:
             if d_aux is None:
                 raise ValueError("multi-level adversarial adaptation needs the aux discriminator")
@@ -246,17 +250,25 @@ class DomainAdaptation:
             maps = self.discriminator_input(logits)
         return hand_over(self.phases, maps, self.g, level.d)
 
+    def discriminator_realness(self, images: torch.Tensor, logits: torch.Tensor) -> Optional[torch.Tensor]:
+        """The main level's D's probability that G's maps are the source's
+        (``Method.discriminator_realness``); None without a D (MinEnt)."""
+        d = self.levels[0].d
+        return None if d is None else realness(d, self.discriminator_input(logits), LABELS)
+
 
 class AdaptSegNet(AdaptSegNetSpec, DomainAdaptation):
     """AdaptSegNet's iteration: its Ds see the softmax maps."""
 
     discriminator_input = staticmethod(softmax_maps)
+    discriminator_realness = DomainAdaptation.discriminator_realness
 
 
 class Advent(AdventSpec, DomainAdaptation):
     """ADVENT's AdvEnt iteration: its Ds see the weighted self-information maps."""
 
     discriminator_input = staticmethod(self_information)
+    discriminator_realness = DomainAdaptation.discriminator_realness
 
 
 class MinEnt(MinEntSpec, DomainAdaptation):

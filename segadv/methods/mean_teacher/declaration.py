@@ -1,9 +1,9 @@
 """Mean teacher (issue 47): self-training with an EMA teacher of G and mixed images, DACS's
 (Tranheden et al., WACV 2021) in adaptation and French et al.'s (BMVC 2020) regime in
 semi-supervised runs, with AdvSemiSeg's or AdaptSegNet's adversarial term on top as one key
-(``lambda_adv``). What the method declares before any network exists (its settings, streams,
-networks, losses, checks), torch-free so the config loads without torch; its iteration is
-``iteration.py`` beside this file.
+(``loss.lambda_adv``, every method's adversarial weight; null here: 0, no D). What the method
+declares before any network exists (its settings, streams, networks, losses, checks), torch-free
+so the config loads without torch; its iteration is ``iteration.py`` beside this file.
 
 One method for both settings: without ``target_data`` it reads a labeled and an unlabeled stream
 (AdvSemiSeg's), with it a source and a target stream (AdaptSegNet's). Every default is a
@@ -53,9 +53,6 @@ class MeanTeacherConfig(Section):
     lambda_unsup: Weight = Field(1.0, description="weight of the student's loss on the mixed images (consistency_weight)")
     color_jitter: bool = Field(True, description="DACS's colour jitter on the mixed images (80 %, strength 0.25)")
     blur: bool = Field(True, description="DACS's Gaussian blur on the mixed images (50 %, sigma 0.15-1.15)")
-    lambda_adv: Weight = Field(
-        0.0, description="D on top: weight of AdvSemiSeg's (semi-supervised) or AdaptSegNet's (adaptation) "
-                         "adversarial term on the student's unmixed unlabeled/target maps; 0: no D is built")
     unlabeled_batch_size: Optional[int] = Field(
         None, gt=0, le=10**6, description="semi-supervised: batch of the unlabeled stream; null: data.batch_size")
     target_batch_size: Optional[int] = Field(
@@ -68,7 +65,7 @@ SEMI_STREAMS = (
     StreamSpec("labeled", "labeled"),
     StreamSpec("unlabeled", "unlabeled", seed_word=1, batch_size_key="method.mean_teacher.unlabeled_batch_size"),
 )
-GT_STREAM = StreamSpec("gt", "labeled", seed_word=2)  # D's real maps (AdvSemiSeg's), with lambda_adv only
+GT_STREAM = StreamSpec("gt", "labeled", seed_word=2)  # D's real maps (AdvSemiSeg's), with loss.lambda_adv > 0 only
 ADAPTATION_STREAMS = (
     StreamSpec("source", "labeled"),
     StreamSpec("target", "target", seed_word=3, batch_size_key="method.mean_teacher.target_batch_size"),
@@ -77,10 +74,14 @@ ADAPTATION_STREAMS = (
 
 class MeanTeacherSpec(Method):
     """The student G trained on a labeled/source batch and on mixed images labelled by its EMA
-    teacher; D on top where ``lambda_adv`` > 0."""
+    teacher; D on top where ``loss.lambda_adv`` > 0."""
 
     name = "mean_teacher"
     config = MeanTeacherConfig
+    # D on top: the weight of AdvSemiSeg's (semi-supervised) or AdaptSegNet's (adaptation) adversarial
+    # term on the student's unmixed unlabeled/target maps. DACS and French et al. have none: 0, and
+    # with 0 no D is built.
+    lambda_adv_default = 0.0
     streams = SEMI_STREAMS + (GT_STREAM,) + ADAPTATION_STREAMS  # every stream it may draw; data_streams: which
     losses = ("loss_seg", "loss_unsup", "pseudo_confidence", "loss_adv", "loss_d")
     d_losses = ("loss_d",)
@@ -98,16 +99,16 @@ class MeanTeacherSpec(Method):
     def data_streams(cls, cfg: Config) -> tuple[StreamSpec, ...]:
         if cls.adapts(cfg):
             return ADAPTATION_STREAMS
-        return SEMI_STREAMS + ((GT_STREAM,) if cls.settings(cfg).lambda_adv > 0 else ())
+        return SEMI_STREAMS + ((GT_STREAM,) if cls.adversarial_weight(cfg) > 0 else ())
 
     @classmethod
     def networks(cls, cfg: Config) -> tuple[str, ...]:
         # G (the student), its EMA teacher, and D only where its term is on: with 0 no D is built.
-        return ("generator", "teacher") + (("discriminator",) if cls.settings(cfg).lambda_adv > 0 else ())
+        return ("generator", "teacher") + (("discriminator",) if cls.adversarial_weight(cfg) > 0 else ())
 
     @classmethod
     def passes_generator_loss_through_discriminator(cls, cfg: Config) -> bool:
-        return cls.settings(cfg).lambda_adv > 0
+        return cls.adversarial_weight(cfg) > 0
 
     @classmethod
     def check_config(cls, cfg: Config) -> None:
@@ -126,4 +127,4 @@ class MeanTeacherSpec(Method):
             adapts=cls.adapts(cfg), num_classes=cfg.data.num_classes,
             ignore_index=cfg.data.ignore_index, mean=cfg.data.input_normalization.mean,
             std=cfg.data.input_normalization.std,
-            seed=cfg.train.seed, aux_head=cfg.model.generator.aux_head)
+            seed=cfg.train.seed, aux_head=cfg.model.generator.aux_head, lambda_adv=cls.adversarial_weight(cfg))

@@ -45,6 +45,7 @@ from segadv.methods.adversarial import (
     generator_logits,
     hand_over,
     optimizer_step,
+    realness,
 )
 from segadv.methods.mean_teacher.declaration import MeanTeacherConfig, MeanTeacherSpec
 from segadv.methods.schedule import Schedule
@@ -80,10 +81,11 @@ class MeanTeacher(MeanTeacherSpec):
     def __init__(
         self, g: Network, teacher: Network, d: Optional[Network], phases: PhaseTimer, settings: MeanTeacherConfig, *,
         adapts: bool, num_classes: int, ignore_index: int,
-        mean: tuple[float, ...], std: tuple[float, ...], seed: int, aux_head: bool = False,
+        mean: tuple[float, ...], std: tuple[float, ...], seed: int, aux_head: bool = False, lambda_adv: float = 0.0,
     ) -> None:
         """``g`` the student, ``teacher`` its EMA (the ``teacher`` role: no optimizer), ``d`` the
-        discriminator where ``lambda_adv`` > 0, else None; ``adapts``: source/target streams."""
+        discriminator where ``lambda_adv`` > 0 (``loss.lambda_adv`` as the method reads it,
+        ``Method.adversarial_weight``), else None; ``adapts``: source/target streams."""
         self.g, self.teacher, self.d, self.phases = g, teacher, d, phases
         self.settings = settings
         self.adapts = adapts
@@ -91,9 +93,10 @@ class MeanTeacher(MeanTeacherSpec):
         self.num_classes, self.ignore_index = num_classes, ignore_index
         self.aux_head = aux_head
         self.mean, self.std = mean, std
-        self.schedule = Schedule(unsup=(settings.lambda_unsup, 0), adversarial=(settings.lambda_adv, 0))
+        self.lambda_adv = lambda_adv
+        self.schedule = Schedule(unsup=(settings.lambda_unsup, 0), adversarial=(lambda_adv, 0))
         if self.schedule.active("adversarial", 0) and d is None:
-            raise ValueError("method.mean_teacher.lambda_adv > 0 needs the discriminator")
+            raise ValueError("loss.lambda_adv > 0 needs the mean teacher's discriminator")
         self.rank = this_rank()
         # On the host: its draws are copied to G's device pinned and non_blocking (mixing.py).
         self.generator = torch.Generator().manual_seed(derived_seed(seed, MIXING_SEED_WORD, self.rank))
@@ -104,6 +107,13 @@ class MeanTeacher(MeanTeacherSpec):
         if settings.teacher_batchnorm == "running":
             for index, module in enumerate((teacher.bare, g.bare)):
                 self.ema_pairs[index] += [b for b in module.buffers() if b.is_floating_point()]
+
+    def discriminator_realness(self, images: torch.Tensor, logits: torch.Tensor) -> Optional[torch.Tensor]:
+        """D's probability that the student's softmax maps are real (ground truth; in adaptation the
+        source's); None where D is off (``Method.discriminator_realness``)."""
+        if self.d is None:
+            return None
+        return realness(self.d, logits.softmax(dim=1), SOURCE_REAL if self.adapts else GROUND_TRUTH_REAL)
 
     def checkpoint_state(self) -> Mapping[str, Any]:
         return {"mixing_rng": MixingRNG(self.generator, self.rank)}
@@ -157,7 +167,7 @@ class MeanTeacher(MeanTeacherSpec):
             with phase("g_fwd_bwd", g.device):
                 real = GROUND_TRUTH_REAL.real if not self.adapts else SOURCE_REAL.real
                 loss_adv = gan_loss(discriminator_view(d, probs_u_d), real)
-                g.opt.backward(s.lambda_adv * to_device(loss_adv, g.device) + unused)
+                g.opt.backward(self.lambda_adv * to_device(loss_adv, g.device) + unused)
             losses["loss_adv"] = loss_adv.detach()
 
         with phase("g_fwd_bwd", g.device):

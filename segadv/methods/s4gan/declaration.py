@@ -44,6 +44,9 @@ class S4GanSpec(Method):
         StreamSpec("gt", "labeled", seed_word=2),
     )
     discriminator_kind = "image"
+    # Its G term through D is feature matching, with a weight of its own.
+    lambda_adv_unused = "has no term loss.lambda_adv weighs: its adversarial term for G is feature matching, " \
+                        "weighted by method.s4gan.lambda_fm"
     losses = ("loss_seg", "loss_fm", "loss_st", "loss_d", "st_image_ratio", "d_acc_real", "d_acc_fake")
     d_losses = ("loss_d",)
     diagnostics = ("train/loss_seg", "train/loss_d", "train/d_acc_real", "train/d_acc_fake", "train/st_image_ratio")
@@ -55,7 +58,7 @@ class S4GanSpec(Method):
 
     @classmethod
     def passes_generator_loss_through_discriminator(cls, cfg: Config) -> bool:
-        # Feature matching is its only term through D (loss.lambda_adv is not used).
+        # Feature matching is its only term through D (loss.lambda_adv is refused: lambda_adv_unused).
         return cls.settings(cfg).lambda_fm > 0
 
     @classmethod

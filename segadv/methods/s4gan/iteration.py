@@ -25,7 +25,7 @@ threshold contributes a zero self-training term (the same as the reference's, wi
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,7 @@ from segadv.methods.adversarial import (
     generator_logits,
     hand_over,
     optimizer_step,
+    realness,
 )
 from segadv.methods.schedule import Schedule
 from segadv.methods.s4gan.declaration import S4GanConfig, S4GanSpec
@@ -82,6 +83,13 @@ class S4Gan(S4GanSpec):
 
     def st_active(self, step: int) -> bool:
         return self.schedule.active("st", step)
+
+    def discriminator_realness(self, images: torch.Tensor, logits: torch.Tensor) -> Optional[torch.Tensor]:
+        """Its image-level D's probability that G's softmax maps with their images are ground truth
+        (``Method.discriminator_realness``): one per image."""
+        if images.shape[-2:] != logits.shape[-2:]:  # data.val_input_size: G predicted at a resized input
+            images = F.interpolate(images.float(), size=logits.shape[-2:], mode="bilinear", align_corners=False)
+        return realness(self.d, torch.cat([logits.softmax(dim=1), unit_range(images)], dim=1), LABELS)
 
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
         g, d, phase, s, ignore = self.g, self.d, self.phases.phase, self.settings, self.ignore_index

@@ -44,6 +44,8 @@ class StepLosses:
 
 
 class Supervised(SupervisedSpec, LabeledAdversarial):
+    discriminator_realness = LabeledAdversarial.discriminator_realness
+
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
         images, labels = streams["labeled"].next()
         return self.iteration(images, labels, step).as_dict()
