@@ -54,7 +54,8 @@ def score_run(run_dir: Path) -> list[dict[str, Any]]:
     for step, path in step_checkpoints(run_dir):
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
         for role, net in parts.members():
-            load_weights(checkpoint, net.module, role=role.name, name=str(path))
+            if role.trained:  # the student and D are scored; an untrained role (the teacher) is not read
+                load_weights(checkpoint, net.module, role=role.name, name=str(path))
         result = evaluate_generator(cfg, parts, loader, proxies=True)
         rows.append({"step": step, "mIoU": result.metrics["mIoU"], "logged_mIoU": logged.get(step),
                      **result.proxies})
