@@ -34,12 +34,6 @@ log = logging.getLogger("segadv.training.loop")
 
 T = TypeVar("T")
 
-def d_loss_names(method: object) -> tuple[str, ...]:
-    """The D losses D's health watch reads: what the method's class declares
-    (``Method.d_losses``; none for a method without a D)."""
-    return tuple(type(method).d_losses)
-
-
 class Parts(Protocol):
     """What the reporter reads of a run's parts (segadv/training/build.py's ``Training``)."""
 

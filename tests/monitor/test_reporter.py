@@ -15,7 +15,8 @@ from torch.overrides import TorchFunctionMode
 
 from segadv.monitor.profile import PhaseTimer
 from segadv.methods.registry import method_class
-from segadv.monitor.reporter import Reporter, d_loss_names
+from segadv.monitor.diagnostics import DHealthWatch
+from segadv.monitor.reporter import Reporter
 from segadv.monitor.status import RunRecord, read_status
 
 CPU = torch.device("cpu")
@@ -142,10 +143,15 @@ def test_a_phase_outside_the_step_is_profiled_and_kept_out_of_the_step_time(cfg,
     assert records(tmp_path)[0]["perf/data_time"] == pytest.approx(1.0)  # the wait before the phase is dropped
 
 
+def d_loss_names(cfg, method):
+    """The D losses a run's health watch reads for ``method``."""
+    return tuple(d.name for d in DHealthWatch.for_run(cfg, type(method), announce=False).detectors)
+
+
 def test_the_d_health_watch_reads_the_method_d_losses(cfg, tmp_path, caplog):
-    assert d_loss_names(Method()) == method_class("adaptsegnet").d_losses == ("loss_d", "loss_d_aux")
+    assert d_loss_names(cfg, Method()) == method_class("adaptsegnet").d_losses == ("loss_d", "loss_d_aux")
     assert method_class("minent").d_losses == ()  # no D, nothing to watch
-    assert d_loss_names(DeclaringMethod()) == ("loss_critic",)
+    assert d_loss_names(cfg, DeclaringMethod()) == ("loss_critic",)
     cfg.log.d_wins_loss, cfg.log.d_wins_steps = 0.1, 2
     with caplog.at_level(logging.WARNING, logger="segadv.monitor.diagnostics"), \
             reporter_for(cfg, tmp_path, method=DeclaringMethod()) as reporter:
