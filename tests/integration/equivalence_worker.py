@@ -4,7 +4,9 @@
 
 Each rank loads the reference's initial weights and takes its half of the batch; it saves its
 networks and the adversarial gradient G's update sent into D's input. An input with target images
-runs the domain-adaptation method instead (and saves D_aux and its gradient too).
+runs the domain-adaptation method instead (and saves D_aux and its gradient too); one with
+unlabeled images the mean teacher, MT_STEPS iterations (and saves the teacher; D only where the
+config builds one).
 """
 
 import sys
@@ -16,10 +18,11 @@ import torch.distributed as dist
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]  # its folder and tests/ (conftest, helpers)
 from helpers import FixedStream  # noqa: E402
 from test_equivalence import (  # noqa: E402
-    batch_statistics_frozen, capture_adversarial_gradient, freeze_batch_statistics, harness_config, no_dropout,
+    MT_STEPS, batch_statistics_frozen, capture_adversarial_gradient, freeze_batch_statistics, harness_config,
+    no_dropout, record_pseudo_labels,
 )
 
-from segadv.training.build import build_training  # noqa: E402
+from segadv.training.build import build_training, start_copies  # noqa: E402
 from segadv.parallel import distributed, parse_device_map, unwrap  # noqa: E402
 
 
@@ -45,11 +48,17 @@ def main(out: Path, device_map_spec: str, overrides: list[str]) -> None:
     with batch_statistics_frozen():  # G's BatchNorm frozen below: micro-batches of one sample train
         parts = build_training(cfg, device_map, env)
     unwrap(parts.g.module).load_state_dict(data["g"])
-    unwrap(parts.d.module).load_state_dict(data["d"])
+    if "d" in data:  # the mean teacher builds no D with loss.lambda_adv 0
+        unwrap(parts.d.module).load_state_dict(data["d"])
+    teacher = parts.network("teacher")
+    if teacher is not None:
+        start_copies(parts)  # the teacher starts as G, after G's initial weights (as the loop)
+        no_dropout(teacher.bare)
     no_dropout(parts.g.module)
     freeze_batch_statistics(unwrap(parts.g.module))
     grads: list[torch.Tensor] = []
-    capture_adversarial_gradient(parts.d.module, grads)
+    if parts.d is not None:
+        capture_adversarial_gradient(parts.d.module, grads)
     grads_aux: list[torch.Tensor] = []
     if "d_aux" in data:
         unwrap(parts.d_aux.module).load_state_dict(data["d_aux"])
@@ -57,16 +66,31 @@ def main(out: Path, device_map_spec: str, overrides: list[str]) -> None:
     scale = parts.g.opt.loss_scale()
     half = data["images"].shape[0] // env.world_size
     rows = slice(env.rank * half, (env.rank + 1) * half)
-    if "target" in data:
+    if "images_u" in data:  # the mean teacher: its streams, each rank's half of every batch
+        labeled, unlabeled = ("source", "target") if cfg.target_data is not None else ("labeled", "unlabeled")
+        streams = {labeled: FixedStream((data["images"][rows], data["labels"][rows])),
+                   unlabeled: FixedStream(data["images_u"][rows]),
+                   "gt": FixedStream((data["images"][rows], data["labels_gt"][rows]))}
+        pseudo_labels = record_pseudo_labels(parts.method)
+        for step in range(MT_STEPS):
+            parts.step(streams, step=step)
+    elif "target" in data:
         parts.step({"source": FixedStream((data["images"][rows], data["labels"][rows])),
                       "target": FixedStream(data["target"][rows])}, step=0)
     else:
         parts.step({"labeled": FixedStream((data["images"][rows], data["labels"][rows]))}, step=0)
-    saved = {"g": unwrap(parts.g.module), "d": unwrap(parts.d.module)}
+    saved = {"g": unwrap(parts.g.module)}
+    if parts.d is not None:
+        saved["d"] = unwrap(parts.d.module)
     if "d_aux" in data:
         saved["d_aux"] = unwrap(parts.d_aux.module)
+    if teacher is not None:
+        saved["teacher"] = teacher.bare
     result = {name: {k: v.cpu() for k, v in net.state_dict().items()} for name, net in saved.items()}
-    result["adv_grad"] = torch.cat(grads) / scale  # one per micro-batch (train.accumulation_steps)
+    if teacher is not None:
+        result["pseudo_labels"] = pseudo_labels  # one per step
+    if grads:  # one per micro-batch (train.accumulation_steps), one per step for the mean teacher
+        result["adv_grad"] = torch.cat(grads) / scale
     if grads_aux:
         result["adv_grad_aux"] = torch.cat(grads_aux) / scale
     torch.save(result, out / f"rank{env.rank}.pt")

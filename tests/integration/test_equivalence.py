@@ -890,23 +890,80 @@ def test_ddp_domain_adaptation_on_two_processes_matches_the_plain_loop(tmp_path,
 # dacs_threshold: at DACS's 0.968 a fresh G's share is 0 and the pseudo-labelled pixels would not
 # count. A train-mode teacher's top probabilities straddle 0.3 (measured quartiles 0.27-0.35), so in
 # adaptation the weight is a share between 0 and 1; an eval-mode fresh teacher's are all near 0.2135
-# (5 classes), a knife edge, so the semi-supervised settings keep 0.25 (share 0 at step 0) and the
-# pasted pixels, their labels and the teacher's pseudo labels carry the comparison there.
+# at both steps (5 classes; measured 0.2120-0.2136), a knife edge, and at 0.25 the share was 0 at
+# both: the pseudo labels weighed nothing and the teacher's forward went uncompared. The
+# semi-supervised settings take 0.2, 1/num_classes, which every top probability reaches: the share is
+# 1, and every pseudo label counts as the pasted pixels' labels do.
 MT_STEPS = 2
-MT_OVERRIDES = ("method.name=mean_teacher", "method.mean_teacher.dacs_threshold=0.25", "data.labeled_fraction=0.5")
+MT_OVERRIDES = ("method.name=mean_teacher", "method.mean_teacher.dacs_threshold=0.2", "data.labeled_fraction=0.5")
 MT_SETTINGS = {  # after the harness's loss.lambda_adv: 0 builds no D
-    "semi": ("loss.lambda_adv=0",),
-    "semi-adv": (f"loss.lambda_adv={LAMBDA_ADV}",),
+    # French et al.: semi-supervised, the teacher on running statistics (eval mode) and their EMA.
+    "semi": ("method.mean_teacher.teacher_batchnorm=running", "loss.lambda_adv=0"),
+    "semi-adv": ("method.mean_teacher.teacher_batchnorm=running", f"loss.lambda_adv={LAMBDA_ADV}"),
     # DACS: adaptation, the teacher's BatchNorm on batch statistics (train mode).
     "adaptation": (UDA_OVERRIDES[0], "method.mean_teacher.teacher_batchnorm=batch",
                    "method.mean_teacher.dacs_threshold=0.3", "loss.lambda_adv=0"),
 }
-MT_CASES = [(setting, c) for c in CASES if c.name in {"cpu", "cpu-dataparallel", "g-bf16"} for setting in MT_SETTINGS
-            if setting == "semi" or c.name == "cpu"]
+# Accumulation and DDP cut the batch into parts the method runs on one at a time (a micro-batch, a
+# rank's shard). Each part draws its own mixing (the micro-batches in turn from the one generator,
+# each rank from its own, seeded with its rank), its teacher with teacher_batchnorm: batch normalises
+# with the part's statistics (as G's BatchNorm does: docs/training.md, "What BatchNorm sees"), and
+# its losses count 1/K of the step's. DACS's confidence weight (confidence_share: batch) is the
+# share of confident pixels over the batch (docs/methods.md); segadv's iteration counts it over what
+# it is handed, the part (docs/training.md: "Other batch-level terms are per micro-batch too"), a
+# different number. These cases count it per image (confidence_share: image), the same number
+# whether the image is seen in its batch or in its part, so the plain loop keeps DACS's definition
+# (and refuses the batch share on parts) and the comparison does not depend on which is meant.
+MT_PER_IMAGE = "method.mean_teacher.confidence_share=image"
+# Near-ties in the teacher's argmax. DACS's train-mode teacher normalises with batch statistics,
+# which at initialisation amplify rounding: its probabilities moved up to 6.3e-6 in channels_last
+# and 2.0e-6 from float64 (measured on the CPU), while among the 16,384 pixels of a step some have
+# their top two probabilities 1e-6 apart (smallest measured gap 7.5e-7; 0.13 % of the pixels lie
+# within 1e-4). A flipped pseudo label is not rounding in the comparison: 3 + 2 flipped pixels moved
+# G's update by 1.9e-2 of its largest element. So in float32 the plain loop checks segadv's pseudo
+# labels against its own argmax wherever its top two are more than PSEUDO_LABEL_TIE apart (every
+# pixel must agree), and only within it takes segadv's, which must be one of its top two. The
+# eval-mode teachers of the semi-supervised settings have no such pixels (smallest gap 8e-3).
+PSEUDO_LABEL_TIE = 1e-4
+# Two micro-batches of 2, and French et al.'s EMA without DACS's warm-up, at decay 1/2: with the
+# warm-up (decay 0, then 1/2) a teacher moved after each micro-batch instead of once per optimizer
+# step would come out the same (an update before G steps averages the teacher with G, which it
+# already is); without it, the second step's extra update shows in the teacher and its pseudo labels.
+MT_ACCUMULATION = Case("cpu-accumulation-2-per-image",
+                       overrides=("train.accumulation_steps=2", "data.batch_size=4", MT_PER_IMAGE,
+                                  "method.mean_teacher.ema_warmup=false", "method.mean_teacher.ema_decay=0.5"))
+# The teacher on its own: under its own autocast with G in float32 (amp.teacher; compared by cosine,
+# as the AMP cases), compiled alone (compile.teacher; aot_eager: graph capture without minutes of
+# C++), and placed apart from G by the device map (t, segadv/config/roles.py; where the map leaves
+# it out it shares G's devices, as every other case has it).
+MT_TEACHER_CASES = [
+    Case("teacher-bf16", overrides=amp("teacher", "bfloat16")),
+    Case("compile-aot-teacher", overrides=("compile.teacher=true", AOT)),
+    Case("g:cpu,d:cpu,t:cuda:0", "g:cpu,d:cpu,t:cuda:0", marks=CUDA),
+    Case("g:cuda:0,d:cuda:0,t:cpu-bf16", "g:cuda:0,d:cuda:0,t:cpu", amp("teacher", "bfloat16"), marks=CUDA),
+    Case("g:1,d:0,t:0", "g:1,d:0,t:0", marks=CUDA2),
+]
+# Every placement and wrapper the other methods' iterations run under, in each setting; the AMP
+# cases where the setting has the network (no D in "semi" and "adaptation"); the teacher's autocast
+# in eval and in train mode (running and batch statistics); its compile (8 s of graph capture on
+# the CPU) with DACS's train-mode teacher, the default; the device maps in every setting.
+MT_EVERYWHERE = {"cpu", "cpu-dataparallel", "cpu-channels_last", "cpu-activation-checkpointing", "g:cuda:0,d:cpu",
+                 "g:cpu,d:cuda:0", "cuda-both-fp16", "g:1,d:0", "g:0+1,d:1"}
+MT_AMP = {"semi": {"g-bf16"}, "semi-adv": {"both-bf16", "g-bf16-d-fp16"}, "adaptation": {"g-bf16"}}
+MT_TEACHER_SETTINGS = {"teacher-bf16": ("semi", "adaptation"), "compile-aot-teacher": ("adaptation",)}
+MT_CASES = [(setting, c) for setting in MT_SETTINGS for c in CASES if c.name in MT_EVERYWHERE | MT_AMP[setting]] + [
+    (setting, c) for setting in MT_SETTINGS for c in (MT_ACCUMULATION, *MT_TEACHER_CASES)
+    if setting in MT_TEACHER_SETTINGS.get(c.name, MT_SETTINGS)]
 
 
 def mean_teacher_config(setting: str, *overrides: str):
     return harness_config(*MT_OVERRIDES, *MT_SETTINGS[setting], *overrides)
+
+
+def mt_reference_overrides(case: Case) -> tuple[str, ...]:
+    """The case's settings the plain loop reads: the networks', the method's and the accumulation."""
+    return tuple(o for o in case.overrides
+                 if o.startswith(("model.", "method.", "train.accumulation_steps=", "data.batch_size=")))
 
 
 def make_mt_batches(cfg):
@@ -921,71 +978,114 @@ def averaged(module: nn.Module, running: bool) -> list[torch.Tensor]:
     return list(module.parameters()) + ([b for b in module.buffers() if b.is_floating_point()] if running else [])
 
 
-def reference_mean_teacher(g, teacher, d, images_l, labels_l, images_u, labels_gt, cfg) -> torch.Tensor | None:
+def reference_mean_teacher(g, teacher, d, images_l, labels_l, images_u, labels_gt, cfg, ranks: int = 1,
+                           teacher_replicas: int = 1, ties: list[torch.Tensor] | None = None) -> torch.Tensor | None:
     """MT_STEPS mean-teacher iterations on the CPU in float32, plainly; returns G's adversarial
-    gradients at D's input (one per step, concatenated) where D is on, else None."""
+    gradients at D's input (by step, then by part, concatenated) where D is on, else None.
+
+    The batch in parts: ``train.accumulation_steps`` micro-batches, in turn, from one mixing
+    generator; or ``ranks`` DDP shards, each with the generator seeded with its rank. Each part's
+    losses count 1/parts of the step's (accumulation divides them, DDP averages the ranks'
+    gradients); G and D step once, and the teacher moves once, per step. ``teacher_replicas``: the
+    teacher split over a DataParallel replica set, each replica normalising its chunk of a batch
+    with that chunk's statistics (with ``teacher_batchnorm: batch``). ``ties``: segadv's pseudo
+    labels, one tensor per step and part, checked against the teacher's argmax here and taken
+    where its top two probabilities are within ``PSEUDO_LABEL_TIE``."""
     from segadv.data.resumable import derived_seed
     from segadv.methods import mixing
 
     s, num_classes, ignore = cfg.method.mean_teacher, cfg.data.num_classes, cfg.data.ignore_index
     mean, std = cfg.data.input_normalization.mean, cfg.data.input_normalization.std
-    generator = torch.Generator().manual_seed(derived_seed(cfg.train.seed, 47, 0))  # the method's, rank 0
+    micro_batches = cfg.train.accumulation_steps
+    assert ranks == 1 or micro_batches == 1, "the plain loop cuts the batch for DDP or for accumulation, not both"
+    parts = ranks * micro_batches
+    assert parts == 1 or s.confidence_share == "image", \
+        "DACS's batch share over a part is not the batch's: cut batches compare confidence_share=image"
+    generators = [torch.Generator().manual_seed(derived_seed(cfg.train.seed, 47, rank))  # the method's, by rank
+                  for rank in range(ranks)]
     opt_g = plain_optimizer(g, cfg.optim.generator)
     opt_d = plain_optimizer(d, cfg.optim.discriminator) if d is not None else None
     running = s.teacher_batchnorm == "running"
     adv_grads = []
+    theirs = iter(ties) if ties is not None else None
     for step in range(MT_STEPS):
         for opt, own in ((opt_g, cfg.optim.generator), (opt_d, cfg.optim.discriminator)):
             if opt is not None:  # the poly schedule, in closed form
                 for group in opt.param_groups:
                     group["lr"] = own.lr * (1 - step / cfg.train.max_steps) ** own.poly_power
-        opt_g.zero_grad()
-        g.train()
-        logits_l = g(images_l)
-        F.cross_entropy(logits_l, labels_l, ignore_index=ignore).backward()
-        with torch.no_grad():
-            teacher.train(not running)
-            confidence, pseudo = torch.softmax(teacher(images_u), dim=1).max(dim=1)
-            mask = mixing.class_mix_mask(labels_l, generator, num_classes, ignore)
-            mixed = torch.where(mask[:, None], images_l, images_u)
-            mixed_labels = torch.where(mask, labels_l, pseudo)
-            mixed = mixing.dacs_color_jitter(mixed, generator, mean=mean, std=std)
-            mixed = mixing.dacs_gaussian_blur(mixed, generator)
-            share = (confidence >= s.dacs_threshold).double().mean().float()  # over the batch
-            weight = torch.where(mask, torch.ones_like(confidence), share.expand_as(confidence))
-        if d is not None:
-            probs_u = g(images_u).softmax(dim=1)
-            d.requires_grad_(False)
-            loss_adv = F.binary_cross_entropy_with_logits(d(probs_u), torch.ones_like(probs_u[:, :1]))
-            d.requires_grad_(True)
-            loss_adv = method_class("mean_teacher").adversarial_weight(cfg) * loss_adv  # the gradient at D's input
-            (adv_grad,) = torch.autograd.grad(loss_adv, probs_u, retain_graph=True)
-            adv_grads.append(adv_grad)
-            loss_adv.backward()
-        per_pixel = F.cross_entropy(g(mixed), mixed_labels, ignore_index=ignore, reduction="none")
-        (s.lambda_unsup * (per_pixel * weight).mean()).backward()
+                opt.zero_grad()
+        for part, rows in enumerate(torch.arange(len(images_l)).chunk(parts)):
+            generator = generators[part if ranks > 1 else 0]
+            x_l, y_l, x_u, y_gt = (t[rows] for t in (images_l, labels_l, images_u, labels_gt))
+            g.train()
+            logits_l = g(x_l)
+            (F.cross_entropy(logits_l, y_l, ignore_index=ignore) / parts).backward()
+            with torch.no_grad():
+                teacher.train(not running)
+                logits_t = torch.cat([teacher(chunk) for chunk in x_u.chunk(teacher_replicas)])
+                probs_t = torch.softmax(logits_t, dim=1)
+                confidence, pseudo = probs_t.max(dim=1)
+                if theirs is not None:
+                    pseudo = broken_ties(probs_t, pseudo, next(theirs))
+                mask = mixing.class_mix_mask(y_l, generator, num_classes, ignore)
+                mixed = torch.where(mask[:, None], x_l, x_u)
+                mixed_labels = torch.where(mask, y_l, pseudo)
+                mixed = mixing.dacs_color_jitter(mixed, generator, mean=mean, std=std)
+                mixed = mixing.dacs_gaussian_blur(mixed, generator)
+                confident = (confidence >= s.dacs_threshold).double()
+                over = (1, 2) if s.confidence_share == "image" else (0, 1, 2)  # each image's pixels, or the batch's
+                share = confident.mean(dim=over, keepdim=True).float()
+                weight = torch.where(mask, torch.ones_like(confidence), share.expand_as(confidence))
+            if d is not None:
+                probs_u = g(x_u).softmax(dim=1)
+                d.requires_grad_(False)
+                loss_adv = F.binary_cross_entropy_with_logits(d(probs_u), torch.ones_like(probs_u[:, :1]))
+                d.requires_grad_(True)
+                loss_adv = method_class("mean_teacher").adversarial_weight(cfg) * loss_adv / parts
+                (adv_grad,) = torch.autograd.grad(loss_adv, probs_u, retain_graph=True)  # the gradient at D's input
+                adv_grads.append(adv_grad)
+                loss_adv.backward()
+            per_pixel = F.cross_entropy(g(mixed), mixed_labels, ignore_index=ignore, reduction="none")
+            (s.lambda_unsup * (per_pixel * weight).mean() / parts).backward()
+            if d is not None:  # AdvSemiSeg's D: G's labeled and unlabeled maps (pre-step) fake, one-hot y_gt real
+                valid_l, valid_gt = (y_l != ignore).float(), (y_gt != ignore).float()
+                onehot = F.one_hot(y_gt.clamp(0, num_classes - 1), num_classes).permute(0, 3, 1, 2).float()
+                fake = torch.cat([logits_l.detach().softmax(dim=1), probs_u.detach()])
+                valid_fake = torch.cat([valid_l, torch.ones_like(valid_l)])
+                loss_d = 0.5 * (masked_bce(d(fake), 0.0, valid_fake) + masked_bce(d(onehot * valid_gt[:, None]), 1.0,
+                                                                                  valid_gt))
+                (loss_d / parts).backward()
         opt_g.step()
-        decay = min(1 - 1 / (step + 1), s.ema_decay)
-        with torch.no_grad():
+        decay = min(1 - 1 / (step + 1), s.ema_decay) if s.ema_warmup else s.ema_decay
+        with torch.no_grad():  # once per optimizer step
             for t, live in zip(averaged(teacher, running), averaged(g, running)):
                 t.copy_(decay * t + (1 - decay) * live)
-        if d is not None:  # AdvSemiSeg's D: G's labeled and unlabeled maps fake, one-hot y_gt real, halved
-            valid_l, valid_gt = (labels_l != ignore).float(), (labels_gt != ignore).float()
-            onehot = F.one_hot(labels_gt.clamp(0, num_classes - 1), num_classes).permute(0, 3, 1, 2).float()
-            fake = torch.cat([logits_l.detach().softmax(dim=1), probs_u.detach()])
-            valid_fake = torch.cat([valid_l, torch.ones_like(valid_l)])
-            loss_d = 0.5 * (masked_bce(d(fake), 0.0, valid_fake) + masked_bce(d(onehot * valid_gt[:, None]), 1.0,
-                                                                              valid_gt))
-            opt_d.zero_grad()
-            loss_d.backward()
+        if opt_d is not None:
             opt_d.step()
+    assert theirs is None or next(theirs, None) is None, "segadv's teacher labelled more batches than the loop"
     return torch.cat(adv_grads) if adv_grads else None
+
+
+def broken_ties(probs: torch.Tensor, pseudo: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+    """The plain loop's pseudo labels with its near-ties (top two within ``PSEUDO_LABEL_TIE``) taken
+    from segadv's ``theirs``, after checking segadv's: its argmax everywhere else, one of its top two
+    at a tie."""
+    assert theirs.shape == pseudo.shape, \
+        f"segadv's pseudo labels {tuple(theirs.shape)}, the loop's {tuple(pseudo.shape)}"
+    top2 = probs.topk(2, dim=1)
+    tie = top2.values[:, 0] - top2.values[:, 1] < PSEUDO_LABEL_TIE
+    wrong = (theirs != pseudo) & ~tie
+    assert not wrong.any(), f"segadv's pseudo labels differ from the teacher's argmax on {int(wrong.sum())} pixels"
+    assert ((theirs == top2.indices[:, 0]) | (theirs == top2.indices[:, 1]))[tie].all(), \
+        "at a near-tie segadv's pseudo label is neither of the teacher's top two classes"
+    return torch.where(tie, theirs, pseudo)
 
 
 @dataclass
 class TeacherOutcome:
     updates: dict[str, dict[str, torch.Tensor]]  # by network: g, teacher (every averaged tensor), d
     adv_grad: torch.Tensor | None
+    pseudo_labels: list[torch.Tensor] = field(default_factory=list)  # segadv's, by step and part
 
 
 def teacher_state(module: nn.Module, running: bool) -> dict[str, torch.Tensor]:
@@ -999,9 +1099,12 @@ def teacher_state(module: nn.Module, running: bool) -> dict[str, torch.Tensor]:
 def mt_references():
     cache = {}
 
-    def get(setting: str, freeze_stats: bool) -> TeacherOutcome:
-        if (setting, freeze_stats) not in cache:
-            cfg = mean_teacher_config(setting)
+    def get(setting: str, freeze_stats: bool, overrides: tuple[str, ...] = (), ranks: int = 1,
+            teacher_replicas: int = 1, ties: list[torch.Tensor] | None = None) -> TeacherOutcome:
+        """The plain loop's outcome; with segadv's pseudo labels (``ties``) computed afresh."""
+        key = (setting, freeze_stats, overrides, ranks, teacher_replicas)
+        if ties is not None or key not in cache:
+            cfg = mean_teacher_config(setting, *overrides)
             g, d = initial_networks(cfg)
             teacher = no_dropout(build_generator(cfg.model.generator, cfg.data.num_classes))
             teacher.load_state_dict(g.state_dict())
@@ -1010,11 +1113,13 @@ def mt_references():
             d = d if method_class("mean_teacher").adversarial_weight(cfg) > 0 else None
             running = cfg.method.mean_teacher.teacher_batchnorm == "running"
             before = {"g": params(g), "teacher": teacher_state(teacher, running)} | ({"d": params(d)} if d else {})
-            adv = reference_mean_teacher(g, teacher, d, *make_mt_batches(cfg), cfg)
+            adv = reference_mean_teacher(g, teacher, d, *make_mt_batches(cfg), cfg, ranks, teacher_replicas, ties)
             after = {"g": params(g), "teacher": teacher_state(teacher, running)} | ({"d": params(d)} if d else {})
-            cache[setting, freeze_stats] = TeacherOutcome(
-                {n: {k: after[n][k] - v for k, v in before[n].items()} for n in before}, adv)
-        return cache[setting, freeze_stats]
+            outcome = TeacherOutcome({n: {k: after[n][k] - v for k, v in before[n].items()} for n in before}, adv)
+            if ties is not None:
+                return outcome
+            cache[key] = outcome
+        return cache[key]
 
     return get
 
@@ -1039,6 +1144,7 @@ def mt_outcome(case: Case, setting: str) -> TeacherOutcome:
     if parts.d is not None:
         capture_adversarial_gradient(parts.d.module, grads)
     running = cfg.method.mean_teacher.teacher_batchnorm == "running"
+    seen = record_pseudo_labels(parts.method)
     nets = {"g": parts.g.module} | ({"d": parts.d.module} if parts.d is not None else {})
     before = {n: params(m) for n, m in nets.items()} | {"teacher": teacher_state(teacher.bare, running)}
     scale = parts.g.opt.loss_scale()
@@ -1049,14 +1155,26 @@ def mt_outcome(case: Case, setting: str) -> TeacherOutcome:
     for step in range(MT_STEPS):
         parts.step(streams, step=step)
     after = {n: params(m) for n, m in nets.items()} | {"teacher": teacher_state(teacher.bare, running)}
+    # One adversarial gradient per micro-batch, in step order: the plain loop's parts.
     return TeacherOutcome({n: {k: after[n][k] - v for k, v in before[n].items()} for n in before},
-                          torch.cat(grads) / scale if grads else None)
+                          torch.cat(grads) / scale if grads else None, seen)
 
 
-@pytest.mark.parametrize("setting, case", [pytest.param(s, c, id=f"{s}-{c.name}", marks=list(c.marks))
-                                           for s, c in MT_CASES])
-def test_mean_teacher_iterations_match_the_plain_float32_loop(setting, case, mt_references, no_tf32):
-    got, ref = mt_outcome(case, setting), mt_references(setting, case.freeze_stats)
+def record_pseudo_labels(method) -> list[torch.Tensor]:
+    """The pseudo labels ``method`` (a MeanTeacher) hands its mixing, on the host, one per call."""
+    seen: list[torch.Tensor] = []
+    labels = method.pseudo_labels
+
+    def recorded(images):
+        pseudo, confidence = labels(images)
+        seen.append(pseudo.detach().cpu())
+        return pseudo, confidence
+
+    method.pseudo_labels = recorded
+    return seen
+
+
+def assert_mt_equivalent(case: Case, setting: str, got: TeacherOutcome, ref: TeacherOutcome) -> dict[str, float]:
     assert got.updates.keys() == ref.updates.keys()
     assert ("d" in got.updates) == (setting == "semi-adv")  # D built only where lambda_adv > 0
     pairs = {name: (got.updates[name], ref.updates[name]) for name in ref.updates}
@@ -1073,4 +1191,58 @@ def test_mean_teacher_iterations_match_the_plain_float32_loop(setting, case, mt_
     else:
         figures = {name: cosine(a, b) for name, (a, b) in pairs.items()}
         assert all(v >= AMP_MIN_COSINE for v in figures.values()), f"cosines {figures} below {AMP_MIN_COSINE}"
-    print(f"mean_teacher {setting} {case.name}: {figures}")
+    return figures
+
+
+@pytest.mark.parametrize("setting, case", [pytest.param(s, c, id=f"{s}-{c.name}", marks=list(c.marks))
+                                           for s, c in MT_CASES])
+def test_mean_teacher_iterations_match_the_plain_float32_loop(setting, case, mt_references, no_tf32):
+    got = mt_outcome(case, setting)
+    # A DataParallel replica set for the teacher (G's, where the map leaves it out) splits its batch:
+    # each replica's BatchNorm statistics are its chunk's (parsed here: the map names GPUs).
+    replicas = len(parse_device_map(case.device_map).devices_of("teacher"))
+    # In float32 the loop holds segadv's pseudo labels to its argmax and takes its near-ties (PSEUDO_LABEL_TIE);
+    # under reduced precision labels flip anyway, and the cosine comparison allows for it.
+    ties = got.pseudo_labels if case.float32 else None
+    ref = mt_references(setting, case.freeze_stats, mt_reference_overrides(case), teacher_replicas=replicas, ties=ties)
+    print(f"mean_teacher {setting} {case.name}: {assert_mt_equivalent(case, setting, got, ref)}")
+
+
+# Two gloo processes, each with half of every batch, against the plain loop cut into the ranks'
+# halves (each rank's mixing generator is seeded with its rank; the confidence counted per image:
+# see MT_PER_IMAGE). Only the comparison with the plain loop is here: that the ranks hold one
+# teacher bitwise is tests/parallel/test_distributed.py's.
+MT_DDP_CASES = [pytest.param("semi-adv", id="ddp-gloo-cpu-semi-adv"),
+                pytest.param("adaptation", id="ddp-gloo-cpu-adaptation")]
+
+
+@pytest.mark.parametrize("setting", MT_DDP_CASES)
+def test_ddp_mean_teacher_on_two_processes_matches_the_plain_loop(tmp_path, mt_references, setting):
+    overrides = (MT_PER_IMAGE,)
+    cfg = mean_teacher_config(setting, *overrides)
+    init_g, init_d = initial_networks(cfg)
+    images_l, labels_l, images_u, labels_gt = make_mt_batches(cfg)
+    has_d = method_class("mean_teacher").adversarial_weight(cfg) > 0
+    torch.save({"g": init_g.state_dict(), **({"d": init_d.state_dict()} if has_d else {}), "images": images_l,
+                "labels": labels_l, "images_u": images_u, "labels_gt": labels_gt}, tmp_path / "input.pt")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(HERE / "equivalence_worker.py"), str(tmp_path), "cpu", *MT_OVERRIDES, *MT_SETTINGS[setting], *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    nets = ("g", "d") if has_d else ("g",)
+    for net in nets:  # DDP keeps the ranks identical
+        assert all(torch.equal(ranks[0][net][k], ranks[1][net][k]) for k in ranks[0][net]), net
+    running = cfg.method.mean_teacher.teacher_batchnorm == "running"
+    starts = {"g": params(init_g), "teacher": teacher_state(init_g, running)} | ({"d": params(init_d)} if has_d else {})
+    updates = {net: {k: ranks[0][net][k].float() - v for k, v in start.items()} for net, start in starts.items()}
+    adv_grad = None
+    if has_d:  # each rank's adversarial loss is a mean over its half: the full batch's gradient is half of it
+        by_rank = [r["adv_grad"].chunk(MT_STEPS) for r in ranks]
+        adv_grad = torch.cat([by_rank[r][step] for step in range(MT_STEPS) for r in (0, 1)]) / 2
+    ties = [ranks[r]["pseudo_labels"][step] for step in range(MT_STEPS) for r in (0, 1)]  # the loop's order of parts
+    case = Case("ddp", "cpu", overrides, split_batch=True)
+    ref = mt_references(setting, True, overrides, ranks=2, ties=ties)
+    print(f"mean_teacher ddp {setting}: {assert_mt_equivalent(case, setting, TeacherOutcome(updates, adv_grad), ref)}")

@@ -4,6 +4,8 @@ step, D on top, and an exact resume with the teacher and the mixing RNG in the c
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -90,7 +92,8 @@ def test_the_teacher_has_its_own_autocast_falling_back_to_g():
         assert not torch.is_autocast_enabled("cpu")
 
 
-@pytest.mark.parametrize("overrides", [SEMI, UDA], ids=["semi", "uda"])
+@pytest.mark.parametrize("overrides", [SEMI, [*SEMI, "method.mean_teacher.teacher_batchnorm=running"], UDA],
+                         ids=["semi", "semi-running", "uda"])
 def test_pseudo_labels_are_the_teachers_argmax_on_the_unmixed_images(overrides, monkeypatch):
     cfg, parts = built(overrides)
     method = parts.method
@@ -106,10 +109,15 @@ def test_pseudo_labels_are_the_teachers_argmax_on_the_unmixed_images(overrides, 
         return real_mix(mask, foreground, background)
 
     monkeypatch.setattr(mixing, "mix", spy_mix)
-    teacher = parts.network("teacher")
+    # The teacher's BatchNorm as the setting says (batch: train mode, this batch's statistics, and
+    # dropout off as DAFormer's DACS sets it), on a copy: its running statistics are the method's.
+    teacher = copy.deepcopy(parts.network("teacher").bare)
     with torch.no_grad():
-        teacher.bare.eval()
-        expected = teacher.bare(images_u).float().softmax(dim=1).argmax(dim=1)
+        teacher.train(cfg.method.mean_teacher.teacher_batchnorm == "batch")
+        for module in teacher.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.eval()
+        expected = teacher(images_u).float().softmax(dim=1).argmax(dim=1)
     method(streams, 0)
     assert torch.equal(seen["pseudo"], expected)
     assert torch.equal(seen["labels"], labels)
@@ -168,18 +176,24 @@ def test_confidence_weights_follow_the_references():
     assert torch.equal(method.pseudo_weight(confidence), (confidence >= 0.97).float())
 
 
-@pytest.mark.parametrize("warmup", [True, False])
-def test_the_teacher_is_the_ema_of_g_after_each_g_step(warmup):
-    cfg, parts = built([*SEMI, f"method.mean_teacher.ema_warmup={str(warmup).lower()}"])
+@pytest.mark.parametrize("warmup,batchnorm", [(True, "batch"), (False, "batch"), (True, "running")])
+def test_the_teacher_is_the_ema_of_g_after_each_g_step(warmup, batchnorm):
+    cfg, parts = built([*SEMI, f"method.mean_teacher.ema_warmup={str(warmup).lower()}",
+                        f"method.mean_teacher.teacher_batchnorm={batchnorm}"])
     teacher, g = parts.network("teacher"), parts.g
     streams, *_ = fixed_streams(cfg, parts)
+    # DACS's EMA averages the parameters (the train-mode teacher's statistics follow its own
+    # batches); French et al.'s every float tensor, the running statistics included.
+    averaged = {name for name, _ in teacher.bare.named_parameters()}
+    if batchnorm == "running":
+        averaged |= {name for name, b in teacher.bare.named_buffers() if b.is_floating_point()}
     for step in range(2):
         before = weights(teacher.bare)
         parts.step(streams, step)
         after_g = weights(g.bare)
         decay = mixing.ema_decay(step, 0.99, warmup=warmup)
         for name, tensor in teacher.bare.state_dict().items():
-            if not tensor.is_floating_point():
+            if name not in averaged:
                 continue
             expected = decay * before[name] + (1 - decay) * after_g[name]
             assert torch.allclose(tensor, expected, atol=1e-6), (step, name)
@@ -258,3 +272,18 @@ def tensors(value):
     from segadv.checkpoint.state import tensors_in
 
     return list(tensors_in(value))
+
+
+def test_the_batch_statistics_teacher_has_batchnorm_in_train_mode_and_dropout_off():
+    """DACS's teacher (``teacher_batchnorm: batch``) normalises with the batch's statistics, and its
+    pseudo labels are not a dropout draw: two passes over the same images agree."""
+    cfg, parts = built(UDA)
+    images_u = batch(cfg, 2, 1)[0]
+    first, _ = parts.method.pseudo_labels(images_u)
+    second, _ = parts.method.pseudo_labels(images_u)
+    assert torch.equal(first, second)
+    modules = list(parts.network("teacher").bare.modules())
+    dropouts = [m for m in modules if isinstance(m, torch.nn.Dropout)]
+    norms = [m for m in modules if isinstance(m, torch.nn.BatchNorm2d)]
+    assert dropouts and norms  # smp's ASPP has a dropout
+    assert not any(m.training for m in dropouts) and all(m.training for m in norms)

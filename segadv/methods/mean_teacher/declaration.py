@@ -37,10 +37,10 @@ class MeanTeacherConfig(Section):
     ema_warmup: bool = Field(
         True, description="DACS's warm-up: decay min(1 - 1/(step+1), ema_decay); false: ema_decay from the first step "
                           "(French et al.)")
-    teacher_batchnorm: Literal["running", "batch"] = Field(
-        "running", description="the teacher's BatchNorm: running (eval mode; the EMA averages the running statistics "
-                               "too, as French et al.'s) or batch (train mode, batch statistics; the EMA averages the "
-                               "parameters only, as DACS)")
+    teacher_batchnorm: Literal["batch", "running"] = Field(
+        "batch", description="the teacher's BatchNorm: batch (train mode, batch statistics of the unlabeled/target "
+                             "batch; the EMA averages the parameters only, as DACS) or running (eval mode; the EMA "
+                             "averages the running statistics too, as French et al.'s)")
     confidence: Literal["dacs", "french"] = Field(
         "dacs", description="the pseudo labels' weight: dacs (share of pixels whose top probability reaches "
                             "dacs_threshold; 1 on the pasted labeled pixels) or french (confident-pixel mask at "

@@ -27,6 +27,8 @@ from typing import Any, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
+from timm.layers import DropPath
+from torch.nn.modules.dropout import _DropoutNd
 
 from segadv.data.resumable import derived_seed
 from segadv.data.streams import Stream
@@ -54,6 +56,19 @@ from segadv.parallel import distributed
 from segadv.parallel.placement import to_device
 
 MIXING_SEED_WORD = 47  # the mixing RNG's seed: derived from train.seed, this word and the rank
+
+
+def set_teacher_mode(module: torch.nn.Module, batchnorm: str) -> None:
+    """The teacher's mode for its pseudo labels. ``running``: eval mode. ``batch``: train mode, so
+    BatchNorm normalises with the batch's statistics (DACS's ``ema_model.train()``, trainUDA.py
+    265), with dropout and drop-path off, as DAFormer's DACS module sets them before its teacher's
+    forward (dacs.py 263-268): DACS's DeepLab-v2 has neither, smp's ASPP has a dropout of 0.5,
+    and with it on the pseudo labels would be a random draw."""
+    module.train(batchnorm == "batch")
+    if batchnorm == "batch":
+        for m in module.modules():
+            if isinstance(m, (_DropoutNd, DropPath)):
+                m.eval()
 
 
 class MixingRNG:
@@ -197,11 +212,11 @@ class MeanTeacher(MeanTeacherSpec):
     @torch.no_grad()
     def pseudo_labels(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The teacher's argmax and top probability on ``images``, on G's device. The teacher runs
-        on its own devices, under its own autocast, in eval mode (running statistics) or, with
-        ``teacher_batchnorm: batch``, train mode as DACS's ``ema_model.train()`` (trainUDA.py 265)."""
+        on its own devices, under its own autocast, with its BatchNorm as ``teacher_batchnorm`` says
+        (:func:`set_teacher_mode`)."""
         g, t = self.g, self.teacher
         with self.phases.phase("g_fwd_bwd", t.device):
-            t.module.train(self.settings.teacher_batchnorm == "batch")
+            set_teacher_mode(t.module, self.settings.teacher_batchnorm)
             on_teacher = hand_over(self.phases, images, g, t)
             with t.autocast():
                 logits = t.module(on_teacher)
