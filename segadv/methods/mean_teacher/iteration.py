@@ -27,8 +27,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath
-from torch.nn.modules.dropout import _DropoutNd
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from segadv.data.resumable import derived_seed
 from segadv.data.streams import Stream
@@ -59,16 +58,16 @@ MIXING_SEED_WORD = 47  # the mixing RNG's seed: derived from train.seed, this wo
 
 
 def set_teacher_mode(module: torch.nn.Module, batchnorm: str) -> None:
-    """The teacher's mode for its pseudo labels. ``running``: eval mode. ``batch``: train mode, so
-    BatchNorm normalises with the batch's statistics (DACS's ``ema_model.train()``, trainUDA.py
-    265), with dropout and drop-path off, as DAFormer's DACS module sets them before its teacher's
-    forward (dacs.py 263-268): DACS's DeepLab-v2 has neither, smp's ASPP has a dropout of 0.5,
-    and with it on the pseudo labels would be a random draw."""
-    module.train(batchnorm == "batch")
+    """The teacher's mode for its pseudo labels: eval mode, and with ``batch`` its BatchNorm layers
+    in train mode, normalising with the batch's statistics (DACS's ``ema_model.train()``,
+    trainUDA.py 265). Everything else stays in eval mode, as DAFormer's DACS module sets dropout
+    and drop-path before its teacher's forward (dacs.py 263-268): DACS's DeepLab-v2 has neither,
+    smp's ASPP has a dropout of 0.5, and with it on the pseudo labels would be a random draw."""
+    module.eval()
     if batchnorm == "batch":
         for m in module.modules():
-            if isinstance(m, (_DropoutNd, DropPath)):
-                m.eval()
+            if isinstance(m, _BatchNorm):
+                m.train()
 
 
 class MixingRNG:
