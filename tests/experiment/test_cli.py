@@ -172,13 +172,16 @@ def test_the_shipped_grid_is_valid(monkeypatch):
     assert all(len(bn.seeds_of(r)) == 5 for r in bn.rows)
     for name in ("semi-mean-teacher", "uda-mean-teacher"):  # issue 47's: 5 seeds a row, D on top of the teacher
         grid = load_grid(ROOT / "configs" / "experiments" / f"{name}.yaml")
-        assert all(len(grid.seeds_of(r)) == 5 for r in grid.rows if "teacher BatchNorm" not in r.name)
+        assert all(len(grid.seeds_of(r)) == 5 for r in grid.rows)
         assert "checkpoint.every=250" in grid.common_overrides  # the label-free scores read every evaluation's
-        index = next(i for i, r in enumerate(grid.rows) if "+ D" in r.name)
-        with_d = grid.rows[index]  # D on top: G's adversarial weight (loss.lambda_adv) above 0
-        cfg = load_config(with_d.config, with_d.overrides)
-        assert method_class(cfg.method.name).adversarial_weight(cfg) > 0
-        assert grid.baseline_of(with_d) == grid.rows[index - 1].name  # compared with the teacher alone
+        with_d = [i for i, r in enumerate(grid.rows) if "+ D" in r.name]
+        assert len(with_d) == 2  # one per teacher setting
+        for index in with_d:  # D on top: G's adversarial weight (loss.lambda_adv) above 0, the teacher's
+            row, alone = grid.rows[index], grid.rows[index - 1]  # settings those of the row before it
+            cfg, cfg_alone = load_config(row.config, row.overrides), load_config(alone.config, alone.overrides)
+            assert cfg.method.name == "mean_teacher" and method_class("mean_teacher").adversarial_weight(cfg) > 0
+            assert cfg.method.mean_teacher == cfg_alone.method.mean_teacher
+            assert grid.baseline_of(row) == alone.name  # compared with the teacher alone
 
 
 def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys):
