@@ -9,6 +9,9 @@ then per grid row and proxy:
 - the regret: per run, the val mIoU of the checkpoint the labels pick minus that of the one the
   proxy picks, averaged over the row's seeds (0: the proxy picks as the labels do).
 
+Then every grid's runs pooled: per proxy, and for keeping the last checkpoint, in how many runs it
+picks the labels' checkpoint, and its mean and worst regret.
+
 And D's health check (segadv/monitor/diagnostics.py ``DHealthWatch``, the run's own settings)
 replayed over each run's logged ``train/*`` values: which runs it warned for, and their final mIoU.
 
@@ -118,6 +121,33 @@ def finished_runs(grid_out: Path) -> dict[str, list[Path]]:
     return rows
 
 
+def regret(run: list[dict[str, Any]], key: str) -> float:
+    """The val mIoU of the run's checkpoint the labels pick minus that of the one ``key`` picks
+    (a ``proxy/*`` score in its direction, or ``last``: the last checkpoint)."""
+    from segadv.config.schema import higher_is_better
+
+    if key == "last":
+        pick = run[-1]
+    else:
+        pick = max(run, key=lambda r: r[key] if higher_is_better(key) else -r[key])
+    return max(r["mIoU"] for r in run) - pick["mIoU"]
+
+
+def pooled(report: dict[str, Any]) -> str:
+    """Every grid's runs together: per proxy (and the last checkpoint) how many runs it picks the
+    labels' checkpoint in, its mean and worst regret (points)."""
+    from segadv.config.schema import PROXY_SCORES
+
+    runs = [run for grid in report.values() for row in grid["scores"].values() for run in row.values()]
+    lines = ["| choice | picks the labels' checkpoint | mean regret | worst regret |", "|---|---|---|---|"]
+    for key in [*(f"proxy/{name}" for name in PROXY_SCORES), "last"]:
+        regrets = [100 * regret(run, key) for run in runs if key == "last" or all(key in r for r in run)]
+        if regrets:
+            lines.append(f"| {key} | {sum(r == 0 for r in regrets)} / {len(regrets)} | "
+                         f"{sum(regrets) / len(regrets):.2f} | {max(regrets):.1f} |")
+    return "\n".join(lines)
+
+
 def summarise(scored: dict[str, dict[str, list[dict[str, Any]]]],
               health: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     """Per row and proxy: Spearman over the row's checkpoints and the regret per run."""
@@ -134,24 +164,16 @@ def summarise(scored: dict[str, dict[str, list[dict[str, Any]]]],
             if len(points) < 3:
                 continue
             rho, p = spearmanr([a for a, _ in points], [b for _, b in points])
-            regrets = []
-            for run in runs.values():
-                if not all(key in r for r in run):
-                    continue
-                by_label = max(run, key=lambda r: r["mIoU"])
-                by_proxy = max(run, key=lambda r: r[key] if higher else -r[key])
-                regrets.append(by_label["mIoU"] - by_proxy["mIoU"])
+            regrets = [regret(run, key) for run in runs.values() if all(key in r for r in run)]
             mean = sum(regrets) / len(regrets)
             std = math.sqrt(sum((x - mean) ** 2 for x in regrets) / (len(regrets) - 1)) if len(regrets) > 1 else 0.0
             per_proxy[name] = {"spearman": float(rho), "p": float(p), "n_checkpoints": len(points),
                                "regret_mean": mean, "regret_std": std, "regret_max": max(regrets),
                                "runs": len(regrets), "picks_as_labels": sum(r == 0 for r in regrets)}
-        last = [run[-1]["mIoU"] for run in runs.values()]
-        best = [max(r["mIoU"] for r in run) for run in runs.values()]
         fired = [seed for seed, events in health.get(row, {}).items() if events]
         finals = {seed: run[-1]["mIoU"] for seed, run in runs.items()}
         summary[row] = {"proxies": per_proxy, "runs": len(runs),
-                        "regret_of_last": sum(b - x for b, x in zip(best, last)) / len(runs),
+                        "regret_of_last": sum(regret(run, "last") for run in runs.values()) / len(runs),
                         "health_fired": fired,
                         "final_fired": [finals[s] for s in fired],
                         "final_quiet": [finals[s] for s in finals if s not in fired]}
@@ -211,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = summarise(scored, health)
         report[grid.name] = {"scores": scored, "health": health, "summary": summary}
         print(f"## {grid.name}\n\n{table(summary)}\n")
+    print(f"## Pooled over every run\n\n{pooled(report)}\n")
     atomic_write_text(args.out, json.dumps(report, indent=1) + "\n")
     return 0
 

@@ -15,8 +15,8 @@ RNGs are gathered from every rank) and every rank raises together; rank 0 writes
 from __future__ import annotations
 
 import json
-import math
 import logging
+import math
 import os
 import re
 import shutil
@@ -32,7 +32,7 @@ from segadv.readback import read_json, whole_number
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
 from segadv.config.resume import check_resumed_config
-from segadv.config.schema import higher_is_better
+from segadv.config.schema import best_score_by, higher_is_better
 
 log = logging.getLogger(__name__)
 
@@ -366,11 +366,6 @@ def saved_world_size(ckpt: Mapping[str, Any]) -> int:
         return int(ckpt["world_size"])
     rng = ckpt.get("rng")
     return len(rng) if isinstance(rng, list) else 1
-
-
-def best_score_by(best: Mapping[str, Any]) -> str:
-    """The score a ``best`` record was chosen by (a record from before checkpoint.best_by: val/mIoU)."""
-    return str(best.get("by", "val/mIoU"))
 
 
 def better(score: float, best: float | None, higher: bool) -> bool:

@@ -32,7 +32,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -253,20 +253,15 @@ def _base_paths(value: Any, including: Path) -> list[Path]:
         raise UserError(f"config file {_display(including)}: {BASE_KEY}: {err}") from None
 
 
-# A config layer (a file, the command line's overrides) and what it is, to the layer with each
-# renamed key at its new name (segadv/config/renamed.py ``apply_renamed_keys``).
-Rename = Callable[[dict, str], dict]
-
-
-def _resolve_file(path: Path, chain: tuple[Path, ...] = (), reads: Optional[list[int]] = None,
-                  rename: Optional[Rename] = None) -> dict:
-    """One file with its ``_base_`` files merged underneath it, recursively.
+def _file_layers(path: Path, chain: tuple[Path, ...] = (), reads: Optional[list[int]] = None) -> list[tuple[dict, Path]]:
+    """One file's layers, lowest first: its ``_base_`` files' layers (recursively, in the order it
+    lists them), then its own keys, each with the file it came from. Merged in that order they are
+    the file with its bases underneath; kept apart, each layer can be read on its own first (its
+    renamed keys: :func:`load_config`).
 
     ``chain`` holds the files currently being resolved (resolved paths), to report cycles; a file
     reached twice along different branches (a diamond) is fine. ``reads`` counts the files read
     for the whole config, each read of a diamond's file included, against ``MAX_BASE_FILES``.
-    ``rename``: applied to each file's own keys before they are merged, so that a file's old key
-    and a new key set by another file (a base, one above it) are layers as any two keys are.
     """
     if path in chain:
         cycle = " -> ".join(_display(p) for p in (*chain[chain.index(path):], path))
@@ -278,13 +273,19 @@ def _resolve_file(path: Path, chain: tuple[Path, ...] = (), reads: Optional[list
                         f"(the cap on a config's {BASE_KEY} files, each read counted), the latest "
                         f"{_display(path)}: flatten them")
     data = _read_yaml_file(path, chain[-1] if chain else None)
-    bases = _base_paths(data.pop(BASE_KEY, None), path)
-    if rename is not None:
-        data = rename(data, f"config file {_display(path)}")
-    merged: dict = {}
-    for base in bases:
-        merged = _deep_merge(merged, _resolve_file(base, (*chain, path), reads, rename))
-    return _deep_merge(merged, data)
+    layers: list[tuple[dict, Path]] = []
+    for base in _base_paths(data.pop(BASE_KEY, None), path):
+        layers += _file_layers(base, (*chain, path), reads)
+    layers.append((data, path))
+    return layers
+
+
+def _merged(layers: Sequence[Mapping]) -> dict:
+    """``layers`` merged over the schema defaults, lowest first."""
+    data = _schema_defaults()
+    for layer in layers:
+        data = _deep_merge(data, layer)
+    return data
 
 
 # --------------------------------------------------------------------------------------- merging
@@ -561,16 +562,14 @@ def load_config(path: Optional[PathLike], overrides: Sequence[str] = (), saved: 
     if isinstance(overrides, str):
         raise TypeError("overrides must be a sequence of 'key=value' strings, not one string")
     file = resolve_config(DEFAULT_CONFIG_PATH if path is None else path)
+    layers = _file_layers(file)
     # The method every layer is read for (renamed keys: an old one moves where it is its method's):
-    # the one the layers come to, read once as written.
-    probe = _deep_merge(_schema_defaults(), _resolve_file(file))
+    # the one the layers come to, read as written.
+    probe = _merged([layer for layer, _ in layers])
     _apply_overrides(probe, overrides)
     method = _method_name(probe)
-
-    def rename(layer: dict, where: str) -> dict:
-        return apply_renamed_keys(layer, saved=saved, source=where, method=method)
-
-    data = _deep_merge(_schema_defaults(), _resolve_file(file, rename=rename))
+    data = _merged([apply_renamed_keys(layer, saved=saved, source=f"config file {_display(where)}", method=method)
+                    for layer, where in layers])
     _apply_overrides(data, overrides, method)
     source = _display(file) + (" + overrides" if overrides else "")
     return _validate(_strip_markers(data), source)

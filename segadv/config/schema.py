@@ -19,7 +19,7 @@ import functools
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 from pydantic import (
     BaseModel,
@@ -577,6 +577,12 @@ BEST_BY = ("val/mIoU", *(f"proxy/{name}" for name in PROXY_SCORES))
 def higher_is_better(score: str) -> bool:
     """The direction of a ``checkpoint.best_by`` score."""
     return score == "val/mIoU" or PROXY_SCORES[score.removeprefix("proxy/")]
+
+
+def best_score_by(best: Mapping[str, Any]) -> str:
+    """The score a ``best`` record (best.json, a checkpoint's ``best``) was chosen by; a record
+    without ``by`` (chosen by the val labels, or written before checkpoint.best_by): val/mIoU."""
+    return str(best.get("by", "val/mIoU"))
 
 
 class CheckpointConfig(Section):

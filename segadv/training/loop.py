@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 from segadv.training.build import Training, build_training, log_placement, start_copies
 from segadv.checkpoint import CheckpointManager, load_weights
 from segadv.config import Config, config_to_dict, flat_config
+from segadv.config.schema import best_score_by
 from segadv.engine.nonfinite import NonFiniteGuard
 from segadv.errors import UserError, WriteFailed, input_shape_message
 from segadv.monitor.profile import RunClock
@@ -247,7 +248,7 @@ def stopped(run_dir: Path, step: int, max_steps: int, reason: str, val_metrics: 
 def finished(cfg: Config, run_dir: Path, step: int, val_metrics: dict[str, object],
              checkpoints: CheckpointManager, tensorboard_dir: Path) -> TrainResult:
     best = checkpoints.best
-    by = best.get("by", "val/mIoU") if best else "val/mIoU"
+    by = best_score_by(best) if best else "val/mIoU"
     chosen = "" if by == "val/mIoU" else f" (chosen by {by} {best['score']:.4f})"
     log.info(
         "done: %d steps, final val mIoU %.4f, pixel accuracy %.4f; best val mIoU %.4f at step %d%s",

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 from segadv.config import Config, config_from_dict, load_config
 from segadv.config.loading import read_yaml
 from segadv.config.resume import check_resumed_config
+from segadv.config.schema import best_score_by
 from segadv.errors import UserError
 from segadv.fsutil import unwritable, user_path
 from segadv.monitor.writer import read_records
@@ -341,7 +342,7 @@ def finished_line(run_dir: Path, step: int, evaluation: dict[str, Any] | None, b
         final = f"final val mIoU {evaluation['mIoU']:.4f}" + (
             f", pixel accuracy {accuracy:.4f}" if accuracy is not None else "")
     best_text = f"; best val mIoU {best['mIoU']:.4f} at step {best['step']}" if best else ""
-    if best and best.get("by", "val/mIoU") != "val/mIoU":
+    if best and best_score_by(best) != "val/mIoU":
         best_text += f" (chosen by {best['by']})"
     return (f"{run_dir} is finished: step {step} of train.max_steps={step}, nothing to train; {final}{best_text} "
             f"(checkpoint: {checkpoint}). To train on, resume with a larger train.max_steps")

@@ -890,10 +890,10 @@ def test_ddp_domain_adaptation_on_two_processes_matches_the_plain_loop(tmp_path,
 # dacs_threshold: at DACS's 0.968 a fresh G's share is 0 and the pseudo-labelled pixels would not
 # count. A train-mode teacher's top probabilities straddle 0.3 (measured quartiles 0.27-0.35), so in
 # adaptation the weight is a share between 0 and 1; an eval-mode fresh teacher's are all near 0.2135
-# at both steps (5 classes; measured 0.2120-0.2136), a knife edge, and at 0.25 the share was 0 at
-# both: the pseudo labels weighed nothing and the teacher's forward went uncompared. The
-# semi-supervised settings take 0.2, 1/num_classes, which every top probability reaches: the share is
-# 1, and every pseudo label counts as the pasted pixels' labels do.
+# at both steps (5 classes; measured 0.2120-0.2136), a knife edge: above it the share is 0, the
+# pseudo labels weigh nothing and the teacher's forward goes uncompared. The semi-supervised
+# settings take 0.2, 1/num_classes, which every top probability reaches: the share is 1, and every
+# pseudo label counts as the pasted pixels' labels do.
 MT_STEPS = 2
 MT_OVERRIDES = ("method.name=mean_teacher", "method.mean_teacher.dacs_threshold=0.2", "data.labeled_fraction=0.5")
 MT_SETTINGS = {  # after the harness's loss.lambda_adv: 0 builds no D
@@ -910,8 +910,7 @@ MT_SETTINGS = {  # after the harness's loss.lambda_adv: 0 builds no D
 # with the part's statistics (as G's BatchNorm does: docs/training.md, "What BatchNorm sees"), and
 # its losses count 1/K of the step's. DACS's confidence weight (confidence_share: batch) is the
 # share of confident pixels over the batch (docs/methods.md); segadv's iteration counts it over what
-# it is handed, the part (docs/training.md: "Other batch-level terms are per micro-batch too"), a
-# different number. These cases count it per image (confidence_share: image), the same number
+# it is handed, the part (docs/methods.md, the mean teacher's confidence_share), a different number. These cases count it per image (confidence_share: image), the same number
 # whether the image is seen in its batch or in its part, so the plain loop keeps DACS's definition
 # (and refuses the batch share on parts) and the comparison does not depend on which is meant.
 MT_PER_IMAGE = "method.mean_teacher.confidence_share=image"

@@ -104,6 +104,8 @@ class MeanTeacher(MeanTeacherSpec):
         self.settings = settings
         self.adapts = adapts
         self.labeled, self.unlabeled = ("source", "target") if adapts else ("labeled", "unlabeled")
+        # D's sides, as the method D comes from labels them: AdaptSegNet's source "real", AdvSemiSeg's ground truth.
+        self.d_labels = SOURCE_REAL if adapts else GROUND_TRUTH_REAL
         self.num_classes, self.ignore_index = num_classes, ignore_index
         self.aux_head = aux_head
         self.mean, self.std = mean, std
@@ -127,7 +129,7 @@ class MeanTeacher(MeanTeacherSpec):
         source's); None where D is off (``Method.discriminator_realness``)."""
         if self.d is None:
             return None
-        return realness(self.d, logits.softmax(dim=1), SOURCE_REAL if self.adapts else GROUND_TRUTH_REAL)
+        return realness(self.d, logits.softmax(dim=1), self.d_labels)
 
     def checkpoint_state(self) -> Mapping[str, Any]:
         return {"mixing_rng": MixingRNG(self.generator, self.rank)}
@@ -179,8 +181,7 @@ class MeanTeacher(MeanTeacherSpec):
                 probs_u = logits_u.softmax(dim=1)
             probs_u_d = hand_over(self.phases, probs_u, g, d)
             with phase("g_fwd_bwd", g.device):
-                real = GROUND_TRUTH_REAL.real if not self.adapts else SOURCE_REAL.real
-                loss_adv = gan_loss(discriminator_view(d, probs_u_d), real)
+                loss_adv = gan_loss(discriminator_view(d, probs_u_d), self.d_labels.real)
                 g.opt.backward(self.lambda_adv * to_device(loss_adv, g.device) + unused)
             losses["loss_adv"] = loss_adv.detach()
 
@@ -259,9 +260,9 @@ class MeanTeacher(MeanTeacherSpec):
         d.module.train()
         probs_l_d = hand_over(self.phases, probs_l, self.g, d)
         if self.adapts:
-            loss_source, _ = discriminator_backward(self.phases, d, [DiscriminatorBatch(probs_l_d, SOURCE_REAL.real)],
+            loss_source, _ = discriminator_backward(self.phases, d, [DiscriminatorBatch(probs_l_d, self.d_labels.real)],
                                                     weight=0.5)
-            loss_target, _ = discriminator_backward(self.phases, d, [DiscriminatorBatch(probs_u, SOURCE_REAL.fake)],
+            loss_target, _ = discriminator_backward(self.phases, d, [DiscriminatorBatch(probs_u, self.d_labels.fake)],
                                                     weight=0.5)
             optimizer_step(self.phases, d)
             return loss_source + loss_target
@@ -273,8 +274,8 @@ class MeanTeacher(MeanTeacherSpec):
             real = one_hot_labels(labels_gt, self.num_classes, valid_gt)
             fake = torch.cat([probs_l_d, probs_u])
             valid_fake = torch.cat([valid_l, torch.ones_like(valid_l[:1]).expand(len(probs_u), -1, -1)])
-        loss_d, _ = discriminator_backward(self.phases, d, [DiscriminatorBatch(fake, GROUND_TRUTH_REAL.fake, valid_fake),
-                                                            DiscriminatorBatch(real, GROUND_TRUTH_REAL.real, valid_gt)],
+        loss_d, _ = discriminator_backward(self.phases, d, [DiscriminatorBatch(fake, self.d_labels.fake, valid_fake),
+                                                            DiscriminatorBatch(real, self.d_labels.real, valid_gt)],
                                            weight=0.5)
         optimizer_step(self.phases, d)
         return loss_d
