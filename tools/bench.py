@@ -63,11 +63,14 @@ log = logging.getLogger("segadv.bench")
 
 
 def make_bare_step(parts, num_classes: int, ignore_index: int, lambda_adv: float):
-    """The loop people write by hand: no wrappers, no AMP helpers, no meters."""
+    """The loop people write by hand: no wrappers, no AMP helpers, no meters. Each network's forward
+    runs under the autocast segadv resolved for it (``amp.<network>``, ``auto`` included), so both
+    sides compute in the same precision; fp16's loss scaling is segadv's alone."""
     G, D = parts.g.module, parts.d.module
     g_dev, d_dev = parts.g.device, parts.d.device
     opt_g, opt_d = parts.g.opt.optimizer, parts.d.opt.optimizer
     sched_g, sched_d = parts.g.opt.scheduler, parts.d.opt.scheduler
+    g_cast, d_cast = parts.g.opt.autocast, parts.d.opt.autocast
 
     def step(images, labels):
         images, labels = images.to(g_dev), labels.to(g_dev)
@@ -75,10 +78,12 @@ def make_bare_step(parts, num_classes: int, ignore_index: int, lambda_adv: float
         valid = labels_d != ignore_index
         for p in D.parameters():
             p.requires_grad_(False)
-        logits = G(images)
-        loss_seg = F.cross_entropy(logits, labels, ignore_index=ignore_index)
-        probs = logits.softmax(dim=1).to(d_dev)
-        loss_adv = masked_bce_with_logits(D(probs), 1.0, valid)
+        with g_cast():
+            logits = G(images)
+            loss_seg = F.cross_entropy(logits.float(), labels, ignore_index=ignore_index)
+            probs = logits.float().softmax(dim=1).to(d_dev)
+        with d_cast():
+            loss_adv = masked_bce_with_logits(D(probs).float(), 1.0, valid)
         (loss_seg + lambda_adv * loss_adv.to(g_dev)).backward()
         opt_g.step()
         opt_g.zero_grad(set_to_none=True)
@@ -86,7 +91,8 @@ def make_bare_step(parts, num_classes: int, ignore_index: int, lambda_adv: float
         for p in D.parameters():
             p.requires_grad_(True)
         real = one_hot_labels(labels_d, num_classes, valid)
-        fake_logits, real_logits = D(torch.cat([probs.detach(), real])).chunk(2)
+        with d_cast():
+            fake_logits, real_logits = D(torch.cat([probs.detach(), real])).float().chunk(2)
         loss_d = masked_bce_with_logits(fake_logits, 0.0, valid) + masked_bce_with_logits(real_logits, 1.0, valid)
         loss_d.backward()
         opt_d.step()
@@ -188,7 +194,7 @@ def build_parts(cfg):
     return build_training(cfg, device_map)
 
 
-def compare_variants(args, batches, log_every: int) -> None:
+def compare_variants(args, batches, log_every: int, flops: int = 0) -> None:
     """segadv's step under each variant, against the first (fp32) in alternating rounds."""
     dtypes = {"fp32": [], "bf16": ["enabled=true", "dtype=bfloat16"], "fp16": ["enabled=true", "dtype=float16"]}
     precision: dict[str, list[str]] = {}
@@ -221,6 +227,8 @@ def compare_variants(args, batches, log_every: int) -> None:
     for name, seconds in times.items():
         figure(f"{name}/ms_per_step", seconds * 1000, "ms")
         figure(f"{name}/speedup", base / seconds, "x", "vs amp/g=fp32,d=fp32")
+        if flops:
+            figure(f"{name}/tflops", flops / seconds / 1e12, "TFLOP/s")
 
 
 COMPILE_VARIANTS = {
@@ -324,6 +332,50 @@ def agreement_worker(calls: int, step_seconds: float) -> None:
     print(spent / calls)
 
 
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def profile_sides(runners: dict[str, object], steps: int, top: int = 25) -> None:
+    """Where one side's host time goes that the other's does not: ``torch.profiler`` over ``steps``
+    steps of each side, per step: operators, kernel launches, host syncs and the host's own time
+    (a launch-bound GPU step is the host's time), then the operators whose host time differs most.
+    The profiler's own overhead inflates every figure alike; compare the sides, not the values."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    per_op: dict[str, dict[str, tuple[float, float]]] = {}
+    for name, run in runners.items():
+        with profile(activities=activities) as prof:
+            run(steps)
+        events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0 or e.count]
+        per_op[name] = {e.key: (e.count / steps, e.self_cpu_time_total / steps) for e in events}
+        ops = sum(c for key, (c, _) in per_op[name].items() if key.startswith("aten::"))
+        launches = sum(c for key, (c, _) in per_op[name].items() if "LaunchKernel" in key)
+        syncs = sum(c for key, (c, _) in per_op[name].items() if key.startswith(SYNC_CALLS))
+        host_us = sum(us for _, us in per_op[name].values())
+        figure(f"profile/{name}/aten_ops_per_step", ops)
+        figure(f"profile/{name}/kernel_launches_per_step", launches)
+        figure(f"profile/{name}/host_syncs_per_step", syncs, "", ", ".join(SYNC_CALLS))
+        figure(f"profile/{name}/host_self_ms_per_step", host_us / 1000, "ms", "profiler overhead included")
+    a, b = list(per_op)[:2]
+    keys = set(per_op[a]) | set(per_op[b])
+    diff = sorted(keys, key=lambda k: -abs(per_op[a].get(k, (0, 0))[1] - per_op[b].get(k, (0, 0))[1]))
+    print(f"# top {top} operators by host time per step, {a} minus {b}: count {a}/{b}, self us {a}/{b}")
+    for key in diff[:top]:
+        (ca, ua), (cb, ub) = per_op[a].get(key, (0, 0)), per_op[b].get(key, (0, 0))
+        print(f"#   {key[:60]:<60} {ca:6.1f}/{cb:<6.1f} {ua:9.1f}/{ub:<9.1f} ({ua - ub:+.1f})")
+
+
+def step_flops(step, batch) -> int:
+    """Floating-point operations of one call of ``step`` (torch's FlopCounterMode: convolutions and
+    matrix products, forward and backward)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        step(*batch)
+    return counter.get_total_flops()
+
+
 def count(minimum: int):
     """argparse type: an integer >= ``minimum`` (argparse reports a bad one and exits 2)."""
 
@@ -349,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the segadv / bare ratio and the breakdown (skip AMP, channels_last, hop)")
     parser.add_argument("--compile", action="store_true",
                         help="also time compile.generator / compile.discriminator / both (minutes of compilation)")
+    parser.add_argument("--profile", type=count(0), default=0, metavar="STEPS",
+                        help="also profile STEPS steps of each side (torch.profiler): ops, launches, syncs, "
+                             "host time per step and the operators that differ most")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
     setup_logging(logging.WARNING)
@@ -378,21 +433,29 @@ def main(argv: list[str] | None = None) -> int:
     times = alternate({"segadv": run_segadv, "bare": run_bare}, args.rounds, args.steps, 0)
     parts.phases.resolve()
     timed_steps = args.rounds * args.steps
+    precision = {role: (str(part.opt.autocast_dtype).removeprefix("torch.") if part.opt.autocast_enabled else "float32")
+                 for role, part in (("G", parts.g), ("D", parts.d))}
+    print(f"# precision (both sides): G {precision['G']}, D {precision['D']}")
     print(f"# device map {device_map}; {cfg.model.generator.arch}/{cfg.model.generator.encoder}, "
           f"D ndf={cfg.model.discriminator.ndf}, batch {cfg.data.batch_size} x {cfg.data.synthetic.image_size}px; "
           f"{args.rounds} rounds x {args.steps} steps per side, median round")
     figure("bare/ms_per_step", times["bare"] * 1000, "ms")
     figure("segadv/ms_per_step", times["segadv"] * 1000, "ms")
     figure("ratio", times["bare"] / times["segadv"], "", "segadv / bare throughput; 1.0 = no overhead")
+    flops = step_flops(bare, batches[0])
+    figure("flops/gflop_per_step", flops / 1e9, "GFLOP", "convolutions and matmuls, forward and backward")
+    figure("flops/segadv_tflops", flops / times["segadv"] / 1e12, "TFLOP/s", "achieved, against the card's peak")
     step_total = sum(parts.phases.seconds.values())
     for name in STEP_PHASES:
         seconds = parts.phases.seconds.get(name, 0.0)
         figure(f"breakdown/{name}/ms_per_step", seconds / timed_steps * 1000, "ms",
                f"{seconds / step_total if step_total else 0.0:.1%} of the step")
+    if args.profile:
+        profile_sides({"segadv": run_segadv, "bare": run_bare}, args.profile)
     if args.compile:
         compare_compile(args, batches, log_every, run_bare)
     if not args.no_variants:
-        compare_variants(args, batches, log_every)
+        compare_variants(args, batches, log_every, flops)
         back_to_back = stop_agreement_seconds()
         hidden = stop_agreement_seconds(calls=50, step_seconds=times["segadv"])
         figure("stop_agreement/us_per_call", back_to_back * 1e6, "us", "call after call: the whole round trip")

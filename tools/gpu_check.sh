@@ -4,7 +4,10 @@
 # (--measure) for the shipped configs, and short CLI runs on CUDA (train, resume, DDP over NCCL,
 # predict --device cuda). Every section is timed and capped; the logs go to OUT_DIR.
 #
-#   bash tools/gpu_check.sh OUT_DIR [SECTION ...]     sections: env tests bench plan plan-split cli suite
+#   bash tools/gpu_check.sh OUT_DIR [SECTION ...]
+#
+# sections: env tests bench (the demo's size, with a profile of both sides) bench-voc (VOC's networks
+# and crop on synthetic data) compile-ro (compile.mode=reduce-overhead) plan plan-split cli suite
 #
 # The lent machine has torch but not smp/albumentations: carry the wheels that
 # ../shared/tools/gpu-wheels.sh puts into .whl/ (this script installs them when .whl/ exists).
@@ -21,7 +24,7 @@ if [ -d .whl ] && ! python3 -c "import segmentation_models_pytorch" 2>/dev/null;
   export PYTHONPATH=/tmp/site:$PWD
   mkdir -p /tmp/site/bin
   # The console scripts (segadv-train, segadv-plan, ...) as tiny wrappers over the modules.
-  for pair in train:segadv.training.loop eval:segadv.cli.eval export:segadv.cli.export predict:segadv.cli.predict \
+  for pair in train:segadv.cli.train eval:segadv.cli.eval export:segadv.cli.export predict:segadv.cli.predict \
               data:segadv.cli.data ckpt:segadv.cli.ckpt plan:segadv.cli.plan; do
     printf '#!/bin/sh\nexec python3 -c "import sys, %s as m; sys.argv[0]=\\"segadv-%s\\"; sys.exit(m.main())" "$@"\n' \
       "${pair#*:}" "${pair%%:*}" > "/tmp/site/bin/segadv-${pair%%:*}"
@@ -49,16 +52,27 @@ if want env; then
 fi
 
 if want tests; then
-  section tests 180 python3 -m pytest -q -s -rs -p no:cacheprovider -m "cuda or cuda2" tests
+  section tests 150 python3 -m pytest -q -rs -p no:cacheprovider -n 4 --dist loadfile -m "cuda or cuda2" tests
 fi
 
 if want bench; then
-  section bench 120 python3 tools/bench.py --device-map g:cuda:0,d:cuda:0
+  section bench 120 python3 tools/bench.py --device-map g:cuda:0,d:cuda:0 --profile 8
+fi
+
+VOC_BENCH="model.generator.encoder=resnet101 model.generator.encoder_weights=null model.generator.encoder_depth=5
+  model.generator.output_stride=16 model.generator.decoder_channels=256 model.discriminator.ndf=64
+  data.synthetic.image_size=320 data.batch_size=10 train.channels_last=false"
+if want bench-voc; then
+  section bench-voc 120 python3 tools/bench.py --device-map g:cuda:0,d:cuda:0 --no-variants --profile 4 $VOC_BENCH
+fi
+
+if want compile-ro; then
+  section compile-ro 150 python3 tools/bench.py --device-map g:cuda:0,d:cuda:0 --no-variants --compile compile.mode=reduce-overhead
 fi
 
 if want plan; then
   plan_all() {
-    for args in "default" "semi" "uda" "voc" "default amp.generator.enabled=true amp.discriminator.enabled=true"; do
+    for args in "default" "semi" "uda" "voc" "mean_teacher_voc" "default amp.generator.enabled=false amp.discriminator.enabled=false"; do
       set -- $args
       echo "--- $* g:0,d:0"
       segadv-plan --config "$@" --device-map g:0,d:0 --measure || echo "exit $?"
@@ -67,7 +81,7 @@ if want plan; then
     segadv-plan --config default --device-map g:0,d:cpu --measure || echo "exit $?"
   }
   export -f plan_all
-  section plan 180 bash -c plan_all
+  section plan 120 bash -c plan_all
 fi
 
 if want plan-split; then  # G on the GPU, D on the host: the hand-over between devices
