@@ -83,27 +83,27 @@ def make_voc(root: Path, train: list[str], val: list[str], aug: Optional[list[st
 CS_IDS = list(range(34))
 
 
-def make_cityscapes(root: Path, split: str, cities: dict[str, int]) -> list[str]:
+def make_cityscapes(root: Path, split: str, cities: dict[str, int], h: int = H, w: int = 68) -> list[str]:
     ids = []
     for city, n in cities.items():
         for k in range(n):
             sample_id = f"{city}_{k:06d}_000019"
             ids.append(sample_id)
-            save_image(root / "leftImg8bit" / split / city / f"{sample_id}_leftImg8bit.png", image_for(k, H, 68))
+            save_image(root / "leftImg8bit" / split / city / f"{sample_id}_leftImg8bit.png", image_for(k, h, w))
             gt = root / "gtFine" / split / city
-            save_mask(gt / f"{sample_id}_gtFine_labelIds.png", stripes(CS_IDS, H, 68))
+            save_mask(gt / f"{sample_id}_gtFine_labelIds.png", stripes(CS_IDS, h, w))
             # Files that sit next to the labelIds in the real release and must not be read.
-            save_image(gt / f"{sample_id}_gtFine_color.png", image_for(99, H, 68))
-            save_mask(gt / f"{sample_id}_gtFine_instanceIds.png", np.full((H, 68), 26, np.uint8))
+            save_image(gt / f"{sample_id}_gtFine_color.png", image_for(99, h, w))
+            save_mask(gt / f"{sample_id}_gtFine_instanceIds.png", np.full((h, w), 26, np.uint8))
             (gt / f"{sample_id}_gtFine_polygons.json").write_text("{}")
     return sorted(ids)
 
 
-def make_gta5(root: Path, n: int) -> list[str]:
+def make_gta5(root: Path, n: int, h: int = H, w: int = 68) -> list[str]:
     ids = [f"{k:05d}" for k in range(1, n + 1)]
     for k, sample_id in enumerate(ids):
-        save_image(root / "images" / f"{sample_id}.png", image_for(k, H, 68))
-        save_mask(root / "labels" / f"{sample_id}.png", stripes(CS_IDS, H, 68), "P")
+        save_image(root / "images" / f"{sample_id}.png", image_for(k, h, w))
+        save_mask(root / "labels" / f"{sample_id}.png", stripes(CS_IDS, h, w), "P")
     return ids
 
 

@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 TRAIN_KEY = "data.train_transforms"
 VAL_KEY = "data.val_transforms"
+SIZE_KEY = "data.val_input_size"
 SPLIT_FILE = "data_split.json"
 
 
@@ -134,9 +135,13 @@ def _describe(dataset: Any) -> str:
         return f"{dataset.split} sample '{sample.id}'"
 
 
-def _probe(dataset: Any, key: str) -> None:
+def _probe(dataset: Any, key: str, image_size: Optional[list[int]] = None) -> None:
     """Run the first good sample through the pipeline now, so a broken step fails at startup by
-    config key rather than later inside a DataLoader worker with a long traceback."""
+    config key rather than later inside a DataLoader worker with a long traceback, and check what
+    the pipeline promises: image and mask of one size, or with ``image_size`` ([W, H], a val
+    pipeline under ``data.val_input_size``) the image at that size and the mask at its own (the
+    prediction is upsampled to it). The files' image and mask agree in size either way: their
+    headers and pixels are checked before any pipeline runs (``check_sizes``)."""
     try:
         item = next((item for item in map(dataset.__getitem__, range(len(dataset))) if item is not None), None)
     except UserError:
@@ -146,10 +151,18 @@ def _probe(dataset: Any, key: str) -> None:
     if item is None:  # an evaluation set under data.on_error=skip whose every sample failed to load
         raise UserError(f"data: {empty_split_message(dataset.split, 'its files', len(dataset))}")
     image, mask = item
-    if image.ndim != 3 or mask.ndim != 2 or tuple(image.shape[1:]) != tuple(mask.shape):
+    if image_size is None:
+        if image.ndim != 3 or mask.ndim != 2 or tuple(image.shape[1:]) != tuple(mask.shape):
+            raise UserError(
+                f"{key}: pipeline produced image {tuple(image.shape)} and mask {tuple(mask.shape)}; "
+                "expected a 3xHxW image and an HxW mask of the same size"
+            )
+        return
+    width, height = image_size
+    if image.ndim != 3 or mask.ndim != 2 or tuple(image.shape[1:]) != (height, width):
         raise UserError(
-            f"{key}: pipeline produced image {tuple(image.shape)} and mask {tuple(mask.shape)}; "
-            "expected a 3xHxW image and an HxW mask of the same size"
+            f"{SIZE_KEY}: pipeline produced image {tuple(image.shape)} and mask {tuple(mask.shape)}; "
+            f"expected a 3x{height}x{width} image ([{width}, {height}]) and an HxW mask at its own size"
         )
 
 
@@ -242,7 +255,7 @@ def _source_pools(listed: Listed, run_dir: Optional[Path | str]) -> DataBundle:
     if run_dir is not None:
         atomic_write_text(Path(run_dir) / SPLIT_FILE, json.dumps(bundle.split, indent=1) + "\n")
     _probe(bundle.train, TRAIN_KEY)
-    _probe(bundle.val, VAL_KEY)
+    _probe(bundle.val, VAL_KEY, cfg.val_input_size)
     recorder.poll()
     log.debug("datasets: %r, %r", bundle.train, bundle.val)
     return bundle
@@ -295,7 +308,7 @@ def _val_dataset(cfg: DataConfig, listing: Optional[Listing], skipped: Optional[
                                 drop_bad=True)
         if skipped is not None:
             skipped.watch(val)
-    _probe(val, VAL_KEY)
+    _probe(val, VAL_KEY, cfg.val_input_size)
     if skipped is not None:
         skipped.poll()
     return val
