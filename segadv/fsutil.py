@@ -1,5 +1,18 @@
-"""Crash-safe file writes shared by config dumps, checkpoints and exports, a file's sha256, and
-the rule that no output replaces an input.
+"""Crash-safe file writes shared by config dumps, checkpoints and exports, a file's sha256, the
+rule that no output replaces an input, and the rule for what may stand where a file is written.
+
+**Outputs are regular files** (docs/failures.md "Outputs that are not regular files"). What stands
+at a path segadv writes a file at is looked at through its symbolic links (a link to a link to
+``/dev/full`` is a character device): a regular file is replaced atomically, a new name is created;
+anything else (a character or block device, a FIFO, a socket, a directory, a link loop) is a
+:class:`NotAFile` (a UserError, exit 2) naming it, and is never replaced, opened or written.
+:func:`check_output` says so before any slow work; every writer here checks again at write time, so
+no caller can bypass the rule. A writer never writes through a link: the name is what it writes
+(an atomic write's rename replaces a link to a regular file with the new file, and the file the link
+pointed at is left as it was). A command's output named on the command line is resolved first
+(:func:`output_file`), so there a link to a regular file gets the file it leads to written; a run
+dir's files are segadv's, and a link among them is replaced, never followed (:func:`open_append`).
+Every byte goes through :func:`write_all`.
 
 A run killed mid-write (OOM, Ctrl-C, power loss) must never leave a truncated ``config.yaml`` or
 checkpoint where a good one used to be: readers either see the old file or the complete new one.
@@ -14,13 +27,183 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import logging
 import os
+import stat
 from pathlib import Path
 from typing import Iterable, Iterator, Union
 
 from segadv.errors import UserError, WriteFailed
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+log = logging.getLogger(__name__)
+
+# Flags of every open that writes: a link in the last component is refused by the OS (ELOOP), a FIFO
+# without a reader answers ENXIO instead of blocking (regular files ignore O_NONBLOCK).
+_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+class NotAFile(UserError):
+    """A path where a file is to be written holds something that is not a regular file (a device,
+    a FIFO, a socket, a directory, a link to one, a link loop): exit 2, and nothing written there."""
+
+    def __init__(self, message: str, path: Path) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+def kind_of(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) is, in words."""
+    for test, words in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                        (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def check_output(path: PathLike, what: str = "") -> Path:
+    """The rule for a path a file is to be written at (the module docstring): nothing there, a
+    regular file, or a link (to links) that leads to one or to nothing (a new name) passes;
+    anything else is a :class:`NotAFile` naming the path (``what``: the option or key that named
+    it) and what stands there. Nothing is created or opened. Errors looking (a parent that is a
+    file, no permission) are left to the write, which names them."""
+    target = Path(path)
+    label = f"{what} {target}" if what else str(target)
+    try:
+        st = os.lstat(target)
+    except OSError:
+        return target
+    if stat.S_ISREG(st.st_mode):
+        return target
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            st = os.stat(target)
+        except FileNotFoundError:
+            return target  # a dangling link: a new name
+        except OSError as err:
+            raise NotAFile(f"{label} is a symbolic link that cannot be followed ({err.strerror or err}): "
+                           "nothing is written there; name a regular file", target) from None
+        if stat.S_ISREG(st.st_mode):
+            return target
+        where = f"a symbolic link to {os.path.realpath(target)}, {kind_of(st.st_mode)}"
+    else:
+        where = kind_of(st.st_mode)
+    hint = "name a file to write in it" if stat.S_ISDIR(st.st_mode) else \
+        "segadv writes its outputs to regular files only (a new one, or one it replaces); name a file"
+    raise NotAFile(f"{label} is {where}, not a regular file: nothing is written there; {hint}", target)
+
+
+def output_file(path: PathLike, what: str) -> Path:
+    """A command's output file named on its command line (``what``: the option), checked by
+    :func:`check_output` before any slow work, and resolved: a link to a regular file (or to
+    nothing) is the file it leads to, written there with the link kept."""
+    target = check_output(path, what)
+    return Path(os.path.realpath(target)) if target.is_symlink() else target
+
+
+def check_output_dir(path: PathLike, what: str) -> Path:
+    """A folder a command writes files in: nothing there, or a directory (through links); anything
+    else is a :class:`NotAFile` naming it."""
+    target = Path(path)
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        return target
+    except OSError as err:
+        if err.errno == errno.ENOTDIR:
+            return target  # a parent is a file: make_dir and check_parent name it
+        raise NotAFile(f"{what} {target} cannot be looked at ({err.strerror or err}); name a folder", target) \
+            from None
+    if not stat.S_ISDIR(st.st_mode):
+        link = f"a symbolic link to {os.path.realpath(target)}, " if target.is_symlink() else ""
+        raise NotAFile(f"{what} {target} is {link}{kind_of(st.st_mode)}, not a folder: nothing is written there; "
+                       "name a folder", target)
+    return target
+
+
+def write_all(fh: object, data: bytes) -> None:
+    """Every byte segadv writes into a file goes through here: ``data`` written whole to the binary
+    unbuffered file ``fh`` (a short write goes on where it stopped)."""
+    view = memoryview(data)
+    while view:
+        written = fh.write(view)
+        if not written:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        view = view[written:]
+
+
+def _clear_temp(path: Path) -> None:
+    """A stale temp file of ours (a process killed mid-write with this pid) is removed; what
+    cannot be (a directory) makes the exclusive create fail with EEXIST, naming the output."""
+    with contextlib.suppress(OSError):
+        if not os.path.isdir(path) or os.path.islink(path):
+            os.unlink(path)
+
+
+def _new_file_opener(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o666)
+
+
+def _existing_opener(path: str, flags: int) -> int:
+    return os.open(path, flags | _NO_FOLLOW, 0o666)
+
+
+def write_new(path: PathLike, data: bytes, fsync: bool = False) -> None:
+    """``data`` in a file created at ``path``, a temp name of ours (:func:`staged`'s ``.path``): any
+    stale file there is removed first, and the file is created exclusively, never through a link."""
+    target = Path(path)
+    _clear_temp(target)
+    with open(target, "wb", buffering=0, opener=_new_file_opener) as fh:
+        write_all(fh, data)
+        if fsync:
+            os.fsync(fh.fileno())
+
+
+def _replace_link(path: Path) -> None:
+    """A run dir's file that is a link (to a regular file, or to nothing): the link is removed, so
+    the file is created in its place; what it pointed at is left as it was."""
+    if not path.is_symlink():
+        return
+    target = os.path.realpath(path)
+    path.unlink()
+    log.warning("%s was a symbolic link to %s: replaced by a regular file (a run dir's files are never written "
+                "through a link; %s is left as it was)", path, target, target)
+
+
+def open_append(path: PathLike) -> object:
+    """A run dir's file that grows (``train.log``, ``metrics.jsonl``, ``experiment.log``) opened to
+    append, binary and unbuffered (write with :func:`write_all`). The rule of :func:`check_output`,
+    and a link there is replaced by a regular file, never followed. A :class:`NotAFile` or an
+    OSError (the caller names the file)."""
+    target = check_output(path)
+    _replace_link(target)
+    fh = open(target, "ab", buffering=0, opener=_existing_opener)
+    try:
+        mode = os.fstat(fh.fileno()).st_mode
+        if not stat.S_ISREG(mode):  # swapped in since the check
+            raise NotAFile(f"{target} is {kind_of(mode)}, not a regular file: nothing is written there", target)
+    except BaseException:
+        fh.close()
+        raise
+    return fh
+
+
+def open_run_file(path: PathLike, flags: int) -> int:
+    """A run dir's file opened with ``flags`` (os.open's; ``O_CREAT`` to create it) by the rule of
+    :func:`open_append` (a link replaced, never followed); a descriptor of a regular file. A
+    :class:`NotAFile` or the OSError of the open."""
+    target = check_output(path)
+    if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+        _replace_link(target)
+    fd = os.open(target, flags | _NO_FOLLOW, 0o644)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotAFile(f"{target} is {kind_of(mode)}, not a regular file: nothing is written there", target)
+    return fd
 
 
 # Most file systems take names of at most 255 bytes; a temp name must fit wherever its file's does.
@@ -125,13 +308,14 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
     an OSError (a full disk, no permission, a read-only or failing file system) comes out as
     :class:`segadv.errors.WriteFailed` naming ``path``.
     """
-    target = Path(path)
+    target = check_output(path)
     tmp = _temp_path(target)
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
+        _clear_temp(tmp)
+        with open(tmp, "wb", buffering=0, opener=_new_file_opener) as fh:
+            write_all(fh, data)
             os.fsync(fh.fileno())
+        check_output(target)  # again at the rename: nothing else may have taken the name meanwhile
         os.replace(tmp, target)
     except BaseException as err:
         with contextlib.suppress(OSError):
@@ -155,7 +339,8 @@ def unwritable(directory: Path) -> str | None:
     probe = directory / f".write-probe-{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
+        _clear_temp(probe)
+        os.close(_new_file_opener(str(probe), os.O_WRONLY))
     except OSError as err:
         return err.strerror or str(err)
     finally:  # whatever ends the try (a signal's exception too): the probe never outlives it
@@ -179,9 +364,10 @@ class StagedFile:
 
     def commit(self) -> None:
         """fsync the staged file, rename it over the target, fsync the directory."""
-        with open(self.path, "rb") as fh:
+        with open(self.path, "rb", opener=_existing_opener) as fh:
             os.fsync(fh.fileno())
         umask_mode(self.path)
+        check_output(self.target)  # again at the rename (staged() checked before the slow work)
         os.replace(self.path, self.target)
         self.committed = True
         _fsync_dir(self.target.parent)
@@ -191,9 +377,11 @@ class StagedFile:
 def staged(target: PathLike) -> Iterator[StagedFile]:
     """Write to ``.path``, check the file, then ``commit()``; without a commit (an error or a
     failed check) the temp file is removed and an existing ``target`` is left untouched. An
-    OSError on the way (writing, committing) is a :class:`WriteFailed` naming ``target``."""
-    staged_file = StagedFile(Path(target))
+    OSError on the way (writing, committing) is a :class:`WriteFailed` naming ``target``; what
+    stands at ``target`` follows :func:`check_output`'s rule, before and at the commit."""
+    staged_file = StagedFile(check_output(target))
     try:
+        _clear_temp(staged_file.path)
         yield staged_file
     except OSError as err:
         if isinstance(err, WriteFailed):

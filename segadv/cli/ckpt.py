@@ -20,7 +20,8 @@ from typing import Any, Mapping
 
 from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import UserError, cli_entry
-from segadv.fsutil import atomic_write_bytes, file_sha256, refuse_overwriting
+from segadv.fsutil import (atomic_write_bytes, check_output, check_output_dir, file_sha256, output_file,
+                           refuse_overwriting)
 
 # segadv.checkpoint and torch are imported where a command runs: --help answers without them.
 
@@ -111,9 +112,10 @@ def convert(path: str, output: str, as_safetensors: bool, config: str | None, ov
     from segadv.checkpoint.integrity import seal_safetensors
     from segadv.checkpoint.io import checkpoint_bytes
 
-    refuse_overwriting([("--output", output)], read_files(path, config, name="the checkpoint"))
     if Path(output).is_dir():
         raise UserError(f"--output {output} is a directory; name the weights file to write")
+    output = str(output_file(output, "--output"))  # a device, FIFO or socket: refused before the load
+    refuse_overwriting([("--output", output)], read_files(path, config, name="the checkpoint"))
     loaded = load_generator(path, config, overrides, trusted=trusted)
     cfg = loaded.cfg
     state = {k: v.contiguous() for k, v in loaded.model.state_dict().items()}
@@ -139,6 +141,9 @@ def convert_to_smp(path: str, directory: str, config: str | None, overrides: lis
 
     outputs = [("--smp", directory)] + [(f"--smp {name}", str(Path(directory) / name))
                                         for name in SAVE_PRETRAINED_FILES]
+    check_output_dir(directory, "--smp")
+    for name in SAVE_PRETRAINED_FILES:
+        check_output(Path(directory) / name, f"--smp {directory}: its")
     refuse_overwriting(outputs, read_files(path, config, name="the checkpoint"))
     foreign = [] if overwrite else foreign_files(Path(directory))
     if foreign:

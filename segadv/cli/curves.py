@@ -32,7 +32,7 @@ from typing import Optional
 from segadv.cli.args import HelpFormatter, docs_epilog
 from segadv.errors import UserError, cli_entry
 from segadv.experiment.runs import METRICS_FILE, metrics_records, score_value
-from segadv.fsutil import atomic_write_bytes, make_dir
+from segadv.fsutil import atomic_write_bytes, make_dir, output_file, user_path
 from segadv.readback import Unreadable, real_number
 
 log = logging.getLogger(__name__)
@@ -164,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--png", type=Path, help="write the curves here (needs the plot extra: matplotlib)")
     parser.add_argument("--title", default="val mIoU against training time", help="the PNG's title")
     args = parser.parse_args(argv)
+    if args.png is not None:  # a device, FIFO, socket or folder there: refused before any run is read
+        args.png = output_file(user_path(args.png, "--png"), "--png")
     plt = pyplot() if args.png else None  # a missing extra is said before any run is read
     curves = [curve for curve in map(read_curve, args.runs) if curve is not None]
     if not curves:

@@ -264,7 +264,7 @@ def show_samples(args: argparse.Namespace) -> int:
     from segadv.data.bundle import build_data
     from segadv.data.config_checks import class_names
     from segadv.data.palette import palette
-    from segadv.fsutil import atomic_write_bytes, check_parent, make_dir, refuse_overwriting
+    from segadv.fsutil import atomic_write_bytes, check_parent, make_dir, output_file, refuse_overwriting
     from segadv.monitor.images import samples_panel
 
     output = Path(args.output)
@@ -272,6 +272,7 @@ def show_samples(args: argparse.Namespace) -> int:
         raise UserError(f"--output {output}: the picture is a PNG; name a .png file")
     if output.is_dir():
         raise UserError(f"--output {output} is a folder; name a .png file")
+    output = output_file(output, "--output")  # before the data is read; a link: the file it leads to
     cfg = load_config(args.config, args.overrides)
     inputs = [("--config", args.config)] if args.config else []
     refuse_overwriting([("--output", output)], inputs)

@@ -90,11 +90,13 @@ def check_show_dir(out_dir: Path, stems: Sequence[str], inputs: Sequence[tuple[s
     """segadv-predict's rules for its --output (docs/inference.md): no written file is an input,
     and a folder holding files segadv-eval did not write is refused unless ``overwrite``."""
     from segadv.data.masks import foreign_files
-    from segadv.fsutil import refuse_overwriting
+    from segadv.fsutil import check_output, refuse_overwriting
 
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--show-dir {out_dir} exists and is not a folder")
     targets = [t for stem in stems for t in (out_dir / f"{stem}.png", out_dir / OVERLAY_DIR / f"{stem}.png")]
+    for target in targets:  # a device, FIFO or socket among them: refused before any is written
+        check_output(target, "mask")
     refuse_overwriting([("--show-dir", out_dir), *(("mask", t) for t in targets)], inputs)
     if overwrite:
         return

@@ -21,7 +21,7 @@ from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, fr
 from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.export.sidecar import sidecar_path, to_json, write_sidecar
-from segadv.fsutil import check_parent, file_sha256, make_dir, refuse_overwriting, staged
+from segadv.fsutil import check_output, check_parent, file_sha256, make_dir, output_file, refuse_overwriting, staged
 from segadv.data.palette import palette
 from segadv.signals import interrupted_note
 
@@ -191,6 +191,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     output = Path(args.output)
     if output.is_dir():
         raise UserError(f"--output {output} is a directory; name the file to write (e.g. {output / 'model.onnx'})")
+    output = output_file(output, "--output")  # a device, FIFO or socket: refused before anything slow
+    check_output(sidecar_path(output), "its sidecar")
     check_parent(output)
     refuse_overwriting([("--output", output), ("its sidecar", sidecar_path(output))],
                        read_files(args.checkpoint, args.config))

@@ -52,7 +52,7 @@ from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, pa
 from segadv.errors import UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.export.sidecar import EMBED_FILE, EMBED_KEY, parse_metadata, prepare_input, read_sidecar, sidecar_path
-from segadv.fsutil import NAME_MAX, atomic_write_bytes, list_dir, make_dir, refuse_overwriting
+from segadv.fsutil import NAME_MAX, atomic_write_bytes, check_output, list_dir, make_dir, refuse_overwriting
 from segadv.data.images import ImageProblem, open_image, read_rgb
 from segadv.data.masks import PREDICT, overlay_png, palette_png, written_by
 
@@ -325,6 +325,7 @@ def check_outputs(images: Sequence[Path], out_dir: Path, overlay: bool, inputs: 
                         f"{len(os.fsencode(long_name.name))} bytes, longer than the {NAME_MAX} a file name may have: "
                         "rename that input")
     for target in targets:
+        check_output(target, "mask")  # a device, FIFO or socket among them: refused before any is written
         if target.resolve() in resolved:
             raise UserError(f"writing {target} would overwrite an input image: choose another --output")
     refuse_overwriting([("--output", out_dir), *(("mask", target) for target in targets)], inputs)

@@ -15,6 +15,7 @@ then stops at once. A terminal's Ctrl-C reaches the trainer once, through the la
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import math
 import signal
@@ -32,7 +33,7 @@ from segadv.errors import UserError
 from segadv.experiment.grid import Grid, Row
 from segadv.experiment.results import run_dir_for
 from segadv.experiment.runs import read_run_config, summarize
-from segadv.fsutil import make_dir
+from segadv.fsutil import make_dir, open_append
 from segadv.monitor.status import STATUS_FILE
 from segadv.signals import Terminated
 
@@ -169,7 +170,9 @@ def run_trainer(command: list[str], stdout: object = None, stderr: object = None
 def launch(command: list[str], log_path: Path) -> tuple[int, Optional[_Interrupt]]:
     """Runs the command with its output appended to ``log_path``: exit code, and the signals
     received meanwhile (None: none)."""
-    with forwarded_signals() as interrupt, open(log_path, "a", encoding="utf-8") as log_file:  # never an unread pipe
+    # Never an unread pipe; opened by the run dir's rule (segadv/fsutil.py: a link there is replaced).
+    with forwarded_signals() as interrupt, \
+            io.TextIOWrapper(open_append(log_path), encoding="utf-8", write_through=True) as log_file:
         code = run_trainer(command, stdout=log_file, stderr=subprocess.STDOUT).returncode
     return code, interrupt if interrupt.requested else None
 

@@ -23,6 +23,7 @@ from segadv.errors import UserError
 from segadv.export.deps import import_extra
 from segadv.export.sidecar import EMBED_KEY
 from segadv.export.wrapper import INPUT_NAME
+from segadv.fsutil import write_new
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ def export_onnx(
     entry = proto.metadata_props.add()
     entry.key = EMBED_KEY
     entry.value = embed
-    path.write_bytes(proto.SerializeToString())
+    write_new(path, proto.SerializeToString())
     try:
         onnx.checker.check_model(str(path), full_check=True)  # the file as written
     except onnx.checker.ValidationError as err:

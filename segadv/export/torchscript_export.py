@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from segadv.export.sidecar import EMBED_FILE
+from segadv.fsutil import write_new
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,7 @@ def export_torchscript(model: nn.Module, example: torch.Tensor, path: Path, *, e
             method = "trace"
         buffer = io.BytesIO()  # then a plain write: a failing disk is an OSError naming the file
         torch.jit.save(compiled, buffer, _extra_files={EMBED_FILE: embed})
-    with open(path, "wb") as fh:
-        fh.write(buffer.getvalue())
+    write_new(path, buffer.getvalue())
     log.info("torchscript: %s, written", method)
     return {"method": method}
 

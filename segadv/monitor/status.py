@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer
 
 from segadv import __version__
 from segadv.errors import Diverged, EXIT_OK, WriteFailed, exit_code_of
+from segadv import fsutil
 from segadv.fsutil import atomic_write_text
 from segadv.readback import Unreadable, read_text
 from segadv.signals import Interrupted
@@ -322,16 +323,17 @@ def rewrite_in_place(path: Path, data: bytes) -> None:
     (a crash in the middle of it can leave a mix, which the reader sets aside); an OSError is a
     :class:`WriteFailed` naming ``path`` (no file there, or no room even for this)."""
     try:
-        fd = os.open(path, os.O_WRONLY)  # no O_CREAT: a new file needs room; no O_TRUNC: keep the blocks
+        # no O_CREAT: a new file needs room; no O_TRUNC: keep the blocks. The run dir's rule: a link
+        # is never written through, a device or FIFO there is refused (segadv/fsutil.py).
+        fd = fsutil.open_run_file(path, os.O_WRONLY)
     except OSError as err:
         raise WriteFailed(path, err) from None
     try:
         size = os.fstat(fd).st_size
         if len(data) < size:
             data = data[:-1] + b" " * (size - len(data)) + b"\n"
-        written = 0
-        while written < len(data):
-            written += os.pwrite(fd, data[written:], written)
+        with os.fdopen(fd, "r+b", buffering=0, closefd=False) as fh:
+            fsutil.write_all(fh, data)
         os.fsync(fd)
     except OSError as err:
         raise WriteFailed(path, err) from None

@@ -12,6 +12,7 @@ from typing import Iterator
 import torch
 
 from segadv.errors import UserError, WriteFailed
+from segadv import fsutil
 from segadv.fsutil import atomic_write_text
 from segadv.readback import parse_json, read_bytes
 
@@ -103,7 +104,7 @@ class MetricWriter:
         if resume_step is not None:
             self._drop_records_after(resume_step)
         with self._writing(self.jsonl_path):
-            self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
+            self._jsonl = fsutil.open_append(self.jsonl_path)  # the run dir's rule: no link followed
         self._tb = None
         self._tb_guard: GuardedRecords | None = None
         if tensorboard:
@@ -138,8 +139,7 @@ class MetricWriter:
     def scalars(self, step: int, values: dict[str, float]) -> None:
         record = {"step": step, "time": round(time.time(), 3), **values}
         with self._writing(self.jsonl_path):
-            self._jsonl.write(json.dumps(record) + "\n")
-            self._jsonl.flush()
+            fsutil.write_all(self._jsonl, (json.dumps(record) + "\n").encode())
         if self._tb is not None:
             with self._writing(self.tensorboard_dir):
                 for tag, value in values.items():

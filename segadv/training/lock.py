@@ -4,6 +4,10 @@ Two launches into one run dir would interleave their metrics and overwrite each 
 checkpoints without a word. The lock is an ``flock`` on ``RUN/.segadv.lock``: the kernel drops it
 when its holder dies however it dies (kill -9 included), so a crashed run never leaves a stale
 lock behind. The file names the holder (pid, host, start time) for the second launch's message.
+It is a run dir file like any other (segadv/fsutil.py): never opened through a link (one there is
+replaced by a regular file), a device, FIFO or socket there is a user error naming it, and a lock
+file that cannot be written (a full disk) is a :class:`WriteFailed` naming it, removed if this
+launch created it.
 
 A run dir this process cannot write in (read-only, another user's) is locked through the lock file
 opened for reading, or, where there is none, not at all: no run can write there, and a command that
@@ -13,6 +17,7 @@ would write is refused before the lock by its own check (``check_writable``).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -20,7 +25,8 @@ import socket
 import time
 from pathlib import Path
 
-from segadv.errors import UserError
+from segadv import fsutil
+from segadv.errors import UserError, WriteFailed
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
 
@@ -46,9 +52,15 @@ class RunDirLock:
         self._fd: int | None = None
 
     def __enter__(self) -> "RunDirLock":
-        problem = self._acquire() if self.env.is_main and fcntl is not None else None
+        failure: BaseException | None = None
+        try:
+            problem = self._acquire() if self.env.is_main and fcntl is not None else None
+        except (WriteFailed, UserError) as err:  # every rank is told before rank 0 raises it
+            problem, failure = str(err), err
         if distributed.any_rank(problem is not None):
             self.release()
+            if failure is not None:
+                raise failure
             raise UserError(problem or "rank 0 found the run dir in use (its message names the run holding it)")
         return self
 
@@ -62,11 +74,12 @@ class RunDirLock:
 
     def _acquire(self) -> str | None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        created = not os.path.lexists(self.path)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = fsutil.open_run_file(self.path, os.O_RDWR | os.O_CREAT)
         except OSError as err:
             if err.errno not in READ_ONLY_ERRNOS:
-                raise
+                raise WriteFailed(self.path, err) from None
             return self._acquire_read_only()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -76,9 +89,17 @@ class RunDirLock:
             os.close(fd)
             log.warning("cannot lock the run dir (%s): a second launch into it would not be refused", err)
             return None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-                 .encode())
+        holder = f"pid {os.getpid()} on host {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+        try:
+            os.ftruncate(fd, 0)
+            with os.fdopen(fd, "wb", buffering=0, closefd=False) as fh:
+                fsutil.write_all(fh, holder.encode())
+        except OSError as err:  # a full disk: no lock file is left behind by this launch
+            if created:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
+            os.close(fd)
+            raise WriteFailed(self.path, err) from None
         self._fd = fd
         return None
 
@@ -93,7 +114,7 @@ class RunDirLock:
     def _acquire_read_only(self) -> str | None:
         """The lock in a run dir this process cannot write in (module docstring)."""
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = fsutil.open_run_file(self.path, os.O_RDONLY)
         except OSError:  # no lock file either: nobody can have locked it through one
             log.debug("run dir %s is not writable and has no lock file: not locked", self.path.parent)
             return None
@@ -115,7 +136,7 @@ def is_held(run_dir: Path) -> bool:
     if fcntl is None:
         return True
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO there never blocks
     except FileNotFoundError:
         return False
     except OSError:

@@ -74,7 +74,7 @@ def train(
     try:
         # Shielded: a signal while the lock is released, a failed start's files are removed or the
         # outcome is recorded waits for them to end (segadv/signals.py): none is left half done.
-        with Shielded(RunDirLock(run_dir, env)), Shielded(cleanup), run_log(run_dir, env.is_main), \
+        with Shielded(cleanup.entering(RunDirLock(run_dir, env))), Shielded(cleanup), run_log(run_dir, env.is_main), \
                 Shielded(RunRecord(run_dir, cfg.train.max_steps, enabled=env.is_main)) as record:
             result = run(cfg, env, device_map, run_dir, record, start=start, resume=resume, trusted=trusted,
                          stop_at=stop_at, force=force, started=cleanup.done)

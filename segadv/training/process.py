@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import random
@@ -12,6 +14,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
+from segadv import fsutil
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
 from segadv.parallel.placement import device_module, is_accelerator
@@ -40,13 +43,17 @@ def run_log(run_dir: Path, enabled: bool = True, level: int = logging.INFO) -> I
     warnings included) appended to a file in the run dir while it runs, as mmsegmentation keeps
     ``work_dir/*.log``; each attempt (a resume appends) begins with a line that says so. Rank 0 only (``enabled``).
     An error that ends the run is written there too (the console gets it from the command's
-    ``error:`` line, so it goes to the file alone)."""
+    ``error:`` line, so it goes to the file alone). The file follows the run dir's rule
+    (segadv/fsutil.py :func:`~segadv.fsutil.open_append`): a link there is replaced by a regular
+    file, never followed; a device, FIFO, socket or directory there is a user error naming it
+    (exit 2, raised before the run writes anything else there). A write that fails (a full disk) ends
+    the file, with one warning naming it: the log is a convenience, the run goes on without it."""
     if not enabled:
         yield None
         return
     path = Path(run_dir) / LOG_FILE
     try:
-        handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+        handler = RunLogHandler(path)
     except OSError as err:  # the log file is a convenience: the run goes on without it
         log.warning("cannot keep the run's log in %s: %s", path, err.strerror or err)
         yield None
@@ -70,6 +77,43 @@ def run_log(run_dir: Path, enabled: bool = True, level: int = logging.INFO) -> I
         root.removeHandler(handler)
         root.setLevel(level_before)
         handler.close()
+
+
+class RunLogHandler(logging.Handler):
+    """Log lines appended to a run dir's ``train.log`` through segadv's one writer
+    (segadv/fsutil.py): opened by the run dir's rule, each line written whole. The first write that
+    fails closes the file and says so once, naming it (never logging's traceback per line)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self.file = fsutil.open_append(path)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.file is None:
+            return
+        try:
+            line = self.format(record) + "\n"
+            fsutil.write_all(self.file, line.encode("utf-8", errors="backslashreplace"))
+        except OSError as err:
+            self._give_up(err)
+        except Exception:  # noqa: BLE001 - a record that cannot be formatted: logging's own answer
+            self.handleError(record)
+
+    def _give_up(self, err: OSError) -> None:
+        file, self.file = self.file, None
+        with contextlib.suppress(OSError):
+            file.close()
+        code = errno.errorcode.get(err.errno or 0, "")
+        log.warning("cannot write the run's log %s: %s%s; the run goes on without it", self.path,
+                    err.strerror or err, f" ({code})" if code else "")
+
+    def close(self) -> None:
+        if self.file is not None:
+            with contextlib.suppress(OSError):
+                self.file.close()
+            self.file = None
+        super().close()
 
 
 def _to_file(handler: logging.Handler, level: int, message: str, *args: object) -> None:

@@ -8,30 +8,39 @@
 - A fresh start needs a run dir holding none of a run's files (:data:`RUN_FILES`): a second run
   never appends to the first one's metrics or TensorBoard, nor replaces its ``config.yaml``.
 - A start that fails before the first step removes what it created there (:class:`StartCleanup`).
+- Every file in it is written through segadv's one writer (segadv/fsutil.py), the log (``train.log``)
+  and the lock (``.segadv.lock``) included: a file there that is a symbolic link is replaced by a
+  regular file, never written through (the file it points at is left as it was); a device, FIFO,
+  socket or directory where a file belongs, or a link to one, is refused before anything is written
+  (:func:`check_run_paths`, exit 2 naming it). Its folders (``checkpoints``, ``tensorboard``) may be
+  links to folders, as the run dir itself may: where a folder lies is the user's to choose.
 - A resumed run that already reached ``train.max_steps`` says so and trains nothing; a
   ``train.max_steps`` below the checkpoint's step is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from segadv.config import Config, config_from_dict, load_config
 from segadv.config.loading import read_yaml
 from segadv.config.resume import check_resumed_config
 from segadv.config.schema import best_score_by
-from segadv.errors import UserError
-from segadv.fsutil import unwritable, user_path
+from segadv.errors import UserError, WriteFailed
+from segadv.fsutil import check_output, check_output_dir, unwritable, user_path
 from segadv.monitor.writer import read_records
 from segadv.parallel.distributed import DistEnv
 from segadv.readback import Unreadable, os_reason
+from segadv.signals import deferred
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +88,7 @@ def check_start(run_dir: Path, resume: str | None, config_path: Path | None = No
     check_reachable(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"run dir {run_dir} exists and is not a directory")
+    check_run_paths(run_dir)
     if resume is not None or not run_dir.is_dir():
         return
     saved = run_dir / CONFIG_FILE
@@ -89,6 +99,29 @@ def check_start(run_dir: Path, resume: str | None, config_path: Path | None = No
     if present:
         raise UserError(f"run dir {run_dir} already holds a run ({', '.join(present)}): continue it with "
                         f"segadv-train --run-dir {run_dir} --resume auto, or start a new run in another --run-dir")
+
+
+# The run dir's files and folders segadv writes at fixed names (besides the step checkpoints, which
+# the writer checks as it writes them).
+RUN_DIR_FILES = ("config.yaml", "metrics.jsonl", "data_split.json", "skipped.json", "status.json", "train.log",
+                 ".segadv.lock", "experiment.log")
+CHECKPOINT_FILES = ("last.pt", "best.pt", "best.json")
+RUN_DIR_FOLDERS = ("checkpoints", "tensorboard")
+
+
+def check_run_paths(run_dir: Path) -> None:
+    """Before anything is written: each name segadv writes in ``run_dir`` holds a regular file, a
+    link (replaced by the file when written), or nothing; each of its folders a folder or nothing.
+    Anything else (a device, FIFO, socket, a link to one, a link loop) is a :class:`NotAFile`
+    naming it (exit 2)."""
+    if not run_dir.is_dir():
+        return
+    for name in RUN_DIR_FILES:
+        check_output(run_dir / name)
+    for name in RUN_DIR_FOLDERS:
+        check_output_dir(run_dir / name, f"run dir {run_dir}: its folder")
+    for name in CHECKPOINT_FILES:
+        check_output(run_dir / CHECKPOINT_DIR / name)
 
 
 def check_reachable(run_dir: Path) -> None:
@@ -137,6 +170,26 @@ class StartCleanup:
 
     def done(self) -> None:
         self.started = True
+
+    @contextlib.contextmanager
+    def entering(self, manager: Any) -> Iterator[Any]:
+        """``with start.entering(RunDirLock(...)):`` a context entered before this clean-up (the lock,
+        held while it removes): a write that fails entering it (a full disk writing the lock file,
+        which held the lock then) removes what the start created all the same. Any other failure
+        (the run dir in use by another run) touches nothing: the run dir is not this start's."""
+        try:
+            entered = manager.__enter__()
+        except WriteFailed as err:
+            with deferred():
+                self.__exit__(type(err), err, err.__traceback__)
+            raise
+        try:
+            yield entered
+        except BaseException:
+            if not manager.__exit__(*sys.exc_info()):
+                raise
+        else:
+            manager.__exit__(None, None, None)
 
     def __enter__(self) -> "StartCleanup":
         return self

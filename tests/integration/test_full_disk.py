@@ -62,6 +62,8 @@ class FullDisk:
 
         def fsutil_open(file, mode="r", *args, **kwargs):
             name = Path(file).name
+            if name == "metrics.jsonl" and "a" in mode:  # the run dir's appends open through fsutil too
+                return Appends(builtins.open(file, mode, *args, **kwargs), "metrics")
             if "w" in mode or "a" in mode:
                 kind = "checkpoint" if ".pt.tmp-" in name else "status" if name.startswith(".status.json.tmp-") \
                     else "other"
@@ -70,10 +72,6 @@ class FullDisk:
                     raise no_space(file)
             return builtins.open(file, mode, *args, **kwargs)
 
-        def writer_open(file, mode="r", *args, **kwargs):
-            fh = builtins.open(file, mode, *args, **kwargs)
-            return Appends(fh, "metrics") if Path(file).name == "metrics.jsonl" and "a" in mode else fh
-
         real_init = writer.GuardedRecords.__init__
 
         def guarded_init(guard, records):
@@ -81,7 +79,6 @@ class FullDisk:
 
         self.fails = lambda kind: self.full and (kind == self.kind or not self.only)
         monkeypatch.setattr(fsutil, "open", fsutil_open, raising=False)
-        monkeypatch.setattr(writer, "open", writer_open, raising=False)
         monkeypatch.setattr(writer.GuardedRecords, "__init__", guarded_init)
 
 

@@ -14,6 +14,7 @@ from segadv.checkpoint import read_checkpoint
 from segadv.cli import train as train_cli
 from segadv.monitor.profile import PhaseTimer, RunClock, RunProfile
 from segadv.monitor.progress import Progress
+from segadv.training.process import RunLogHandler
 
 from conftest import TINY_OVERRIDES
 from helpers import records
@@ -126,8 +127,7 @@ def test_the_console_log_is_kept_in_the_run_dir_and_appended_on_resume(two_step_
     both = log_file.read_text()
     assert both.startswith(first) and both.count("an attempt starts in") == 2
     assert "resumed from" in both[len(first):] and "done: 4 steps" in both[len(first):]
-    assert not any(isinstance(h, logging.FileHandler) and h.baseFilename == str(log_file)
-                   for h in logging.getLogger().handlers)  # closed with the run
+    assert not any(isinstance(h, RunLogHandler) for h in logging.getLogger().handlers)  # closed with the run
 
 
 def test_an_error_that_ends_the_run_is_written_to_its_log(two_step_run, monkeypatch):
