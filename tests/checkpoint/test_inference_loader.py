@@ -186,7 +186,7 @@ def test_smp_and_safetensors_do_not_combine(tmp_path, capsys):
     assert "--safetensors applies to --output" in capsys.readouterr().err
     (tmp_path / "file").write_text("")
     assert ckpt_cli.main(["convert", str(ckpt), "--smp", str(tmp_path / "file")]) == 2
-    assert "is not a directory" in capsys.readouterr().err
+    assert "is a regular file, not a folder" in capsys.readouterr().err
 
 
 def test_inspect_reads_a_save_pretrained_directory(smp_dir, capsys):

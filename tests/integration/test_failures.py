@@ -185,7 +185,7 @@ def test_a_metrics_write_failure_names_the_file_and_the_last_checkpoint(tmp_path
 
     def scalars(self, step, values):
         if step == 3:
-            self._jsonl = open(os.devnull, "r")  # writing to it fails as a revoked permission would
+            self._jsonl = open(os.devnull, "rb", buffering=0)  # writing to it fails as a revoked permission would
         real(self, step, values)
 
     monkeypatch.setattr(writer.MetricWriter, "scalars", scalars)

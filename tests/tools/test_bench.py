@@ -27,8 +27,10 @@ def test_ratio_and_breakdown_figures_without_warmup(capsys):
             "--device-map", "g:cpu,d:cpu", *TINY_OVERRIDES]
     assert bench.main(args) == 0
     found = figures(capsys.readouterr().out)
-    expected = {"bare/ms_per_step", "segadv/ms_per_step", "ratio"} | {f"breakdown/{p}/ms_per_step" for p in STEP_PHASES}
+    expected = {"bare/ms_per_step", "segadv/ms_per_step", "ratio", "flops/gflop_per_step", "flops/segadv_tflops"} | {
+        f"breakdown/{p}/ms_per_step" for p in STEP_PHASES}
     assert set(found) == expected
+    assert found["flops/gflop_per_step"] > 0
     # The figures print 4 significant digits.
     assert found["ratio"] == pytest.approx(found["bare/ms_per_step"] / found["segadv/ms_per_step"], rel=1e-3)
     # The phases are timed inside segadv's step: together they cannot take longer than it.
