@@ -175,7 +175,9 @@ def test_split_places_each_stage_and_refuses_bad_boundaries():
     assert even_boundaries(24, 3) == [8, 16]
     assert even_boundaries(5, 3) == [2, 4]  # runs of 2, 2, 1
     model = tiny_model()
+    assert [name for name, _ in model.stages()] == ["embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "head"]
     placement = split_blocks(model, [torch.device("cpu"), torch.device("cpu")], [1])
+    assert placement.blocks == (torch.device("cpu"),) * 4
     assert placement.embed == placement.head == torch.device("cpu")
     for bad, match in [([0], "device 0 would hold no block"), ([4], "device 1 would hold no block"),
                        ([1, 2], "2 devices need 1")]:
@@ -223,6 +225,7 @@ def test_checkpointing_each_block_keeps_the_keys_the_logits_and_the_gradients():
 
 # ---- export --------------------------------------------------------------------------------------
 
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
 @pytest.mark.parametrize("attention", ["fused", "math"])
 def test_onnx_export_at_opset_17_matches_torch(attention):
     ort = pytest.importorskip("onnxruntime")
