@@ -1,0 +1,105 @@
+"""The DINOv2 + DPT generator's blocks split over devices (a pipeline of one micro-batch: each
+device runs its blocks in turn, the memory of the encoder shared between them).
+
+Stages in order: the embedding (patch embedding, class / register tokens, position embedding) on
+the first device; the blocks in contiguous runs, run ``j`` on ``devices[j]``; the encoder's final
+norm and the DPT head on the last device. The model's forward moves the tokens to each block's
+device and the four intermediate features to the head's (``Tensor.to``, which autograd carries
+back: each gradient returns to the device its activation came from). Modules are moved, never
+wrapped or renamed, so the state dict's keys are the unsplit model's and checkpoints stay strict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from segadv.errors import UserError
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each stage of the model runs: the embedding, each block (by index), the head (with
+    the final norm). Read by the forward; held as a plain attribute, never in the state dict."""
+
+    embed: torch.device
+    blocks: tuple[torch.device, ...]
+    head: torch.device
+
+    @property
+    def devices(self) -> tuple[torch.device, ...]:
+        """The devices in pipeline order, each once."""
+        return tuple(dict.fromkeys((self.embed, *self.blocks, self.head)))
+
+
+def even_boundaries(num_blocks: int, num_devices: int) -> list[int]:
+    """Where each device's run of blocks starts after the first's: ``num_blocks`` split into
+    ``num_devices`` contiguous runs whose sizes differ by one at most, the larger runs first
+    (the first device also holds the embedding and the last the head, which are light next to a
+    block at DINOv2's widths)."""
+    base, extra = divmod(num_blocks, num_devices)
+    starts, start = [], 0
+    for j in range(num_devices - 1):
+        start += base + (1 if j < extra else 0)
+        starts.append(start)
+    return starts
+
+
+def check_boundaries(boundaries: Sequence[int], num_blocks: int, num_devices: int) -> list[int]:
+    bounds = [int(b) for b in boundaries]
+    if len(bounds) != num_devices - 1:
+        raise UserError(f"block boundaries {bounds}: {num_devices} devices need {num_devices - 1} "
+                        "(the first block of every device after the first)")
+    edges = [0, *bounds, num_blocks]
+    for j, (start, end) in enumerate(zip(edges, edges[1:])):
+        if not start < end:
+            raise UserError(f"block boundaries {bounds}: device {j} would hold no block of the {num_blocks} "
+                            "(each boundary must be above the one before, within 1..number of blocks - 1)")
+    return bounds
+
+
+def split_blocks(model: nn.Module, devices: Sequence[torch.device | str],
+                 boundaries: Sequence[int] | None = None) -> Placement:
+    """Move ``model`` (a :class:`~segadv.models.vit.dpt.DinoV2DPT`) onto ``devices`` stage by stage
+    and have its forward move the activations between them; returns the placement (also set as
+    ``model.placement``). ``boundaries``: the index of the first block of each device after the
+    first (evenly split when None). One device is the model on that device. Call it before the
+    optimizer is built, as ``Module.to``: parameters keep their identity, their data moves."""
+    devices = [torch.device(d) for d in devices]
+    if not devices:
+        raise UserError("split_blocks: no devices given")
+    vit = model.encoder
+    blocks = vit.blocks
+    n = len(blocks)
+    if len(devices) > n:
+        raise UserError(f"{len(devices)} devices for an encoder of {n} blocks: each device needs a block at least")
+    bounds = even_boundaries(n, len(devices)) if boundaries is None else check_boundaries(boundaries, n, len(devices))
+    model.to(devices[-1])  # the head and the final norm; everything else is moved from there
+    move_embedding(vit, devices[0])
+    edges = [0, *bounds, n]
+    block_devices: list[torch.device] = []
+    for device, start, end in zip(devices, edges, edges[1:]):
+        for block in blocks[start:end]:
+            block.to(device)
+        block_devices += [device] * (end - start)
+    placement = Placement(embed=devices[0], blocks=tuple(block_devices), head=devices[-1])
+    model.placement = placement
+    return placement
+
+
+def move_embedding(vit: nn.Module, device: torch.device) -> None:
+    """The embedding stage onto ``device``: the tokens and position embedding (the encoder's own
+    parameters, moved in place as ``Module.to`` moves them) and its embedding submodules."""
+    for name, param in vit.named_parameters(recurse=False):
+        param.data = param.data.to(device)
+        if param.grad is not None:
+            param.grad = param.grad.to(device)
+    for name, buffer in vit.named_buffers(recurse=False):
+        setattr(vit, name, buffer.to(device))
+    for name in ("patch_embed", "pos_drop", "patch_drop", "norm_pre"):
+        module = getattr(vit, name, None)
+        if module is not None:
+            module.to(device)
