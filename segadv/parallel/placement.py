@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 from torch import nn
 
-from segadv.parallel.device_map import DeviceMap, shown
+from segadv.config import roles
+from segadv.parallel.device_map import DeviceMap, format_stages, shown
+from segadv.parallel.pipeline import split_network, stage_devices
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +45,67 @@ def activate(device_map: DeviceMap) -> None:
         device_module(accelerators[0]).set_device(accelerators[0])
 
 
+class Placing(NamedTuple):
+    """One network to place: its role, the network, its device where the map does not split it,
+    and (for messages) the config key that chose its class, e.g. ``model.generator.arch=deeplabv3plus``."""
+
+    role: str
+    network: nn.Module
+    device: torch.device
+    chosen_by: str = ""
+
+
+class Misplaced(RuntimeError):
+    """A network that placed a parameter or buffer on a device the map does not give its role: a
+    bug in the network's ``split`` (segadv-plan reports it as a placement finding)."""
+
+
 def place_networks(
-    networks: Sequence[tuple[str, nn.Module, torch.device]], device_map: DeviceMap, channels_last: bool = False,
+    networks: Sequence[tuple], device_map: DeviceMap, channels_last: bool = False,
 ) -> None:
-    """Each ``(role, network, device)`` onto its device, the map's first accelerator made current.
-    ``channels_last``: 4-D weights in NHWC order, so convolutions take and give NHWC activations
-    (faster convolutions on recent GPUs and oneDNN CPUs; inputs convert on the way in)."""
+    """Each network (a :class:`Placing` or its ``(role, network, device)``) onto its device, or
+    over its role's pipeline stages by its own ``split`` where the map gives it several (``g:0/1``);
+    the map's first accelerator made current. Afterwards every parameter and buffer must be on a
+    device of its role's stages (:class:`Misplaced` otherwise). ``channels_last``: 4-D weights in
+    NHWC order, so convolutions take and give NHWC activations (faster convolutions on recent GPUs
+    and oneDNN CPUs; inputs convert on the way in)."""
     activate(device_map)
     memory_format = torch.channels_last if channels_last else torch.preserve_format
-    for _, network, device in networks:
-        network.to(device, memory_format=memory_format)
-    log.info("placement: %s", ", ".join(f"{role} on {shown(device)} ({count_parameters(network):,} params)"
-                                        for role, network, device in networks))
+    placing = [Placing(*entry) for entry in networks]
+    for role, network, device, chosen_by in placing:
+        stages = device_map.stages_of(role)
+        if len(stages) > 1:
+            short = roles.role(role).short
+            network.to(memory_format=memory_format)  # where it is built; the split's moves keep the format
+            split_network(network, stages, f"device map {device_map}: {short}:{format_stages(stages)} splits the {role}",
+                          chosen_by)
+        else:
+            network.to(device, memory_format=memory_format)
+        check_placed(role, network, stages)
+    log.info("placement: %s", ", ".join(placed_line(role, network, device) for role, network, device, _ in placing))
+
+
+def placed_line(role: str, network: nn.Module, device: torch.device) -> str:
+    """``generator on cuda:1 (1,234 params)``; a split network's stages each with its device's
+    parameters: ``generator on cuda:0/cuda:1 (cuda:0 1,000 params, cuda:1 234 params)`` (stages
+    sharing a device are counted together)."""
+    stages = stage_devices(network)
+    if len(stages) < 2:
+        return f"{role} on {shown(device)} ({count_parameters(network):,} params)"
+    per_device: dict[torch.device, int] = {}
+    for p in network.parameters():
+        per_device[p.device] = per_device.get(p.device, 0) + p.numel()
+    counts = ", ".join(f"{shown(d)} {per_device.get(d, 0):,} params" for d in dict.fromkeys(stages))
+    return f"{role} on {'/'.join(shown(d) for d in stages)} ({counts})"
+
+
+def check_placed(role: str, network: nn.Module, stages: Sequence[Sequence[torch.device]]) -> None:
+    """Every parameter and buffer of ``network`` on a device of its role's ``stages``."""
+    allowed = {d for stage in stages for d in stage}
+    for name, tensor in [*network.named_parameters(), *network.named_buffers()]:
+        if tensor.device not in allowed:
+            raise Misplaced(f"the {role}'s {name} is on {shown(tensor.device)}, which the device map does not give "
+                            f"it ({', '.join(shown(d) for d in allowed)})")
 
 
 def unwrap(module: nn.Module) -> nn.Module:

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from segadv.parallel.pipeline import is_split, stage_devices
 from segadv.parallel.placement import unwrap
 
 MiB = 1024**2
@@ -33,7 +34,7 @@ def network_row(rank: int, role: str, wrapped: nn.Module, devices, opt) -> dict[
         "rank": rank,
         "network": role,
         "wrapper": wrapper,
-        "devices": "+".join(str(d) for d in devices),
+        "devices": "/".join(map(str, stage_devices(bare))) if is_split(bare) else "+".join(str(d) for d in devices),
         "params": f"{numel:,}",
         "weights MiB": f"{(param_bytes + buffer_bytes) / MiB:.1f}",
         "grads MiB": f"{param_bytes / MiB if opt is not None else 0:.1f}",

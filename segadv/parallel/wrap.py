@@ -19,6 +19,7 @@ from segadv.errors import UserError
 from segadv.parallel.activation_checkpoint import apply_activation_checkpointing
 from segadv.parallel.compile import compile_network
 from segadv.parallel.distributed import DistEnv
+from segadv.parallel.pipeline import is_split
 
 log = logging.getLogger(__name__)
 _DDP_PARAMS = inspect.signature(DistributedDataParallel.__init__).parameters
@@ -81,6 +82,10 @@ def parallelize_network(
     ``parallelize_*``): activation checkpointing of its blocks, then ``torch.compile`` of its
     forward (in place: ``compile_config``, None for eager), then its wrapper (none, DataParallel or DDP).
     Returns the module as trained."""
+    if mode == "dp" and is_split(module):
+        raise UserError(f"parallel.{role}=dp: the device map splits the {role} into pipeline stages, and "
+                        "DataParallel cannot replicate a split network; set parallel."
+                        f"{role}=none (or auto), or launch processes (torchrun) that each hold a split {role}")
     if activation_checkpointing:
         units = apply_activation_checkpointing(module)
         log.info("activation checkpointing: %s", ", ".join(units))
@@ -106,7 +111,9 @@ def wrap_network(
             return HostDataParallel(inner)
         ids = [d.index for d in devices]
         return nn.DataParallel(inner, device_ids=ids, output_device=ids[0])
-    device_ids = [devices[0].index] if devices[0].type == "cuda" else None
+    # A network split over stages spans devices: DDP takes it with device_ids=None (each process
+    # holds its own split network; the gradient buckets are reduced on each stage's device).
+    device_ids = [devices[0].index] if devices[0].type == "cuda" and not is_split(module) else None
     # Newer torch renames broadcast_buffers to forward_sync_buffers (same meaning in forward).
     sync_key = "forward_sync_buffers" if "forward_sync_buffers" in _DDP_PARAMS else "broadcast_buffers"
     # find_unused_parameters=False: every parameter of each network takes part in its own loss.

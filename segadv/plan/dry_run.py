@@ -31,6 +31,7 @@ from segadv.engine.amp_optimizer import resolve_auto
 from segadv.errors import UserError
 from segadv.parallel.compile import compile_enabled
 from segadv.parallel.device_map import DeviceMap, parse_device_map
+from segadv.parallel.placement import Misplaced
 from segadv.plan import standin, torch_surfaces
 from segadv.plan.accounting import DryRunMode, PlacementError, segadv_line
 from segadv.plan.batches import BatchShape, FixedStream, make_batch, stream_shapes, val_size
@@ -64,7 +65,8 @@ class DevicePlan:
 @dataclass
 class Plan:
     devices: dict[str, DevicePlan]
-    transfer_bytes_per_iteration: int  # between the map's devices (G's maps to D, gradients back)
+    # between the map's devices (G's maps to D, gradients back, a split network's hand-overs between stages)
+    transfer_bytes_per_iteration: int
     host_to_device_bytes_per_iteration: int  # the batches' copies from the host
     steps: int
     seconds: float
@@ -162,11 +164,13 @@ class PlaceEmpty(TorchFunctionMode):
             device, dtype, memory_format = torch_surfaces.parse_to(*args[1:], **kwargs)
             if device is not None and device.type != "meta":
                 tensor = args[0]
-                if memory_format is None or memory_format == torch.preserve_format:
-                    memory_format = torch.contiguous_format
                 with contextlib.ExitStack() as stack:
                     for mode in self.modes:
                         stack.enter_context(mode)
+                    if memory_format is None or memory_format == torch.preserve_format:
+                        # as the tensor is laid out (a split network converted to channels_last before its move)
+                        return torch.empty_strided(tensor.shape, tensor.stride(), dtype=dtype or tensor.dtype,
+                                                   device=device)
                     return torch.empty(tensor.shape, dtype=dtype or tensor.dtype, device=device,
                                        memory_format=memory_format)
         return func(*args, **kwargs)
@@ -376,9 +380,9 @@ def transfer_totals(tracker: DryRunMode) -> tuple[int, int]:
 
 
 def device_rows(tracker: DryRunMode, planned: DeviceMap, real: DeviceMap, parts: Training) -> dict[str, DevicePlan]:
-    """One row per device a trained network is placed on: a device the map names for a role the
-    method does not train (MinEnt's d) holds nothing, and is left out."""
-    used = {device for role in parts.roles for device in role.devices}
+    """One row per device a trained network is placed on (each stage's of a split one): a device
+    the map names for a role the method does not train (MinEnt's d) holds nothing, and is left out."""
+    used = {device for role in parts.roles for stage in parts.device_map.stages_of(role.name) for device in stage}
     rows = {}
     for device, shown in zip(planned.devices, real.devices):
         if device not in used:
@@ -413,7 +417,10 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
     as_cuda = standin.CudaAsStandIn(device_type, current)
     with dry_run_settings():
         with torch.device("meta"), PlaceEmpty([fake, tracker]):
-            parts = build_training(cfg, planned)
+            try:
+                parts = build_training(cfg, planned)
+            except Misplaced as err:  # a network's split put a block where the map says nothing
+                raise PlacementError(f"placement: {err} (after its placement by the device map)") from None
         for _, opt in networks(parts):
             as_on_cuda(opt, real)
         batches, panel, held = standin_inputs(cfg, parts)

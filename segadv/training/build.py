@@ -257,13 +257,20 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv(),
     method_cls = method_class(cfg.method.name)
     roles = network_roles(cfg, device_map, env, checked or check_build(cfg, device_map))
     models = [role.build(role.settings.model, cfg.data.num_classes) for role in roles]
-    place_networks([(role.name, model, role.devices[0]) for role, model in zip(roles, models)], device_map,
-                   channels_last=cfg.train.channels_last)
+    place_networks([(role.name, model, role.devices[0], network_choice(role)) for role, model in zip(roles, models)],
+                   device_map, channels_last=cfg.train.channels_last)
     nets = tuple(build_network(cfg, env, role, model) for role, model in zip(roles, models))
     phases = PhaseTimer(precise=cfg.train.profile)
     method = method_cls.from_config(cfg, {net.role: net for net in nets}, phases)
     step = Accumulation(method, list(nets), cfg.train.accumulation_steps)
     return Training(roles, nets, method, device_map, env, phases, step)
+
+
+def network_choice(role: Role) -> str:
+    """The config key that chose ``role``'s network class (named where the device map splits a
+    network that cannot be split)."""
+    arch = getattr(role.settings.model, "arch", None)
+    return f"model.{built_as(role.name)}.arch={arch}" if arch is not None else f"model.{role.name}"
 
 
 def build_network(cfg: Config, env: DistEnv, role: Role, model: nn.Module) -> Network:

@@ -462,6 +462,41 @@ def test_the_harness_sees_a_zeroed_adversarial_path(references, monkeypatch):
         assert_equivalent(Case("cpu"), segadv_outcome(Case("cpu")), references(False))
 
 
+# ----------------------------------------------------------------------------------- pipeline stages
+
+
+@dataclass(frozen=True)
+class HostStagesCase(Case):
+    """G split over pipeline stages on the host: the same kernels summed in the same order as the
+    unsplit G, so the strict float32 tolerance and batch statistics apply."""
+
+    @property
+    def summed_elsewhere(self) -> bool:
+        return False
+
+
+def split_generator_case(name: str, device_map: str, monkeypatch) -> Outcome:
+    """One step of ``device_map`` with tests/pipeline_toy.py's splittable G built by both sides."""
+    from pipeline_toy import ToySplitG, use_toy_generator
+
+    monkeypatch.setattr(sys.modules[__name__], "build_generator", lambda cfg, num_classes: ToySplitG(num_classes))
+    use_toy_generator(monkeypatch)
+    return segadv_outcome(HostStagesCase(name, device_map))
+
+
+@pytest.mark.parametrize("device_map", ["g:cpu/cpu,d:cpu", "g:cpu/cpu/cpu,d:cpu"])
+def test_a_generator_split_into_stages_matches_the_plain_float32_loop(device_map, monkeypatch, no_tf32):
+    """``g:cpu/cpu,d:cpu`` (G's blocks over two stages on the host, handed over in its forward)
+    trains what the plain loop and the unsplit ``g:cpu,d:cpu`` train, from the same weights."""
+    split = split_generator_case(device_map, device_map, monkeypatch)
+    reference = reference_outcome(freeze_stats=False)  # the toy G, plainly (build_generator replaced)
+    print(f"{device_map}: {assert_equivalent(HostStagesCase(device_map), split, reference)}")
+    whole = split_generator_case("g:cpu,d:cpu", "g:cpu,d:cpu", monkeypatch)
+    assert_equivalent(HostStagesCase("unsplit"), whole, reference)
+    assert all(torch.equal(split.g_update[k], whole.g_update[k]) for k in whole.g_update)  # the same sums
+    assert flat(split.d_update).equal(flat(whole.d_update)) and split.adv_grad.equal(whole.adv_grad)
+
+
 # ----------------------------------------------------------------------------------- DDP
 
 

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 
@@ -58,10 +60,19 @@ def test_default_follows_cuda_visibility():
         ("g:1,d:130", 300, "CUDA index 130 for d is out of range (0 to 127)"),
         ("g:²,d:0", 2, "unknown device '²' for g"),  # str.isdigit() accepts it, int() does not
         ("g:١,d:0", 2, "unknown device '١' for g"),  # an Arabic-Indic one, which int() would accept
+        # A single entry ROLE:DEVICES is a role's, not a bare device: the role is what is wrong.
+        ("student:cpu", 0, "unknown role 'student'"),
+        ("student:0/1", 2, "unknown role 'student'"),
+        # Pipeline stages (/): one device each, of one type, named for a role.
+        ("g:0+1/2+3,d:0", 4, "g:0+1/2+3 puts a DataParallel replica set inside a pipeline stage"),
+        ("g:cpu/0,d:0", 1, "g:cpu/0 mixes cpu and cuda stages"),
+        ("g:0//1,d:1", 2, "g:0//1 has an empty stage"),
+        ("0/1", 2, "stages (/) split one network; name it (e.g. g:0/1,d:1)"),
+        ("g:0/2,d:1", 2, "cuda:2 requested for g, but only 2 CUDA devices are visible"),
     ],
 )
 def test_errors_name_the_problem(spec, count, message):
-    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(UserError, match=re.escape(message)):
         parse_device_map(spec, cuda_device_count=count)
 
 
@@ -117,3 +128,31 @@ def test_dataparallel_on_the_host_never_moves_the_network_to_another_accelerator
     assert {p.device for p in net.parameters()} == {torch.device("cpu")}
     assert wrapped(torch.randn(1, 3, 4, 4)).device == torch.device("cpu")
     assert list(wrapped.state_dict()) == ["module.weight", "module.bias"]  # DataParallel's keys
+
+
+def test_stages_enter_on_the_first_and_come_out_on_the_last():
+    dm = parse_device_map("g:0/1,d:1,t:1", cuda_device_count=2)
+    assert dm.stages_of("generator") == ((cuda(0),), (cuda(1),))
+    assert dm.input_device("generator") == cuda(0)
+    assert dm.devices_of("generator") == (cuda(1),) and dm.generator == cuda(1)  # output, losses, labels
+    assert dm.stages_of("teacher") == ((cuda(1),),) and dm.devices == (cuda(0), cuda(1))
+    # Left out: D takes a split G's last stage, the teacher G's stages.
+    alone = parse_device_map("g:0/1", cuda_device_count=2)
+    assert alone.stages_of("discriminator") == ((cuda(1),),)
+    assert alone.stages_of("teacher") == ((cuda(0),), (cuda(1),))
+    host = parse_device_map("g:cpu/cpu,d:cpu", cuda_device_count=0)
+    assert host.stages_of("generator") == ((CPU,), (CPU,)) and host.is_split("generator")
+
+
+@pytest.mark.parametrize("spec", ["g:cuda:0/cuda:1,d:cuda:1", "g:cpu/cpu,d:cpu", "g:cuda:1+cuda:2,d:cuda:0",
+                                  "g:cuda:0/cuda:1/cuda:2,d:cuda:3,t:cuda:3"])
+def test_str_round_trips(spec):
+    dm = parse_device_map(spec, cuda_device_count=4)
+    assert str(dm) == spec and parse_device_map(str(dm), cuda_device_count=4) == dm
+
+
+def test_the_local_rank_shifts_every_stage():
+    rank1 = parse_device_map("g:0/1,d:2", cuda_device_count=6, local_rank=1)
+    assert rank1.stages_of("generator") == ((cuda(3),), (cuda(4),)) and rank1.devices_of("discriminator") == (cuda(5),)
+    with pytest.raises(UserError, match=r"cuda:4 requested for g \(cuda:1 shifted by local rank 1\)"):
+        parse_device_map("g:0/1,d:2", cuda_device_count=4, local_rank=1)

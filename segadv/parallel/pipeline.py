@@ -1,0 +1,122 @@
+"""Pipeline stages: one network's blocks over several devices, as the device map's ``/`` asks
+(``g:0/1``: G's first blocks on cuda:0, the rest on cuda:1).
+
+A network that can be split says so by having the two members of :class:`Splittable`; placement
+(segadv/parallel/placement.py) calls ``split`` instead of ``.to(device)`` for a role the map
+splits, and refuses a split of a network without them. Nothing here knows an architecture.
+
+The protocol, exactly:
+
+``split(stage_devices: Sequence[torch.device], boundaries: Sequence[int] | None = None) -> None``
+    Place the network's own parameters and buffers over ``stage_devices`` (two or more, in the
+    order the input flows through them; the same device may repeat, as ``g:cpu/cpu`` does in
+    tests): what runs before its first block (a stem, a patch embedding) on the first stage, what
+    runs after its last (a norm, a decoder, a head, an aux head) on the last, its blocks in order
+    between them. ``boundaries``: the index of the first block of each stage after the first
+    (``len(stage_devices) - 1`` increasing indices, each stage at least one block; check them
+    with :func:`check_boundaries`); None lets the network choose (:func:`balanced_boundaries`
+    splits by parameter count). Called once, on the freshly built network, before any wrapper,
+    optimizer or checkpoint load. It moves modules, never renames or rewraps them: the
+    ``state_dict`` keys stay those of the unsplit network, so checkpoints stay strict and load
+    either way. ``memory_format`` and dtype are as ``Module.to(device)`` leaves them
+    (placement converts channels_last afterwards, in place).
+
+``pipeline_devices -> tuple[torch.device, ...]``
+    Each stage's device, in order, after ``split``; ``()`` before (the network is then on one
+    device as ``Module.to`` put it). ``pipeline_devices[0]`` is where the input enters,
+    ``pipeline_devices[-1]`` where the output comes out.
+
+And its forward:
+
+- takes its input on any device and moves it to the first stage (the loop's inputs come to the
+  role's output device, where its labels and losses live: one device-to-device copy of the
+  images, small beside the activations), hands the activation to each next stage with
+  :func:`hand_over` (``Tensor.to``: autograd carries the gradient back), and returns every
+  output (the aux head's too) on the last stage;
+- never creates a tensor on a device of its own choosing: only the stages' devices;
+- keeps its keyword arguments (``return_aux``) and its output's shape and type unchanged.
+
+The stages run one after another (no micro-batch interleaving): the split buys memory, not
+speed. Under DDP each process holds its own split network (DDP with ``device_ids=None``), under
+DataParallel it is refused (segadv/parallel/wrap.py).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+from torch import nn
+
+from segadv.errors import UserError
+
+
+@runtime_checkable
+class Splittable(Protocol):
+    """A network that places its own blocks over pipeline stages (see the module's docstring)."""
+
+    def split(self, stage_devices: Sequence[torch.device], boundaries: Sequence[int] | None = None) -> None: ...
+
+    @property
+    def pipeline_devices(self) -> tuple[torch.device, ...]: ...
+
+
+def can_split(module: nn.Module) -> bool:
+    return isinstance(module, Splittable)
+
+
+def stage_devices(module: nn.Module) -> tuple[torch.device, ...]:
+    """The devices of a split network's stages, in order; ``()`` for a network not split."""
+    return tuple(module.pipeline_devices) if can_split(module) else ()
+
+
+def is_split(module: nn.Module) -> bool:
+    return len(stage_devices(module)) > 1
+
+
+def hand_over(activation: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """An activation onto the next stage's device, inside the forward; autograd brings its
+    gradient back. Non-blocking between accelerators (the copy is ordered on the target's
+    stream before the next stage's kernels), blocking to the host."""
+    if activation.device == device:
+        return activation
+    return activation.to(device, non_blocking=device.type != "cpu")
+
+
+def check_boundaries(boundaries: Sequence[int], blocks: int, stages: int) -> tuple[int, ...]:
+    """``boundaries`` as :meth:`Splittable.split` takes them, checked: ``stages - 1`` increasing
+    block indices in ``1..blocks-1`` (every stage at least one block)."""
+    bounds = tuple(int(b) for b in boundaries)
+    if len(bounds) != stages - 1 or any(b <= a for a, b in zip((0, *bounds), (*bounds, blocks))):
+        raise UserError(f"pipeline boundaries {list(bounds)}: {stages} stages of {blocks} blocks need {stages - 1} "
+                        f"increasing block indices between 1 and {blocks - 1}")
+    return bounds
+
+
+def balanced_boundaries(sizes: Sequence[int], stages: int) -> tuple[int, ...]:
+    """Where to cut ``len(sizes)`` blocks of ``sizes`` (parameter counts) into ``stages`` stages of
+    about equal size: each boundary where the running total first reaches its share (every stage
+    keeps at least one block)."""
+    if stages > len(sizes):
+        raise UserError(f"{stages} pipeline stages of a network of {len(sizes)} blocks: give it at most "
+                        f"{len(sizes)} stages")
+    total, blocks = sum(sizes), len(sizes)
+    running = [sum(sizes[:i]) for i in range(blocks + 1)]  # running[i]: the blocks before block i
+    bounds: list[int] = []
+    for stage in range(1, stages):
+        lowest = bounds[-1] + 1 if bounds else 1
+        highest = blocks - (stages - stage)  # the later stages keep a block each
+        bounds.append(next((i for i in range(lowest, highest) if running[i] * stages >= stage * total), highest))
+    return check_boundaries(bounds, len(sizes), stages)
+
+
+def split_network(network: nn.Module, stages: Sequence[Sequence[torch.device]], where: str, chosen_by: str = "") -> None:
+    """Place ``network`` over ``stages`` (the device map's, one device each) by its own ``split``;
+    a network without one is a user error: ``where`` names the map and the role's entry (``device
+    map g:0/1,d:1: g:0/1 splits the generator``), ``chosen_by`` the config key that chose the
+    network (``model.generator.arch=deeplabv3plus``)."""
+    if not can_split(network):
+        key = f" ({chosen_by})" if chosen_by else ""
+        raise UserError(f"{where} into {len(stages)} stages, but its network {type(network).__name__}{key} cannot be "
+                        "split (it has no split(stage_devices, boundaries)); give it one device")
+    network.split([stage[0] for stage in stages])
