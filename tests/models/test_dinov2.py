@@ -179,8 +179,8 @@ def test_split_places_each_stage_and_refuses_bad_boundaries():
     placement = split_blocks(model, [torch.device("cpu"), torch.device("cpu")], [1])
     assert placement.blocks == (torch.device("cpu"),) * 4
     assert placement.embed == placement.head == torch.device("cpu")
-    for bad, match in [([0], "device 0 would hold no block"), ([4], "device 1 would hold no block"),
-                       ([1, 2], "2 devices need 1")]:
+    for bad, match in [([0], r"need 1 increasing block indices between 1 and 3"), ([4], r"between 1 and 3"),
+                       ([1, 2], "2 stages of 4 blocks need 1")]:
         with pytest.raises(UserError, match=match):
             split_blocks(tiny_model(), ["cpu", "cpu"], bad)
     with pytest.raises(UserError, match="5 devices for an encoder of 4 blocks"):
@@ -240,3 +240,20 @@ def test_onnx_export_at_opset_17_matches_torch(attention):
         want = model(x)
     assert got.shape == (1, 5, 70, 56)
     torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_model_is_splittable_as_placement_asks():
+    """The protocol segadv/parallel/pipeline.py places by: split over the stages' devices (one may
+    repeat), each stage's device reported in order, outputs equal to the unsplit model's."""
+    from segadv.parallel.pipeline import can_split, is_split
+
+    torch.manual_seed(0)
+    model = tiny_model()
+    reference = tiny_model()
+    reference.load_state_dict(model.state_dict())
+    assert can_split(model) and model.pipeline_devices == ()
+    model.split([torch.device("cpu"), torch.device("cpu")])
+    assert model.pipeline_devices == (torch.device("cpu"), torch.device("cpu")) and is_split(model)
+    assert list(model.state_dict()) == list(reference.state_dict())
+    x = torch.randn(1, 3, 56, 56)
+    assert torch.equal(model(x), reference(x))

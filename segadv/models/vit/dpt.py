@@ -20,7 +20,7 @@ from torch import nn
 from segadv.errors import UserError
 from segadv.models.vit.encoder import (PATCH, PRETRAINED_IMG_SIZE, check_input_size, check_layers, create_encoder,
                                        default_layers, embed, encoder_size, patch_tokens, set_attention)
-from segadv.models.vit.split import Placement
+from segadv.models.vit.split import Placement, split_blocks
 
 
 class ResidualConvUnit(nn.Module):
@@ -147,6 +147,19 @@ class DinoV2DPT(nn.Module):
         self.attention = attention
         set_attention(self.encoder, attention)
         self.placement: Placement | None = None  # one device unless split_blocks sets it
+        self._stage_devices: tuple[torch.device, ...] = ()
+
+    def split(self, stage_devices: Sequence[torch.device], boundaries: Sequence[int] | None = None) -> None:
+        """Pipeline stages (segadv/parallel/pipeline.py's protocol): the embedding on the first
+        device, the blocks in even runs (or from ``boundaries``), the final norm and the head on the
+        last (:func:`~segadv.models.vit.split.split_blocks`)."""
+        split_blocks(self, stage_devices, boundaries)
+        self._stage_devices = tuple(torch.device(d) for d in stage_devices)
+
+    @property
+    def pipeline_devices(self) -> tuple[torch.device, ...]:
+        """Each stage's device in order after :meth:`split` (a device may repeat); () before."""
+        return self._stage_devices
 
     def set_attention(self, kernel: str) -> None:
         set_attention(self.encoder, kernel)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from segadv.errors import UserError
+from segadv.models.stages import check_boundaries
 
 
 @dataclass(frozen=True)
@@ -48,19 +49,6 @@ def even_boundaries(num_blocks: int, num_devices: int) -> list[int]:
     return starts
 
 
-def check_boundaries(boundaries: Sequence[int], num_blocks: int, num_devices: int) -> list[int]:
-    bounds = [int(b) for b in boundaries]
-    if len(bounds) != num_devices - 1:
-        raise UserError(f"block boundaries {bounds}: {num_devices} devices need {num_devices - 1} "
-                        "(the first block of every device after the first)")
-    edges = [0, *bounds, num_blocks]
-    for j, (start, end) in enumerate(zip(edges, edges[1:])):
-        if not start < end:
-            raise UserError(f"block boundaries {bounds}: device {j} would hold no block of the {num_blocks} "
-                            "(each boundary must be above the one before, within 1..number of blocks - 1)")
-    return bounds
-
-
 def split_blocks(model: nn.Module, devices: Sequence[torch.device | str],
                  boundaries: Sequence[int] | None = None) -> Placement:
     """Move ``model`` (a :class:`~segadv.models.vit.dpt.DinoV2DPT`) onto ``devices`` stage by stage
@@ -76,7 +64,7 @@ def split_blocks(model: nn.Module, devices: Sequence[torch.device | str],
     n = len(blocks)
     if len(devices) > n:
         raise UserError(f"{len(devices)} devices for an encoder of {n} blocks: each device needs a block at least")
-    bounds = even_boundaries(n, len(devices)) if boundaries is None else check_boundaries(boundaries, n, len(devices))
+    bounds = even_boundaries(n, len(devices)) if boundaries is None else list(check_boundaries(boundaries, n, len(devices)))
     model.to(devices[-1])  # the head and the final norm; everything else is moved from there
     move_embedding(vit, devices[0])
     edges = [0, *bounds, n]
