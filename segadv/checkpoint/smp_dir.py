@@ -24,7 +24,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-import segmentation_models_pytorch as smp
 import torch
 from safetensors import SafetensorError
 from torch import nn
@@ -32,7 +31,7 @@ from torch import nn
 from segadv.checkpoint.integrity import seal_safetensors
 from segadv.errors import UserError, WriteFailed
 from segadv.fsutil import make_dir, staged
-from segadv.models.generator import GENERATORS
+from segadv.config.archs import ARCHS as GENERATOR_ARCHS, GeneratorArch
 
 log = logging.getLogger(__name__)
 
@@ -41,20 +40,14 @@ WEIGHTS_FILE = "model.safetensors"
 # What smp's save_pretrained writes (its model card is README.md).
 SAVE_PRETRAINED_FILES = (CONFIG_FILE, WEIGHTS_FILE, "README.md")
 CLASS_KEY = "_model_class"
-# smp init kwarg -> the segadv config key that sets it; smp's defaults hold for every other kwarg.
-CONFIG_KEYS = {
-    "encoder_name": "model.generator.encoder",
-    "encoder_depth": "model.generator.encoder_depth",
-    "encoder_output_stride": "model.generator.output_stride",
-    "decoder_channels": "model.generator.decoder_channels",
-    "decoder_atrous_rates": "model.generator.decoder_atrous_rates",
-    "classes": "data.num_classes",
-}
 # Says only where the encoder's pretraining came from: the weights file brings every weight.
 IGNORED_KEYS = ("encoder_weights",)
-# The archs whose inference G is smp's own class (smp.from_pretrained rebuilds only those).
-ARCHS = {spec.model.__name__: arch for arch, spec in GENERATORS.items()
-         if getattr(smp, spec.model.__name__, None) is spec.model}
+
+
+def smp_archs() -> dict[str, GeneratorArch]:
+    """smp's class name -> the arch row whose inference G it is (smp.from_pretrained rebuilds only
+    those: the rows with an ``smp_class``, segadv/config/archs.py)."""
+    return {row.smp_class: row for row in GENERATOR_ARCHS.values() if row.smp_class is not None}
 
 
 def read_smp_config(directory: Path) -> dict[str, Any]:
@@ -68,16 +61,17 @@ def read_smp_config(directory: Path) -> dict[str, Any]:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UserError(f"{path}: not readable JSON ({err})") from None
-    if not isinstance(config, dict) or config.get(CLASS_KEY) not in ARCHS:
+    if not isinstance(config, dict) or config.get(CLASS_KEY) not in smp_archs():
         found = config.get(CLASS_KEY) if isinstance(config, dict) else None
-        raise UserError(f"{path}: {CLASS_KEY} is {found!r}; segadv's generator is one of {sorted(ARCHS)}")
+        raise UserError(f"{path}: {CLASS_KEY} is {found!r}; segadv's generator is one of {sorted(smp_archs())}")
     return config
 
 
 def config_overrides(config: Mapping[str, Any]) -> list[str]:
     """``key=value`` overrides giving a segadv config the generator ``config`` describes."""
-    overrides = [f"model.generator.arch={ARCHS[config[CLASS_KEY]]}"]
-    overrides += [f"{key}={json.dumps(config[name])}" for name, key in CONFIG_KEYS.items() if name in config]
+    row = smp_archs()[config[CLASS_KEY]]
+    overrides = [f"model.generator.arch={row.name}"]
+    overrides += [f"{key}={json.dumps(config[name])}" for name, key in row.smp_config_keys.items() if name in config]
     return overrides
 
 
@@ -85,6 +79,8 @@ def check_smp_config(config: Mapping[str, Any], generator: nn.Module, directory:
     """UserError unless ``generator`` (built from ``config_source``) is the model ``config``
     describes: same class, and every kwarg the file gives is the one G was built with."""
     built = _json_values({**generator.config, CLASS_KEY: type(generator).__name__})
+    row = smp_archs().get(type(generator).__name__)
+    config_keys = row.smp_config_keys if row is not None else {}
     differ = []
     for name, value in config.items():
         if name in IGNORED_KEYS or _json_values(value) == built.get(name):
@@ -92,7 +88,7 @@ def check_smp_config(config: Mapping[str, Any], generator: nn.Module, directory:
         if name == CLASS_KEY:
             where = "model.generator.arch"
         else:
-            where = CONFIG_KEYS.get(name, "segadv's generator cannot set it")
+            where = config_keys.get(name, "segadv's generator cannot set it")
         differ.append(f"{name}: {value!r} in the directory, {built.get(name)!r} in the config ({where})")
     if differ:
         raise UserError(f"{directory / CONFIG_FILE} does not describe the generator of {config_source}:\n  "
@@ -126,10 +122,11 @@ def save_smp_dir(generator: nn.Module, directory: Path) -> int:
     """Write the inference ``generator`` as a directory ``smp.from_pretrained`` opens; each file
     is replaced atomically, ``model.safetensors`` sealed with its sha256 (integrity.py). Returns
     the number of tensors written; an OSError is a :class:`WriteFailed` naming the directory."""
-    if type(generator).__name__ not in ARCHS:
+    archs = smp_archs()
+    if type(generator).__name__ not in archs:
         raise UserError(f"--smp: smp.from_pretrained cannot build {type(generator).__name__} (model.generator.arch "
-                        f"is not one of smp's models: {', '.join(sorted(ARCHS.values()))}); write a weights file "
-                        "with --output instead")
+                        f"is not one of smp's models: {', '.join(sorted(row.name for row in archs.values()))}); "
+                        "write a weights file with --output instead")
     if directory.exists() and not directory.is_dir():
         raise UserError(f"--smp {directory}: exists and is not a directory")
     created = not directory.exists()

@@ -45,6 +45,8 @@ def _section_class(annotation: Any) -> tuple[Optional[type[BaseModel]], bool]:
         if len(args) != 1:
             return None, False
         annotation = args[0]
+    if typing.get_origin(annotation) is typing.Annotated:  # SerializeAsAny[X]: the section X
+        annotation = typing.get_args(annotation)[0]
     # typing.get_origin first: on Python 3.10 a generic alias (list[int]) is an instance of type too
     if typing.get_origin(annotation) is None and isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation, optional

@@ -38,6 +38,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from segadv.config.renamed import apply_renamed_keys
+from segadv.config.generator_section import GENERATOR_PATH, carried_over
 from segadv.config.schema import Config, Section, registered_methods
 from segadv.config.shipped import DEFAULT_CONFIG_PATH, resolve_config, shipped_hint
 from segadv.errors import UserError
@@ -291,20 +292,24 @@ def _merged(layers: Sequence[Mapping]) -> dict:
 # --------------------------------------------------------------------------------------- merging
 
 
-def _deep_merge(base: Mapping, over: Mapping) -> dict:
+def _deep_merge(base: Mapping, over: Mapping, path: tuple[str, ...] = ()) -> dict:
     """``over`` on top of ``base``, as a new dict (inputs untouched).
 
     Mappings merge key by key; anything else replaces. A mapping carrying ``_delete_: true``
     replaces instead, and keeps its marker so that it also replaces what lower layers (bases merged
     later, the schema defaults) hold; :func:`_strip_markers` removes the markers at the end.
+    ``model.generator`` in a layer naming another arch keeps, of the lower layers', only the keys
+    every arch takes (``segadv/config/generator_section.py`` ``carried_over``).
     """
     if over.get(DELETE_KEY) is True:
         return copy.deepcopy(dict(over))
+    if path == GENERATOR_PATH:
+        base = carried_over(base, over)
     result = copy.deepcopy(dict(base))
     for key, value in over.items():
         old = result.get(key)
         if isinstance(value, dict) and isinstance(old, dict):
-            result[key] = _deep_merge(old, value)
+            result[key] = _deep_merge(old, value, (*path, key))
         else:
             result[key] = copy.deepcopy(value)
     return result
@@ -377,13 +382,17 @@ def _apply_overrides(data: dict, overrides: Sequence[str], method: Optional[str]
     config's method once every layer is read, for its renamed keys (segadv/config/renamed.py): the
     command line is one layer, where an old key and its new one given with different values are a
     UserError and an override of an old key sets the new one (one note each); None: as written."""
+    given: dict = {}
+    for text in overrides:
+        _apply_override(given, text)
+    generator = data.get("model", {}).get("generator") if isinstance(data.get("model"), dict) else None
+    chosen = given.get("model", {}).get("generator") if isinstance(given.get("model"), dict) else None
+    if isinstance(generator, dict) and isinstance(chosen, dict):  # the command line a layer naming its arch
+        data["model"]["generator"] = carried_over(generator, chosen)
     if method is None or not overrides:
         for text in overrides:
             _apply_override(data, text)
         return
-    given: dict = {}
-    for text in overrides:
-        _apply_override(given, text)
     apply_renamed_keys(given, method=method, source="the command line")  # the notes, or both names refused
     for text in overrides:
         layer: dict = {}
@@ -467,6 +476,8 @@ def _format_loc(loc: Sequence[Union[str, int]]) -> str:
 
 def _model_class(annotation: Any) -> Optional[type[BaseModel]]:
     """The pydantic model inside an annotation (``Model`` or ``Optional[Model]``), if any."""
+    if typing.get_origin(annotation) is typing.Annotated:  # SerializeAsAny[Model]
+        annotation = typing.get_args(annotation)[0]
     # get_origin first: Python 3.10 counts ``list[int]`` as a type, and issubclass refuses it.
     if typing.get_origin(annotation) is None and isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
@@ -497,6 +508,8 @@ def _unknown_key_hint(loc: Sequence[Union[str, int]]) -> str:
         return ""
     names = list(model.model_fields)
     close = difflib.get_close_matches(str(loc[-1]), names, n=1)
+    if close and close[0] == loc[-1]:  # a key of another choice of the section (another arch's)
+        return "; another model.generator.arch takes it, not this one"
     if close:
         return f"; did you mean {_format_loc((*loc[:-1], close[0]))!r}?"
     return f"; valid keys here: {', '.join(names)}"

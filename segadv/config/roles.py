@@ -4,8 +4,9 @@ A role's name is its config key (``model.<role>``, ``optim.<role>``, ...) and it
 (``<role>``, ``optim_<role>``); its short name is the device map's (``g:1,d:0``) and its scalars'
 (``train/lr_g``). A role may fall back to another's settings: where a per-network section has no
 value for it (no key, or null), it takes that role's, and so do its devices where the device map
-does not name it (the aux D takes D's). A role without a fallback is built as itself (G or a D);
-one with a fallback is built as the role it falls back to, in the end.
+does not name it (the aux D takes D's). A role is built as a generator or a discriminator (its
+``kind``, which one with a fallback takes from it): the kind decides its ``model.<role>`` section
+and its defaults elsewhere (segadv/config/network_sections.py), which has one entry per role.
 
 A role is trained (an optimizer, a GradScaler, a backward) unless its record says not
 (``trained=False``: the mean teacher's EMA of G, which the method updates itself); a role may start
@@ -23,24 +24,35 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 
+# What a role's network is built as: its model section's kind (segadv/config/network_sections.py).
+KINDS = ("generator", "discriminator")
+
+
 @dataclass(frozen=True)
 class RoleSpec:
     name: str  # generator, discriminator, ...: its config and checkpoint keys
     short: str  # g, d, ...: the device map's name and its scalars'
+    kind: str  # one of KINDS: built as a generator or a discriminator
     falls_back_to: Optional[str] = None  # the role whose settings and devices it takes where it has none
     # False: no optimizer, no GradScaler, no backward and no wrapper's gradient sync (its method
     # updates it: the teacher's EMA); its weights are still saved, restored and planned.
     trained: bool = True
     starts_as: Optional[str] = None  # the role whose initial weights it starts as a copy of, or None
+    title: str = ""  # what the config's descriptions call it ("G", "the aux D"); "" : its name
+
+    @property
+    def called(self) -> str:
+        return self.title or self.name
 
 
 ROLES: dict[str, RoleSpec] = {}
 
 
-def register_role(name: str, short: str, falls_back_to: Optional[str] = None, *, trained: bool = True,
-                  starts_as: Optional[str] = None) -> RoleSpec:
+def register_role(name: str, short: str, falls_back_to: Optional[str] = None, *, kind: Optional[str] = None,
+                  trained: bool = True, starts_as: Optional[str] = None, title: str = "") -> RoleSpec:
     """Add a role to the table (a plugin's or a test's: the built-ins are below). Its name and
-    short name must be new identifiers, and the roles it falls back to and starts as registered already."""
+    short name must be new identifiers, and the roles it falls back to and starts as registered
+    already; its ``kind`` is its fallback's unless given (a role without a fallback gives it)."""
     for value in (name, short):
         if not value.isidentifier():
             raise ValueError(f"role names are identifiers, got {value!r}")
@@ -51,7 +63,11 @@ def register_role(name: str, short: str, falls_back_to: Optional[str] = None, *,
         raise ValueError(f"role {name!r} falls back to {falls_back_to!r}, which is not a role")
     if starts_as is not None and starts_as not in ROLES:
         raise ValueError(f"role {name!r} starts as {starts_as!r}, which is not a role")
-    ROLES[name] = spec = RoleSpec(name, short, falls_back_to, trained, starts_as)
+    if kind is None and falls_back_to is not None:
+        kind = ROLES[falls_back_to].kind
+    if kind not in KINDS:
+        raise ValueError(f"role {name!r}: kind {kind!r}; a role is built as one of {', '.join(KINDS)}")
+    ROLES[name] = spec = RoleSpec(name, short, kind, falls_back_to, trained, starts_as, title)
     return spec
 
 
@@ -62,12 +78,12 @@ def unregister_role(name: str) -> None:
     del ROLES[name]
 
 
-register_role("generator", "g")
-register_role("discriminator", "d")
-register_role("discriminator_aux", "d_aux", falls_back_to="discriminator")  # multi-level adaptation's second D
+register_role("generator", "g", kind="generator", title="G")
+register_role("discriminator", "d", kind="discriminator", title="D")
+register_role("discriminator_aux", "d_aux", falls_back_to="discriminator", title="the aux D")  # multi-level adaptation's second D
 # The mean teacher's EMA of G: G's model settings and devices unless named (t:0), its own autocast
 # and compile switch where amp.teacher / compile.teacher say; never trained by a backward.
-register_role("teacher", "t", falls_back_to="generator", trained=False, starts_as="generator")
+register_role("teacher", "t", falls_back_to="generator", trained=False, starts_as="generator", title="the mean teacher")
 
 
 def role(name: str) -> RoleSpec:
@@ -84,11 +100,8 @@ def find_role(name: str) -> Optional[RoleSpec]:
 
 
 def built_as(name: str) -> str:
-    """The role whose kind of network ``name`` is built as: itself, or the end of its fallbacks."""
-    spec = role(name)
-    while spec.falls_back_to is not None:
-        spec = role(spec.falls_back_to)
-    return spec.name
+    """What ``name``'s network is built as: its kind, ``generator`` or ``discriminator``."""
+    return role(name).kind
 
 
 def setting(section: Any, name: str) -> Any:

@@ -18,189 +18,30 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Literal, Mapping, Optional
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializeAsAny,
-    ValidationError,
-    ValidationInfo,
-    create_model,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, SerializeAsAny, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+# The per-network sections and their entries are the config's like any section; their own modules hold them.
+from segadv.config.generator_section import GeneratorConfig  # noqa: F401
+from segadv.config.network_sections import (
+    AmpConfig,
+    CompileConfig,
+    InitConfig,
+    ModelConfig,
+    OptimConfig,
+    ParallelConfig,
+    section_default,
+)
+from segadv.config.network_settings import (  # noqa: F401
+    DiscriminatorConfig,
+    InitSource,
+    NetworkAmpConfig,
+    OptimizerConfig,
+)
 from segadv.config.normalization import NORMALIZATIONS, Normalization, resolve as resolve_normalization
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
-
-    @classmethod
-    def schema_model(cls) -> type[Section]:
-        """The model whose fields a config's section has: this one, except where they depend on
-        what is registered (``MethodConfig``)."""
-        return cls
-
-
-# Reusable ranges. Seeds feed numpy (below 2**32) after the rank is added, hence 2**31.
-Seed = Annotated[int, Field(ge=0, lt=2**31)]
-Count = Annotated[int, Field(gt=0, le=10**9)]  # steps, intervals: positive and far from int64's edge
-Weight = Annotated[float, Field(ge=0, le=1e6)]  # a loss term's weight (0: off)
-Probability = Annotated[float, Field(ge=0, le=1)]
-Beta = Annotated[float, Field(ge=0, lt=1)]
-
-
-@dataclass(frozen=True)
-class ArchLimits:
-    """What an architecture's decoder takes from its encoder: the least ``encoder_depth`` (smp's
-    encoders have 5 stages), the number of ASPP dilations and the encoder layouts it builds."""
-
-    min_encoder_depth: int
-    atrous_rates: Optional[int]  # None: decoder_atrous_rates does not apply
-    layouts: tuple[str, ...] = ("smp",)
-
-
-ARCH_LIMITS: dict[str, ArchLimits] = {
-    "deeplabv3": ArchLimits(min_encoder_depth=1, atrous_rates=3),
-    "deeplabv3plus": ArchLimits(min_encoder_depth=3, atrous_rates=3),  # fuses the stride-4 stage
-    # its own rates (aspp_v2_rates); the references' Caffe layout: any input size, their weights
-    "deeplabv2": ArchLimits(min_encoder_depth=1, atrous_rates=None, layouts=("smp", "caffe")),
-}
-ENCODER_STAGES = 5  # smp's encoders: 5 stride-2 stages (depth limits 1..5)
-
-
-class GeneratorConfig(Section):
-    arch: Literal["deeplabv3", "deeplabv3plus", "deeplabv2"] = Field(
-        "deeplabv3plus",
-        description="G's network on the encoder: smp's DeepLabV3, or DeepLabV3+ with its low-level skip (an "
-        "ASPP decoder with image pooling), or DeepLab-v2 as the adversarial references train it (a classifier "
-        "summing dilated 3x3 convolutions, model.generator.aspp_v2_rates; no decoder, no pooling)")
-    encoder: str = Field("resnet18", min_length=1, description="smp encoder name, e.g. resnet18, resnet101, mobilenet_v2")
-    encoder_weights: Optional[str] = Field(
-        None, min_length=1,
-        description="encoder weights: null random init; a name (imagenet) fetched by smp (a download); "
-        "a local file path loaded strictly")
-    encoder_depth: int = Field(
-        5, ge=1, le=ENCODER_STAGES,
-        description="encoder stages used (1..5; deeplabv3plus needs 3 or more); fewer: a smaller, coarser G")
-    output_stride: Literal[8, 16] = Field(16, description="the encoder's output stride (dilated last stages): 8 or 16")
-    layout: Literal["smp", "caffe"] = Field(
-        "smp",
-        description="the ResNet encoder's layout. smp: torchvision's (stride in a Bottleneck's 3x3 conv), what smp's "
-                    "ImageNet weights fit. caffe (deeplabv2 only): the references' Res_Deeplab / DeeplabMulti (stride "
-                    "in the 1x1 conv, max-pool ceil_mode; 41x41 logits at 321 px), what their weights fit")
-    # (12, 24, 36) suit ~512 px crops; on small images the feature map is only a few cells wide
-    # and large rates sample mostly padding.
-    decoder_atrous_rates: list[Annotated[int, Field(ge=1, le=256)]] = Field(
-        [12, 24, 36],
-        description="deeplabv3/deeplabv3plus: ASPP dilation rates, three positive integers (feature-map cells)")
-    decoder_channels: int = Field(
-        256, gt=0, le=1024,
-        description="deeplabv3/deeplabv3plus: width of the decoder (ASPP and DeepLabV3+'s fusion); smp's default 256")
-    aux_head: bool = Field(
-        False,
-        description="training only: a second output from the encoder's second-to-last stage (AdaptSegNet / "
-        "ADVENT multi-level adaptation); eval, export and predict use the main output")
-    activation_checkpointing: bool = Field(
-        False,
-        description="training only: recompute G's encoder stages and decoder in the backward (less memory, "
-        "about one more forward of time); weights and files unchanged")
-    aspp_v2_rates: Union[Literal["paper", "early_return"], list[Annotated[int, Field(ge=1, le=256)]]] = Field(
-        "paper", min_length=1,
-        description="deeplabv2: its classifier's dilation rates, one 3x3 convolution to the classes per rate, "
-                    "the outputs summed. paper: 6, 12, 18, 24 (DeepLab-v2's ASPP-L; ADVENT's code). "
-                    "early_return: 6, 12, what AdaptSegNet's, AdvSemiSeg's and s4GAN's code "
-                    "computes (its loop returns after the second branch). Or a list of rates")
-    norm: Literal["train", "frozen_affine", "frozen"] = Field(
-        "train",
-        description="G's BatchNorm. train: learned weight and bias, batch statistics. frozen_affine: weight "
-                    "and bias fixed (not in the optimizer), batch statistics, running ones updated (the "
-                    "references' DeepLab-v2). frozen: weight, bias and statistics fixed, every BatchNorm in "
-                    "eval mode while G trains (mmsegmentation's norm_eval); a batch of one trains")
-
-    @property
-    def trains_batch_statistics(self) -> bool:
-        """Whether G's BatchNorm layers normalise with each batch's own statistics in training:
-        all but ``norm: frozen`` (eval-mode BatchNorm, its running statistics)."""
-        return self.norm != "frozen"
-
-    @property
-    def trains_on_one_sample(self) -> bool:
-        """Whether a batch of one sample trains G (where not, segadv/training/build.py and
-        segadv/data/batch_checks.py refuse one before step 1). Not where a BatchNorm on batch
-        statistics sees one value per channel: the image-pooling branch of smp's DeepLabV3 / V3+
-        ASPP (a 1x1 map). DeepLab-v2 has no pooling: at batch 1 its BatchNorm normalises over each
-        map's pixels, as the references train it (AdaptSegNet, ADVENT: batch 1, statistics updating)."""
-        return not self.trains_batch_statistics or self.arch == "deeplabv2"
-
-    @field_validator("aspp_v2_rates", mode="wrap")
-    @classmethod
-    def _rates_named_or_listed(cls, value: Any, handler: Any) -> Any:
-        """One message for the union (a name or a list), not one per member."""
-        try:
-            return handler(value)
-        except ValidationError:
-            raise PydanticCustomError(
-                "aspp_v2_rates", "expected 'paper', 'early_return' or a non-empty list of rates (integers >= 1)"
-            ) from None
-
-    @field_validator("encoder_depth")
-    @classmethod
-    def _depth_fits_arch(cls, depth: int, info: ValidationInfo) -> int:
-        arch = info.data.get("arch")
-        least = ARCH_LIMITS[arch].min_encoder_depth if arch in ARCH_LIMITS else 1
-        if depth < least:
-            raise ValueError(f"{arch} needs an encoder depth of {least}..{ENCODER_STAGES}, got {depth}")
-        return depth
-
-    @field_validator("layout")
-    @classmethod
-    def _layout_fits_arch(cls, layout: str, info: ValidationInfo) -> str:
-        arch = info.data.get("arch")
-        layouts = ARCH_LIMITS[arch].layouts if arch in ARCH_LIMITS else ("smp",)
-        if layout not in layouts:
-            raise ValueError(f"{arch} builds its encoder in layout {' or '.join(layouts)}, not {layout} "
-                             "(the caffe layout is the references' DeepLab-v2: arch deeplabv2)")
-        return layout
-
-    @field_validator("decoder_atrous_rates")
-    @classmethod
-    def _rates_fit_arch(cls, rates: list[int], info: ValidationInfo) -> list[int]:
-        arch = info.data.get("arch")
-        count = ARCH_LIMITS[arch].atrous_rates if arch in ARCH_LIMITS else 3
-        if count is not None and len(rates) != count:
-            raise ValueError(f"{arch}'s ASPP takes {count} dilation rates, e.g. [12, 24, 36]; got {len(rates)}")
-        return rates
-
-
-class DiscriminatorConfig(Section):
-    kind: Literal["fc", "image"] = Field(
-        "fc",
-        description="fc: AdvSemiSeg's fully convolutional D (a logit per pixel of a class map); image: "
-        "s4GAN's image-level D (one logit per image)")
-    ndf: int = Field(64, gt=0, le=256, description="width of D's first convolution (later ones double it, up to 8x)")
-    # fc: the last one is D's classifier and its logit map is the training size halved this many
-    # times; 5 is the reference's (10x10 at 321 px, but 2x2 at 80 px: use 3 there).
-    num_downsamples: Optional[int] = Field(
-        None, ge=1, le=10,
-        description="D's stride-2 convolutions (fc: its logit map is the training size halved this many "
-        "times, checked against the smallest training image); null: the kind's reference (fc 5, image 4)")
-    align_corners: bool = Field(
-        True,
-        description="fc: upsample D's logit map with align_corners (AdvSemiSeg's reference; "
-        "docs/methods.md \"Deviations\")")
-
-
-class ModelConfig(Section):
-    generator: GeneratorConfig = Field(GeneratorConfig(), description="G, the segmentation network")
-    discriminator: DiscriminatorConfig = Field(DiscriminatorConfig(), description="D, the discriminator")
-    discriminator_aux: Optional[DiscriminatorConfig] = Field(
-        None, description="the aux output's D (multi-level domain adaptation); null: D's settings")
+from segadv.config.section import Beta, Count, Probability, Section, Seed, Weight  # noqa: F401
 
 
 class SyntheticDataConfig(Section):
@@ -344,54 +185,6 @@ class DataConfig(Section):
         return resolve_normalization(self.normalization, self.mean, self.std)
 
 
-class OptimizerConfig(Section):
-    name: Literal["sgd", "adam", "adamw"] = Field(description="the optimizer: sgd, adam or adamw (torch.optim)")
-    # Above 100 no optimizer converges, and near float32's limit the update itself overflows.
-    lr: float = Field(gt=0, le=100, description="base learning rate (> 0, at most 100), decayed by the poly schedule")
-    momentum: float = Field(0.9, ge=0, lt=1, description="sgd: momentum in [0, 1)")
-    weight_decay: float = Field(0.0, ge=0, le=1, description="L2 penalty (adamw: decoupled decay), 0..1")
-    betas: list[Beta] = Field(
-        [0.9, 0.999], min_length=2, max_length=2, description="adam / adamw: the two moment decays, each in [0, 1)")
-    poly_power: float = Field(
-        0.9, ge=0, le=100,
-        description="poly schedule: lr = base_lr * (1 - step / poly_horizon) ** poly_power (0: constant)")
-    # The references decay over 250,000 iterations and stop earlier (AdaptSegNet 150,000, ADVENT 120,000).
-    poly_horizon: Optional[int] = Field(
-        None, ge=1, le=10**9,
-        description="steps the poly schedule decays over (at least train.max_steps); null: train.max_steps")
-    # The references train their classifier at 10x the backbone's rate (optim_parameters).
-    head_lr_mult: float = Field(
-        1.0, gt=0, le=1000,
-        description="generator: the learning rate of everything but the encoder (the head: classifier, decoder, "
-                    "aux head) as a multiple of lr; the references' DeepLab-v2: 10")
-    head_weight_decay: Optional[float] = Field(
-        None, ge=0, le=1, description="generator: the head's weight decay; null: weight_decay (the references')")
-    implementation: Literal["auto", "for_loop", "foreach", "fused"] = Field(
-        "auto",
-        description="torch's update kernels: auto (foreach on CUDA, a loop on the CPU), for_loop, foreach "
-        "(one multi-tensor op a group) or fused")
-
-
-class OptimConfig(Section):
-    generator: OptimizerConfig = Field(
-        OptimizerConfig(name="sgd", lr=2.5e-4, momentum=0.9, weight_decay=5e-4), description="G's optimizer")
-    discriminator: OptimizerConfig = Field(
-        OptimizerConfig(name="adam", lr=1e-4, betas=[0.9, 0.99]), description="D's optimizer")
-    discriminator_aux: Optional[OptimizerConfig] = Field(
-        None, description="the aux D's optimizer; null: D's settings (its own instance)")
-
-    @field_validator("discriminator", "discriminator_aux")
-    @classmethod
-    def _one_group_for_d(cls, optim: Optional[OptimizerConfig], info: ValidationInfo) -> Optional[OptimizerConfig]:
-        """A D is one network with no encoder: no backbone and head to set apart."""
-        if optim is not None:
-            for key, default in (("head_lr_mult", 1.0), ("head_weight_decay", None)):
-                if getattr(optim, key) != default:
-                    raise ValueError(f"{key} is G's (its encoder against its head); {info.field_name} has no "
-                                     f"encoder: leave it at {default}")
-        return optim
-
-
 class LossConfig(Section):
     # One key for every method (issue 50); its old names (method.adaptsegnet.lambda_adv_main, ...)
     # still read, with a note: segadv/config/renamed.py. Each method's default and refusal are on its
@@ -473,77 +266,6 @@ def _validated_method_config(data: dict[str, Any]) -> MethodConfig:
     return MethodConfig.model_validate(data)
 
 
-class NetworkAmpConfig(Section):
-    # auto is resolved once per network on its own devices when the run's roles are built
-    # (segadv/training/build.py, rule in segadv/engine/amp_optimizer.py resolve_auto); a stored
-    # config keeps auto, so a resume on another machine resolves again.
-    enabled: Union[bool, Literal["auto"]] = Field(
-        False, description="run this network's forward under autocast: true, false, or auto (bfloat16 where "
-                           "its device computes bf16 natively: CUDA compute capability 8.0+, a CPU with "
-                           "AMX-BF16 or AVX512-BF16; else off)")
-    dtype: Literal["float16", "bfloat16"] = Field("bfloat16", description="autocast dtype: bfloat16, or float16 (with a GradScaler); enabled: auto is bfloat16 only")
-    # Up to 2**32: far above any useful scale, and a float32 scale that can still halve.
-    init_scale: float = Field(2.0**16, gt=0, le=2.0**32, description="float16 only: the GradScaler's starting loss scale")
-
-    @model_validator(mode="after")
-    def _auto_is_bfloat16(self) -> "NetworkAmpConfig":
-        # fp16 is never chosen by a machine check: it needs loss scaling and overflows where bf16
-        # does not, and on a CPU it is 46x slower than float32 (docs/performance.md). Refused
-        # rather than silently ignored, so a config says what it runs.
-        if self.enabled == "auto" and self.dtype == "float16":
-            raise ValueError("enabled: auto chooses bfloat16 or off, never float16; write enabled: true with "
-                             "dtype: float16, or leave dtype out (bfloat16) with auto")
-        return self
-
-    @property
-    def is_auto(self) -> bool:
-        return self.enabled == "auto"
-
-
-class AmpConfig(Section):
-    generator: NetworkAmpConfig = Field(NetworkAmpConfig(), description="G's mixed precision")
-    discriminator: NetworkAmpConfig = Field(NetworkAmpConfig(), description="D's mixed precision")
-    discriminator_aux: Optional[NetworkAmpConfig] = Field(
-        None, description="the aux D's mixed precision; null: D's setting (its own GradScaler)")
-    teacher: Optional[NetworkAmpConfig] = Field(
-        None, description="the mean teacher's autocast (it has no GradScaler: it never backpropagates); null: G's setting")
-
-
-ParallelMode = Literal["auto", "none", "dp", "ddp"]
-
-
-class ParallelConfig(Section):
-    """Each network is wrapped on its own (never one wrapper around both).
-
-    auto: ddp under a multi-process launch, dp when the device map lists a replica set
-    (``g:1+2``), else none.
-    """
-
-    generator: ParallelMode = Field("auto", description="G's wrapper: auto, none, dp or ddp")
-    discriminator: ParallelMode = Field("auto", description="D's wrapper: auto, none, dp or ddp")
-    discriminator_aux: Optional[ParallelMode] = Field(None, description="the aux D's wrapper; null: D's")
-    sync_bn: bool = Field(False, description="convert G's BatchNorm to SyncBatchNorm under DDP")
-
-
-class CompileConfig(Section):
-    """``torch.compile`` per network (docs/training.md "Compiling"): each network's forward (and so its
-    backward) compiled on its own device, in place, so parameter names, state dicts, checkpoints and
-    the wrappers see the same module; the hand-over between devices, the losses, the GradScaler and
-    the optimizer steps stay eager. Evaluation (eval mode, no_grad) and each new batch size may
-    compile once more; after the first evaluation no step recompiles."""
-
-    generator: bool = Field(False, description="torch.compile G's forward")
-    discriminator: bool = Field(False, description="torch.compile D's forward (also the aux D's unless discriminator_aux says)")
-    discriminator_aux: Optional[bool] = Field(None, description="torch.compile the aux D's forward; null: D's setting")
-    teacher: Optional[bool] = Field(None, description="torch.compile the mean teacher's forward; null: G's setting")
-    mode: Optional[Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = Field(
-        None, description="torch.compile's mode; null: its default (reduce-overhead adds CUDA graphs on CUDA)")
-    # inductor generates kernels (C++ on the CPU: needs a C++ compiler; Triton on CUDA). aot_eager
-    # and eager generate none, so they check a model's compilability in seconds.
-    backend: Literal["inductor", "aot_eager", "eager"] = Field(
-        "inductor", description="torch.compile's backend: inductor (generates kernels), aot_eager or eager (checks only)")
-
-
 class TrainConfig(Section):
     max_steps: Count = Field(20000, description="optimizer steps of the run")
     eval_every: Count = Field(1000, description="evaluate on val every this many steps (and at the end)")
@@ -595,20 +317,6 @@ class CheckpointConfig(Section):
                                 "the others: highest)")
 
 
-class InitSource(Section):
-    path: str = Field(min_length=1, description="weights file to start from (any format the checkpoint loader takes)")
-    # e.g. ["segmentation_head.*"] to start from weights trained with another number of classes.
-    exclude: list[Annotated[str, Field(min_length=1)]] = Field(
-        [], description="glob patterns of model keys not taken from the file (they keep their fresh init)")
-
-
-class InitConfig(Section):
-    """Weights to start from (any format the checkpoint loader accepts); strict unless excluded."""
-
-    generator: Optional[InitSource] = Field(None, description="G's starting weights; null: fresh")
-    discriminator: Optional[InitSource] = Field(None, description="D's starting weights; null: fresh")
-
-
 class LogConfig(Section):
     tensorboard: bool = Field(True, description="write TensorBoard events in the run dir")
     num_images: int = Field(4, ge=0, le=64, description="val samples shown as image panels at each evaluation (0: none)")
@@ -640,20 +348,25 @@ class Config(Section):
         None, min_length=1, description="where networks run, e.g. \"g:1,d:0\"; null: cuda:0 for both when CUDA is available, else cpu")
     run_dir: Optional[str] = Field(
         None, description="the run's directory (~ expanded); null: runs/<config name>-<timestamp>; a run's config.yaml stores null")
-    model: ModelConfig = Field(ModelConfig(), description="the networks")
+    model: SerializeAsAny[ModelConfig] = Field(default_factory=section_default(ModelConfig), description="the networks")
     data: DataConfig = Field(DataConfig(), description="the training data (domain adaptation: the labeled source)")
     target_data: Optional[DataConfig] = Field(
         None, description="domain adaptation's unlabeled target: its train images and the val split val/* is measured on")
-    optim: OptimConfig = Field(OptimConfig(), description="optimizers and their schedules")
+    optim: SerializeAsAny[OptimConfig] = Field(default_factory=section_default(OptimConfig),
+                                               description="optimizers and their schedules")
     loss: LossConfig = Field(LossConfig(), description="G's adversarial weight (every method's) and the labeled term's warm-up (supervised, advsemiseg)")
     method: SerializeAsAny[MethodConfig] = Field(default_factory=lambda: MethodConfig.model_validate({}),
                                                  description="what one training iteration does")
-    amp: AmpConfig = Field(AmpConfig(), description="mixed precision per network")
-    parallel: ParallelConfig = Field(ParallelConfig(), description="wrappers per network (DataParallel, DDP)")
-    compile: CompileConfig = Field(CompileConfig(), description="torch.compile per network")
+    amp: SerializeAsAny[AmpConfig] = Field(default_factory=section_default(AmpConfig),
+                                           description="mixed precision per network")
+    parallel: SerializeAsAny[ParallelConfig] = Field(default_factory=section_default(ParallelConfig),
+                                                     description="wrappers per network (DataParallel, DDP)")
+    compile: SerializeAsAny[CompileConfig] = Field(default_factory=section_default(CompileConfig),
+                                                   description="torch.compile per network")
     train: TrainConfig = Field(TrainConfig(), description="the training loop")
     checkpoint: CheckpointConfig = Field(CheckpointConfig(), description="checkpoint files")
-    init: InitConfig = Field(InitConfig(), description="weights to start from")
+    init: SerializeAsAny[InitConfig] = Field(default_factory=section_default(InitConfig),
+                                             description="weights to start from")
     log: LogConfig = Field(LogConfig(), description="what a run reports")
 
     @field_validator("run_dir")

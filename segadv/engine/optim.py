@@ -7,6 +7,7 @@ import logging
 import torch
 from torch import nn
 
+from segadv.config.archs import ARCH_ATTRIBUTE, generator_arch
 from segadv.config.schema import OptimizerConfig
 from segadv.errors import UserError
 
@@ -18,20 +19,21 @@ IMPLEMENTATIONS = {"auto": {}, "for_loop": {"foreach": False}, "foreach": {"fore
 
 def parameter_groups(model: nn.Module, cfg: OptimizerConfig) -> list[dict]:
     """The trained parameters as the optimizer's groups. One group unless the head is set apart
-    (``head_lr_mult``, ``head_weight_decay``): then ``backbone`` (the model's ``encoder``) at
-    ``lr`` and ``weight_decay``, and ``head`` (every other parameter: the classifier, a decoder,
-    the aux head) at ``lr * head_lr_mult`` and ``head_weight_decay``, as the references'
-    ``optim_parameters`` (the classifier at 10x, the same weight decay). One group otherwise, so
-    the optimizer state of a run saved with one group still loads."""
+    (``head_lr_mult``, ``head_weight_decay``): then ``backbone`` (the submodule G's arch row names,
+    segadv/config/archs.py: a DeepLab's ``encoder``) at ``lr`` and ``weight_decay``, and ``head``
+    (every other parameter: the classifier, a decoder, the aux head) at ``lr * head_lr_mult`` and
+    ``head_weight_decay``, as the references' ``optim_parameters`` (the classifier at 10x, the same
+    weight decay). One group otherwise, so the optimizer state of a run saved with one group still loads."""
     params = [p for p in model.parameters() if p.requires_grad]
     head_wd = cfg.weight_decay if cfg.head_weight_decay is None else cfg.head_weight_decay
     if cfg.head_lr_mult == 1.0 and head_wd == cfg.weight_decay:
         return [{"params": params}]
-    encoder = getattr(model, "encoder", None)
-    if not isinstance(encoder, nn.Module):
-        raise UserError(f"optim.*.head_lr_mult / head_weight_decay set a head apart from an encoder; "
-                        f"{type(model).__name__} has no encoder")
-    in_backbone = {id(p) for p in encoder.parameters()}
+    arch = getattr(model, ARCH_ATTRIBUTE, None)
+    backbone = generator_arch(arch).backbone if arch is not None else None
+    if backbone is None:
+        raise UserError(f"optim.*.head_lr_mult / head_weight_decay set a head apart from a backbone; "
+                        f"{type(model).__name__} has none (arch {arch})")
+    in_backbone = {id(p) for p in model.get_submodule(backbone).parameters()}
     groups = [
         {"name": "backbone", "params": [p for p in params if id(p) in in_backbone]},
         {"name": "head", "params": [p for p in params if id(p) not in in_backbone],

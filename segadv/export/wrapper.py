@@ -120,7 +120,7 @@ def export_metadata(
         "model_format": model_format,
         "model_file": model_file,
         "source": loaded.source_info(),
-        "generator": {"arch": gen.arch, "encoder": gen.encoder, "output_stride": gen.output_stride},
+        "generator": gen.summary(),
         "num_classes": cfg.data.num_classes,
         "classes": list(classes),
         "palette": [[int(c) for c in colour] for colour in palette],

@@ -1,5 +1,6 @@
-"""The generator G: a DeepLab network on an encoder of segmentation-models-pytorch (smp's
-DeepLabV3 / DeepLabV3+, or DeepLab-v2 as the adversarial references train it, deeplabv2.py).
+"""The generator G, built by its arch's row (segadv/config/archs.py), and the DeepLab rows' builder:
+a DeepLab network on an encoder of segmentation-models-pytorch (smp's DeepLabV3 / DeepLabV3+, or
+DeepLab-v2 as the adversarial references train it, deeplabv2.py).
 
 Pure ``nn.Module`` construction: no device, wrapper or AMP code lives here.
 """
@@ -7,6 +8,7 @@ Pure ``nn.Module`` construction: no device, wrapper or AMP code lives here.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -16,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from segadv.config.archs import ARCH_ATTRIBUTE, generator_arch, resolve
+from segadv.config.deeplab import DeepLabConfig
 from segadv.config.schema import GeneratorConfig
 from segadv.errors import UserError
 from segadv.models.deeplabv2 import ASPP_V2_RATES, DeepLabV2
@@ -103,51 +107,60 @@ def logits_at(model: nn.Module, network: nn.Module, x: torch.Tensor, output_size
     return F.interpolate(model(x), size=output_size, mode="bilinear", align_corners=True)
 
 
-def aspp_settings(cfg: GeneratorConfig) -> dict[str, Any]:
+def aspp_settings(cfg: DeepLabConfig) -> dict[str, Any]:
     return {"decoder_atrous_rates": tuple(cfg.decoder_atrous_rates), "decoder_channels": cfg.decoder_channels}
 
 
-def aspp_v2_settings(cfg: GeneratorConfig) -> dict[str, Any]:
+def aspp_v2_settings(cfg: DeepLabConfig) -> dict[str, Any]:
     rates = cfg.aspp_v2_rates
     return {"classifier_rates": ASPP_V2_RATES[rates] if isinstance(rates, str) else tuple(rates),
             "encoder_layout": cfg.layout}
 
 
-@dataclass(frozen=True)
-class GeneratorArch:
-    """One ``model.generator.arch``: the inference G's class (what evaluation, export and
-    segadv-ckpt build), the same with the aux output (``model.generator.aux_head``), and the
-    class's head settings from the config (its other arguments are the encoder's, shared)."""
-
-    model: type[nn.Module]
-    with_aux: type[nn.Module]
-    head_settings: Callable[[GeneratorConfig], dict[str, Any]]
-
-
-GENERATORS: dict[str, GeneratorArch] = {
-    "deeplabv3": GeneratorArch(smp.DeepLabV3, DeepLabV3Aux, aspp_settings),
-    "deeplabv3plus": GeneratorArch(smp.DeepLabV3Plus, DeepLabV3PlusAux, aspp_settings),
-    "deeplabv2": GeneratorArch(DeepLabV2, DeepLabV2Aux, aspp_v2_settings),
-}
 AUX_HEAD_PREFIX = "aux_head."
 AUX_HEAD_WIDTH = 128
 
 
-def generator_arch(arch: str) -> GeneratorArch:
-    try:
-        return GENERATORS[arch]
-    except KeyError:
-        raise KeyError(f"unknown generator arch {arch!r}; valid: {sorted(GENERATORS)}") from None
-
-
 def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
-    """Build G; ``cfg.encoder_weights`` may name smp weights ("imagenet"), fetched here, or a local
-    file, which this leaves to the caller: ``segadv.checkpoint.load_encoder_weights`` (called where
-    the run is assembled, segadv/training/build.py) loads it into the built G."""
+    """Build G with its arch's builder (its row in segadv/config/archs.py), then set how its
+    BatchNorm trains (``model.generator.norm``). The built G carries its arch's name, by which
+    activation checkpointing and the optimizer's groups find its row."""
+    model = resolve(generator_arch(cfg.arch).builder)(cfg, num_classes, in_channels)
+    setattr(model, ARCH_ATTRIBUTE, cfg.arch)
+    # Last: a builder's probes need every trainable parameter to take a gradient.
+    count = apply_norm(model, cfg.norm)
+    if cfg.norm != "train":
+        log.info("model.generator.norm=%s: %d BatchNorm layers with their weight and bias fixed%s", cfg.norm, count,
+                 ", in eval mode (running statistics fixed)" if cfg.norm == "frozen" else "")
+    return model
+
+
+@dataclass(frozen=True)
+class DeepLabBuilder:
+    """A DeepLab row's builder: the inference G's class (what evaluation, export and segadv-ckpt
+    build), the same with the aux output (``model.generator.aux_head``), and the class's head
+    settings from the config (its other arguments are the encoder's, shared)."""
+
+    model: type[nn.Module]
+    with_aux: type[nn.Module]
+    head_settings: Callable[[DeepLabConfig], dict[str, Any]]
+
+    def __call__(self, cfg: DeepLabConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
+        return build_deeplab(self, cfg, num_classes, in_channels)
+
+
+DEEPLABV3 = DeepLabBuilder(smp.DeepLabV3, DeepLabV3Aux, aspp_settings)
+DEEPLABV3PLUS = DeepLabBuilder(smp.DeepLabV3Plus, DeepLabV3PlusAux, aspp_settings)
+DEEPLABV2 = DeepLabBuilder(DeepLabV2, DeepLabV2Aux, aspp_v2_settings)
+
+
+def build_deeplab(arch: DeepLabBuilder, cfg: DeepLabConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
+    """A DeepLab G; ``cfg.encoder_weights`` may name smp weights ("imagenet"), fetched here, or a
+    local file, which this leaves to the caller: ``segadv.checkpoint.load_encoder_weights`` (called
+    where the run is assembled, segadv/training/build.py) loads it into the built G."""
     smp_weights = None if local_encoder_weights(cfg) is not None else cfg.encoder_weights
     if smp_weights is not None:
         check_weights_reachable(cfg.encoder, smp_weights)  # an offline machine: said before any retry
-    arch = generator_arch(cfg.arch)
     cls = arch.with_aux if cfg.aux_head else arch.model
     try:
         model = cls(
@@ -180,12 +193,26 @@ def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3
     if cfg.aux_head:
         # After the probe above (which runs the main output only, and would drop the head).
         model.aux_head = model.aux_classifier(num_classes)
-    # Last: the probe above needs every trainable parameter to take a gradient.
-    count = apply_norm(model, cfg.norm)
-    if cfg.norm != "train":
-        log.info("model.generator.norm=%s: %d BatchNorm layers with their weight and bias fixed%s", cfg.norm, count,
-                 ", in eval mode (running statistics fixed)" if cfg.norm == "frozen" else "")
     return model
+
+
+def encoder_stages_and_decoder(generator: nn.Module) -> list[str]:
+    """The DeepLab rows' blocks for activation checkpointing: the encoder's stages that hold
+    weights (a ResNet's ``layer1``-``layer4``; a MobileNet's or other ``features`` encoder's blocks)
+    and the decoder where it has weights (DeepLab-v2's classifier, a few convolutions to the
+    classes, keeps no more than its input)."""
+    encoder = generator.encoder
+    names = [name for name, _ in encoder.named_children() if re.fullmatch(r"layer\d", name)]
+    if not names and isinstance(getattr(encoder, "features", None), nn.Sequential):
+        names = [f"features.{name}" for name, _ in encoder.features.named_children()]
+    if not names:
+        raise UserError(f"model.generator.activation_checkpointing: segadv does not know the stages of the "
+                        f"{type(encoder).__name__} encoder (it checkpoints ResNet layers and `features` blocks)")
+
+    def has_weights(name: str) -> bool:  # not a dropped stage, nor DeepLab-v2's decoder (its last stage as it is)
+        return any(True for _ in generator.get_submodule(name).parameters())
+
+    return [name for name in [f"encoder.{name}" for name in names] + ["decoder"] if has_weights(name)]
 
 
 def drop_unused_stages(model: nn.Module, in_channels: int) -> list[str]:

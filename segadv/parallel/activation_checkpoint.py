@@ -1,6 +1,7 @@
-"""Activation checkpointing of G (``model.generator.activation_checkpointing``): the encoder's
-stages and the decoder keep only their inputs for the backward and run their forward again there
-(``torch.utils.checkpoint``, non-reentrant).
+"""Activation checkpointing of G (``model.generator.activation_checkpointing``): its arch's blocks
+(a DeepLab's encoder stages and decoder; the row of segadv/config/archs.py names them) keep only
+their inputs for the backward and run their forward again there (``torch.utils.checkpoint``,
+non-reentrant).
 
 Applied to the built G in place, without changing its parameter names: each checkpointed module's
 class becomes a subclass whose forward runs under the checkpoint, so state dicts, optimizers,
@@ -17,7 +18,6 @@ region's outputs and never its buffer updates.
 
 from __future__ import annotations
 
-import re
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
+from segadv.config.archs import ARCH_ATTRIBUTE, generator_arch, resolve
 from segadv.errors import UserError
 
 _CHECKPOINTED: dict[type, type] = {}
@@ -83,21 +84,15 @@ def checkpointed(module: nn.Module) -> nn.Module:
 
 
 def checkpoint_units(generator: nn.Module) -> list[str]:
-    """The names of G's modules to checkpoint: the encoder's stages that hold weights (a ResNet's
-    ``layer1``-``layer4``; a MobileNet's or other ``features`` encoder's blocks) and the decoder
-    where it has weights (DeepLab-v2's classifier, a few convolutions to the classes, keeps no
-    more than its input)."""
-    encoder = generator.encoder
-    names = [name for name, _ in encoder.named_children() if re.fullmatch(r"layer\d", name)]
-    if not names and isinstance(getattr(encoder, "features", None), nn.Sequential):
-        names = [f"features.{name}" for name, _ in encoder.features.named_children()]
-    if not names:
-        raise UserError(f"model.generator.activation_checkpointing: segadv does not know the stages of the "
-                        f"{type(encoder).__name__} encoder (it checkpoints ResNet layers and `features` blocks)")
-    def has_weights(name: str) -> bool:  # not a dropped stage, nor DeepLab-v2's decoder (its last stage as it is)
-        return any(True for _ in generator.get_submodule(name).parameters())
-
-    return [name for name in [f"encoder.{name}" for name in names] + ["decoder"] if has_weights(name)]
+    """The names of G's modules to checkpoint: its arch's blocks (the row's ``checkpoint_blocks``,
+    segadv/config/archs.py)."""
+    name = getattr(generator, ARCH_ATTRIBUTE, None)
+    if name is None:
+        raise TypeError(f"{type(generator).__name__} was not built by segadv.models.build_generator: no arch row")
+    arch = generator_arch(name)
+    if arch.checkpoint_blocks is None:
+        raise UserError(f"model.generator.activation_checkpointing: arch {arch.name} names no blocks to checkpoint")
+    return resolve(arch.checkpoint_blocks)(generator)
 
 
 def apply_activation_checkpointing(generator: nn.Module) -> list[str]:

@@ -1,0 +1,156 @@
+"""``model.generator``: the keys every generator architecture takes, and the choice of the
+architecture's own section by ``arch``.
+
+Each arch is a row of the arch table (``segadv/config/archs.py``) holding its section, a subclass
+of :class:`GeneratorConfig` with its own keys and limits. A ``model.generator`` mapping is validated
+as the section of the row its ``arch`` names (the table's default where it names none), so the keys
+of one arch mean nothing to another; ``GeneratorConfig(**keys)`` builds that row's section too.
+The table imports this module (each row's section is a ``GeneratorConfig``), so this module finds
+the table by its module name when it first validates a section, as the method section finds the
+method registry.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+from typing import Any, ClassVar, Literal, Mapping, Optional
+
+from pydantic import Field, create_model, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from segadv.config.section import Section
+
+ARCH_TABLE = "segadv.config.archs"
+DEFAULT_ARCH = "deeplabv3plus"
+ARCH_DESCRIPTION = (
+    "G's network on the encoder: smp's DeepLabV3, or DeepLabV3+ with its low-level skip (an "
+    "ASPP decoder with image pooling), or DeepLab-v2 as the adversarial references train it (a classifier "
+    "summing dilated 3x3 convolutions, model.generator.aspp_v2_rates; no decoder, no pooling); a row of "
+    "the arch table (segadv/config/archs.py)")
+
+
+def arch_field(name: str) -> Any:
+    """The ``arch`` field of the section of row ``name`` (its default is its own name)."""
+    return Field(name, description=ARCH_DESCRIPTION)
+
+
+def registered_archs() -> dict[str, Any]:
+    """``model.generator.arch`` -> its row (``segadv.config.archs.ARCHS``)."""
+    return importlib.import_module(ARCH_TABLE).ARCHS
+
+
+class GeneratorConfig(Section):
+    """G, the segmentation network: ``arch`` picks its row, whose section holds the arch's own keys."""
+
+    arch: str = arch_field(DEFAULT_ARCH)
+    encoder_weights: Optional[str] = Field(
+        None, min_length=1,
+        description="encoder weights: null random init; a name (imagenet) fetched by smp (a download); "
+        "a local file path loaded strictly")
+    aux_head: bool = Field(
+        False,
+        description="training only: a second output from the encoder's second-to-last stage (AdaptSegNet / "
+        "ADVENT multi-level adaptation); eval, export and predict use the main output")
+    activation_checkpointing: bool = Field(
+        False,
+        description="training only: recompute G's encoder stages and decoder in the backward (less memory, "
+        "about one more forward of time); weights and files unchanged")
+    norm: Literal["train", "frozen_affine", "frozen"] = Field(
+        "train",
+        description="G's BatchNorm. train: learned weight and bias, batch statistics. frozen_affine: weight "
+                    "and bias fixed (not in the optimizer), batch statistics, running ones updated (the "
+                    "references' DeepLab-v2). frozen: weight, bias and statistics fixed, every BatchNorm in "
+                    "eval mode while G trains (mmsegmentation's norm_eval); a batch of one trains")
+
+    # Whether a BatchNorm on batch statistics sees one value per channel at a batch of one (an
+    # image-pooling branch, as smp's ASPP has): then a batch of one cannot train G.
+    pools_the_image: ClassVar[bool] = True
+
+    def __new__(cls, *args: Any, **data: Any) -> GeneratorConfig:
+        # GeneratorConfig(**keys) is the section of the row its arch names; an unknown arch gets the
+        # default row's section, whose arch check names the archs.
+        if cls is GeneratorConfig:
+            cls = section_of(data.get("arch", DEFAULT_ARCH))
+        return super().__new__(cls)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _as_its_arch(cls, data: Any, handler: Any) -> Any:
+        if cls is not GeneratorConfig or isinstance(data, GeneratorConfig):
+            return handler(data)
+        arch = data.get("arch", DEFAULT_ARCH) if isinstance(data, dict) else DEFAULT_ARCH
+        return section_of(arch).model_validate(data)
+
+    @field_validator("arch")
+    @classmethod
+    def _registered_arch(cls, name: str) -> str:
+        archs = registered_archs()
+        if name not in archs:  # reported as a Literal's mismatch is: the archs it could be
+            *others, last = map(repr, archs)
+            expected = f"{', '.join(others)} or {last}" if others else last
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        if cls is not GeneratorConfig and archs[name].settings is not cls:
+            raise ValueError(f"{name} is not the arch of this section ({cls.__name__})")
+        return name
+
+    @property
+    def trains_batch_statistics(self) -> bool:
+        """Whether G's BatchNorm layers normalise with each batch's own statistics in training:
+        all but ``norm: frozen`` (eval-mode BatchNorm, its running statistics)."""
+        return self.norm != "frozen"
+
+    @property
+    def trains_on_one_sample(self) -> bool:
+        """Whether a batch of one sample trains G (where not, segadv/training/build.py and
+        segadv/data/batch_checks.py refuse one before step 1). Not where a BatchNorm on batch
+        statistics sees one value per channel: the image-pooling branch of smp's DeepLabV3 / V3+
+        ASPP (a 1x1 map). DeepLab-v2 has no pooling: at batch 1 its BatchNorm normalises over each
+        map's pixels, as the references train it (AdaptSegNet, ADVENT: batch 1, statistics updating)."""
+        return not self.trains_batch_statistics or not self.pools_the_image
+
+    def summary(self) -> dict[str, Any]:
+        """What an exported model's metadata says of G (``segadv/export/wrapper.py``'s sidecar)."""
+        return {"arch": self.arch}
+
+    @classmethod
+    def schema_model(cls) -> type[Section]:
+        if cls is not GeneratorConfig:
+            return cls
+        return _every_arch_key(tuple((name, row.settings) for name, row in registered_archs().items()))
+
+
+GENERATOR_PATH = ("model", "generator")
+
+
+def carried_over(below: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
+    """What a config layer's ``model.generator`` keeps of the lower layers' (the loader merges
+    layers): all of it, or where the layer names another arch only the keys every arch takes, so
+    that a base's DeepLab keys do not follow a switch to an arch without them."""
+    if "arch" not in layer or layer["arch"] == below.get("arch", DEFAULT_ARCH):
+        return dict(below)
+    return {key: value for key, value in below.items() if key in GeneratorConfig.model_fields and key != "arch"}
+
+
+def section_of(arch: str) -> type[GeneratorConfig]:
+    """The section of row ``arch``, or the default row's for a name the table lacks."""
+    archs = registered_archs()
+    return (archs.get(arch) or archs[DEFAULT_ARCH]).settings
+
+
+@functools.lru_cache(maxsize=None)
+def _every_arch_key(sections: tuple[tuple[str, type[GeneratorConfig]], ...]) -> type[Section]:
+    """One model with every arch's keys, for the key listing (``--help-config``) and the loader's
+    suggestions: ``arch`` as the choice of rows, and each key an arch of its own takes, named so."""
+    fields: dict[str, Any] = {"arch": (Literal[tuple(name for name, _ in sections)], arch_field(DEFAULT_ARCH))}
+    for name, model in sections:
+        for key, field in model.model_fields.items():
+            if key in fields:
+                continue
+            takers = [other for other, section in sections if key in section.model_fields]
+            if len(takers) < len(sections):
+                field = copy.copy(field)
+                field.description = f"(arch {', '.join(takers)}) {field.description or ''}".strip()
+            fields[key] = (field.annotation, field)
+    return create_model("GeneratorKeys", __base__=Section, __module__=__name__, **fields)

@@ -1,0 +1,99 @@
+"""One network's settings, the values of the per-network sections' entries
+(segadv/config/network_sections.py): a discriminator's model, an optimizer, an autocast, a wrapper,
+the weights to start from. G's model section is the arch table's (segadv/config/archs.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import Field, model_validator
+
+from segadv.config.section import Beta, Section
+
+
+class DiscriminatorConfig(Section):
+    kind: Literal["fc", "image"] = Field(
+        "fc",
+        description="fc: AdvSemiSeg's fully convolutional D (a logit per pixel of a class map); image: "
+        "s4GAN's image-level D (one logit per image)")
+    ndf: int = Field(64, gt=0, le=256, description="width of D's first convolution (later ones double it, up to 8x)")
+    # fc: the last one is D's classifier and its logit map is the training size halved this many
+    # times; 5 is the reference's (10x10 at 321 px, but 2x2 at 80 px: use 3 there).
+    num_downsamples: Optional[int] = Field(
+        None, ge=1, le=10,
+        description="D's stride-2 convolutions (fc: its logit map is the training size halved this many "
+        "times, checked against the smallest training image); null: the kind's reference (fc 5, image 4)")
+    align_corners: bool = Field(
+        True,
+        description="fc: upsample D's logit map with align_corners (AdvSemiSeg's reference; "
+        "docs/methods.md \"Deviations\")")
+
+
+class OptimizerConfig(Section):
+    name: Literal["sgd", "adam", "adamw"] = Field(description="the optimizer: sgd, adam or adamw (torch.optim)")
+    # Above 100 no optimizer converges, and near float32's limit the update itself overflows.
+    lr: float = Field(gt=0, le=100, description="base learning rate (> 0, at most 100), decayed by the poly schedule")
+    momentum: float = Field(0.9, ge=0, lt=1, description="sgd: momentum in [0, 1)")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="L2 penalty (adamw: decoupled decay), 0..1")
+    betas: list[Beta] = Field(
+        [0.9, 0.999], min_length=2, max_length=2, description="adam / adamw: the two moment decays, each in [0, 1)")
+    poly_power: float = Field(
+        0.9, ge=0, le=100,
+        description="poly schedule: lr = base_lr * (1 - step / poly_horizon) ** poly_power (0: constant)")
+    # The references decay over 250,000 iterations and stop earlier (AdaptSegNet 150,000, ADVENT 120,000).
+    poly_horizon: Optional[int] = Field(
+        None, ge=1, le=10**9,
+        description="steps the poly schedule decays over (at least train.max_steps); null: train.max_steps")
+    # The references train their classifier at 10x the backbone's rate (optim_parameters).
+    head_lr_mult: float = Field(
+        1.0, gt=0, le=1000,
+        description="generator: the learning rate of everything but the encoder (the head: classifier, decoder, "
+                    "aux head) as a multiple of lr; the references' DeepLab-v2: 10")
+    head_weight_decay: Optional[float] = Field(
+        None, ge=0, le=1, description="generator: the head's weight decay; null: weight_decay (the references')")
+    implementation: Literal["auto", "for_loop", "foreach", "fused"] = Field(
+        "auto",
+        description="torch's update kernels: auto (foreach on CUDA, a loop on the CPU), for_loop, foreach "
+        "(one multi-tensor op a group) or fused")
+
+    @property
+    def sets_head_apart(self) -> bool:
+        """Whether the head trains at other settings than the backbone."""
+        return self.head_lr_mult != 1.0 or self.head_weight_decay is not None
+
+
+class NetworkAmpConfig(Section):
+    # auto is resolved once per network on its own devices when the run's roles are built
+    # (segadv/training/build.py, rule in segadv/engine/amp_optimizer.py resolve_auto); a stored
+    # config keeps auto, so a resume on another machine resolves again.
+    enabled: Union[bool, Literal["auto"]] = Field(
+        False, description="run this network's forward under autocast: true, false, or auto (bfloat16 where "
+                           "its device computes bf16 natively: CUDA compute capability 8.0+, a CPU with "
+                           "AMX-BF16 or AVX512-BF16; else off)")
+    dtype: Literal["float16", "bfloat16"] = Field("bfloat16", description="autocast dtype: bfloat16, or float16 (with a GradScaler); enabled: auto is bfloat16 only")
+    # Up to 2**32: far above any useful scale, and a float32 scale that can still halve.
+    init_scale: float = Field(2.0**16, gt=0, le=2.0**32, description="float16 only: the GradScaler's starting loss scale")
+
+    @model_validator(mode="after")
+    def _auto_is_bfloat16(self) -> "NetworkAmpConfig":
+        # fp16 is never chosen by a machine check: it needs loss scaling and overflows where bf16
+        # does not, and on a CPU it is 46x slower than float32 (docs/performance.md). Refused
+        # rather than silently ignored, so a config says what it runs.
+        if self.enabled == "auto" and self.dtype == "float16":
+            raise ValueError("enabled: auto chooses bfloat16 or off, never float16; write enabled: true with "
+                             "dtype: float16, or leave dtype out (bfloat16) with auto")
+        return self
+
+    @property
+    def is_auto(self) -> bool:
+        return self.enabled == "auto"
+
+
+ParallelMode = Literal["auto", "none", "dp", "ddp"]
+
+
+class InitSource(Section):
+    path: str = Field(min_length=1, description="weights file to start from (any format the checkpoint loader takes)")
+    # e.g. ["segmentation_head.*"] to start from weights trained with another number of classes.
+    exclude: list[Annotated[str, Field(min_length=1)]] = Field(
+        [], description="glob patterns of model keys not taken from the file (they keep their fresh init)")

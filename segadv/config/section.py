@@ -1,0 +1,25 @@
+"""What every config section is, and the value ranges the sections share (torch-free)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
+
+    @classmethod
+    def schema_model(cls) -> type[Section]:
+        """The model whose fields a config's section has: this one, except where they depend on
+        what is registered (``MethodConfig``, the per-network sections, ``model.generator``)."""
+        return cls
+
+
+# Reusable ranges. Seeds feed numpy (below 2**32) after the rank is added, hence 2**31.
+Seed = Annotated[int, Field(ge=0, lt=2**31)]
+Count = Annotated[int, Field(gt=0, le=10**9)]  # steps, intervals: positive and far from int64's edge
+Weight = Annotated[float, Field(ge=0, le=1e6)]  # a loss term's weight (0: off)
+Probability = Annotated[float, Field(ge=0, le=1)]
+Beta = Annotated[float, Field(ge=0, lt=1)]
