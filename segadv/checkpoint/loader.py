@@ -25,6 +25,7 @@ from torch import nn
 
 from segadv.checkpoint.io import read_checkpoint
 from segadv.checkpoint.reference_weights import map_reference_weights
+from segadv.config.archs import generator_arch, resolve
 from segadv.config.schema import GeneratorConfig
 from segadv.errors import UserError
 from segadv.models.generator import AUX_HEAD_PREFIX, DroppedStage, local_encoder_weights
@@ -105,6 +106,13 @@ def load_encoder_weights(generator: nn.Module, cfg: GeneratorConfig) -> None:
     strictly; ``build_generator`` fetches named smp sets ("imagenet") itself."""
     path = local_encoder_weights(cfg)
     if path is None:
+        return
+    own_loader = generator_arch(cfg.arch).encoder_weights_loader
+    if own_loader is not None:  # the arch reads its own layouts (DINOv2: timm's and the official)
+        try:
+            resolve(own_loader)(unwrap(generator), read_checkpoint(path), f"model.generator.encoder_weights {path}")
+        except UserError as err:
+            raise UserError(f"model.generator.encoder_weights: {err}") from None
         return
     encoder = unwrap(generator).encoder
     try:

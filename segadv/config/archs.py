@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
 from segadv.config.deeplab import SMP_CONFIG_KEYS, DeepLabV2Config, DeepLabV3Config, DeepLabV3PlusConfig
+from segadv.config.dinov2 import DinoV2Config
 from segadv.config.generator_section import DEFAULT_ARCH, GeneratorConfig
 
 Ref = Union[str, Callable[..., Any]]  # "package.module:attribute", or the object itself
@@ -39,6 +40,9 @@ class GeneratorArch:
     # directory holds (segadv/checkpoint/smp_dir.py); None: not one of smp's models
     smp_class: Optional[str] = None
     smp_config_keys: Mapping[str, str] = field(default_factory=dict)
+    # (built G, the file's tensors, a name for messages) -> None: a local encoder_weights file into
+    # G, strictly; None: smp's encoder layout (segadv/checkpoint/loader.py's own)
+    encoder_weights_loader: Optional[Ref] = None
 
 
 def resolve(ref: Ref) -> Any:
@@ -92,3 +96,6 @@ register_arch(GeneratorArch("deeplabv3plus", DeepLabV3PlusConfig, "segadv.models
                             backbone="encoder", smp_class="DeepLabV3Plus", smp_config_keys=SMP_CONFIG_KEYS))
 register_arch(GeneratorArch("deeplabv2", DeepLabV2Config, "segadv.models.generator:DEEPLABV2", DEEPLAB_BLOCKS,
                             backbone="encoder"))
+register_arch(GeneratorArch("dinov2", DinoV2Config, "segadv.models.vit.builder:build_dinov2",
+                            "segadv.models.vit.builder:checkpoint_units", backbone="encoder",
+                            encoder_weights_loader="segadv.models.vit.builder:load_weights"))

@@ -27,8 +27,8 @@ DEFAULT_ARCH = "deeplabv3plus"
 ARCH_DESCRIPTION = (
     "G's network on the encoder: smp's DeepLabV3, or DeepLabV3+ with its low-level skip (an "
     "ASPP decoder with image pooling), or DeepLab-v2 as the adversarial references train it (a classifier "
-    "summing dilated 3x3 convolutions, model.generator.aspp_v2_rates; no decoder, no pooling); a row of "
-    "the arch table (segadv/config/archs.py)")
+    "summing dilated 3x3 convolutions, model.generator.aspp_v2_rates; no decoder, no pooling), or dinov2: a "
+    "DINOv2 ViT with UniMatch V2's DPT head; a row of the arch table (segadv/config/archs.py)")
 
 
 def arch_field(name: str) -> Any:
@@ -109,6 +109,11 @@ class GeneratorConfig(Section):
         ASPP (a 1x1 map). DeepLab-v2 has no pooling: at batch 1 its BatchNorm normalises over each
         map's pixels, as the references train it (AdaptSegNet, ADVENT: batch 1, statistics updating)."""
         return not self.trains_batch_statistics or not self.pools_the_image
+
+    def check_input_size(self, height: int, width: int, source: str) -> None:
+        """A UserError naming ``source`` (the config key the size comes from) where G cannot take an
+        input of ``height`` x ``width`` (checked at start for the training crops and the evaluation
+        resize); any size by default."""
 
     def summary(self) -> dict[str, Any]:
         """What an exported model's metadata says of G (``segadv/export/wrapper.py``'s sidecar)."""

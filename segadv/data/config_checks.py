@@ -66,14 +66,31 @@ def data_root(cfg: DataConfig) -> Path:
     return root
 
 
-def training_side(cfg: DataConfig, key: str = "data") -> Optional[tuple[int, str]]:
-    """The smallest side of the training images as the networks get them, and where it comes
+def training_shape(cfg: DataConfig, key: str = "data") -> Optional[tuple[int, int, str]]:
+    """The height and width of the training images as the networks get them, and where they come
     from, when the config alone says: the synthetic image size, or the last pipeline step with an
     integer ``height`` and ``width`` (RandomCrop, Resize, ...). None: images keep their own sizes."""
     if cfg.kind == "synthetic":
-        return cfg.synthetic.image_size, f"{key}.synthetic.image_size={cfg.synthetic.image_size}"
+        size = cfg.synthetic.image_size
+        return size, size, f"{key}.synthetic.image_size={size}"
     for step in reversed(cfg.train_transforms):
         h, w = step.get("height"), step.get("width")
         if isinstance(h, int) and isinstance(w, int) and h > 0 and w > 0:
-            return min(h, w), f"{key}.train_transforms' {step.get('name')} to {h}x{w}"
+            return h, w, f"{key}.train_transforms' {step.get('name')} to {h}x{w}"
     return None
+
+
+def training_side(cfg: DataConfig, key: str = "data") -> Optional[tuple[int, str]]:
+    """The smallest side of :func:`training_shape`, and where it comes from."""
+    shape = training_shape(cfg, key)
+    return None if shape is None else (min(shape[:2]), shape[2])
+
+
+def input_shapes(cfg: DataConfig, key: str = "data") -> list[tuple[int, int, str]]:
+    """The input sizes G is given that the config fixes: the training crop and the evaluation resize
+    (``val_input_size``, width then height), each with the key it comes from."""
+    shapes = [shape for shape in [training_shape(cfg, key)] if shape is not None]
+    if cfg.val_input_size is not None:
+        width, height = cfg.val_input_size
+        shapes.append((height, width, f"{key}.val_input_size={list(cfg.val_input_size)}"))
+    return shapes

@@ -24,7 +24,7 @@ from segadv.config.schema import (
     OptimizerConfig,
 )
 from segadv.data.batch_checks import check_micro_batches
-from segadv.data.config_checks import training_side
+from segadv.data.config_checks import input_shapes, training_side
 from segadv.engine.accumulation import Accumulation
 from segadv.engine.amp_optimizer import AmpOptimizer, resolve_auto, uses_float16
 from segadv.engine.network import Network
@@ -188,6 +188,9 @@ def check_build(cfg: Config, device_map: DeviceMap) -> Checked:
     """The method against the model and the data (its ``check_config``), then the accumulation and
     the micro-batches on G's replicas (``check_accumulation``)."""
     method_class(cfg.method.name).check_config(cfg)
+    for data in (cfg.data, cfg.target_data):
+        for height, width, source in input_shapes(data, "data" if data is cfg.data else "target_data") if data else ():
+            cfg.model.generator.check_input_size(height, width, source)
     return Checked(check_accumulation(cfg, replicas=len(device_map.devices_of("generator"))))
 
 

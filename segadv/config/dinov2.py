@@ -1,0 +1,75 @@
+"""The DINOv2 row's section (``model.generator`` with ``arch: dinov2``): a timm DINOv2 ViT encoder
+with UniMatch V2's DPT head (segadv/models/vit). Its keys mean nothing to the DeepLab rows and
+theirs nothing to it. torch-free: the arch table (segadv/config/archs.py) holds the row.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal, Optional
+
+from pydantic import Field, field_validator
+
+from segadv.config.generator_section import GeneratorConfig, arch_field
+from segadv.errors import UserError
+
+PATCH = 14  # DINOv2's patch: an input side must be a multiple of it
+DINOV2_ENCODERS = tuple(f"vit_{size}_patch14{reg}_dinov2" for size in ("small", "base", "large") for reg in ("", "_reg4"))
+Width = Annotated[int, Field(ge=1, le=4096)]
+
+
+class DinoV2Config(GeneratorConfig):
+    """A DINOv2 encoder (timm's ``vit_*_patch14[_reg4]_dinov2``) and a DPT head on four of its
+    blocks. No BatchNorm and no aux output; the input's sides must be multiples of the patch (14)."""
+
+    arch: str = arch_field("dinov2")
+    encoder: Literal[DINOV2_ENCODERS] = Field(  # type: ignore[valid-type]
+        "vit_small_patch14_dinov2",
+        description="dinov2: timm's DINOv2 encoder (small / base / large, _reg4_ with 4 register tokens); "
+                    "encoder_weights: a local file in timm's or the official DINOv2 key layout")
+    depth: Optional[int] = Field(
+        None, ge=1, le=24, description="dinov2: encoder blocks built (null: the size's own 12 or 24; fewer: a "
+                                       "depth-reduced encoder for tests and the CPU; its weights then do not fit)")
+    layers: Optional[list[Annotated[int, Field(ge=0, le=23)]]] = Field(
+        None, min_length=4, max_length=4,
+        description="dinov2: the four blocks the DPT head reads, the last the encoder's last (null: UniMatch V2's "
+                    "2, 5, 8, 11 for small and base, 4, 11, 17, 23 for large; evenly spaced at a reduced depth)")
+    attention: Literal["fused", "math"] = Field(
+        "fused", description="dinov2: the attention kernel. fused: torch's scaled_dot_product_attention (flash or "
+                             "memory-efficient kernels where the device has them); math: softmax(QK^T)V spelled out")
+    head_features: Optional[Width] = Field(
+        None, description="dinov2: the DPT head's fusion width (null: UniMatch V2's 64 / 128 / 256 for S / B / L)")
+    head_out_channels: Optional[list[Width]] = Field(
+        None, min_length=4, max_length=4,
+        description="dinov2: the DPT head's four projection widths (null: UniMatch V2's for the size)")
+    drop_path_rate: float = Field(0.0, ge=0.0, lt=1.0, description="dinov2: stochastic depth of the encoder's "
+                                                                   "blocks (UniMatch V2: 0)")
+    img_size: int = Field(
+        518, ge=PATCH, le=4096, multiple_of=PATCH,
+        description="dinov2: the grid of the position embedding (518 px: DINOv2's weights); other input sizes "
+                    "resample it in the forward")
+
+    pools_the_image: ClassVar[bool] = False  # LayerNorm and the head's convolutions: a batch of one trains
+
+    @field_validator("aux_head")
+    @classmethod
+    def _no_aux_head(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("dinov2 has no aux output (multi-level adaptation needs a DeepLab arch)")
+        return value
+
+    @field_validator("norm")
+    @classmethod
+    def _no_batchnorm(cls, value: str) -> str:
+        if value != "train":
+            raise ValueError("dinov2 has no BatchNorm to freeze (its LayerNorms always train)")
+        return value
+
+    def check_input_size(self, height: int, width: int, source: str) -> None:
+        """The encoder cuts the input into 14-pixel patches: both sides must be multiples."""
+        if height % PATCH or width % PATCH:
+            raise UserError(f"{source}: {height}x{width} is not a multiple of DINOv2's patch size {PATCH} "
+                            f"(model.generator.arch=dinov2); use e.g. {height - height % PATCH or PATCH}x"
+                            f"{width - width % PATCH or PATCH}")
+
+    def summary(self) -> dict[str, object]:
+        return {"arch": self.arch, "encoder": self.encoder}

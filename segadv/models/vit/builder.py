@@ -1,0 +1,36 @@
+"""The DINOv2 row's entries in the arch table (segadv/config/archs.py): G from its config section,
+the modules activation checkpointing recomputes, and a local weight file's tensors into its encoder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from torch import nn
+
+from segadv.errors import UserError
+from segadv.models.vit.dpt import DinoV2DPT
+from segadv.models.vit.weights import load_encoder_weights
+
+
+def build_dinov2(cfg: Any, num_classes: int, in_channels: int = 3) -> DinoV2DPT:
+    """G for a ``model.generator`` section with ``arch: dinov2`` (segadv/config/dinov2.py). Its
+    weights come from a local file only (loaded after the build: ``load_weights``), never fetched."""
+    weights = cfg.encoder_weights
+    if weights is not None and not Path(weights).expanduser().is_file():
+        raise UserError(f"model.generator.encoder_weights={weights}: arch dinov2 reads a local file (timm's or the "
+                        "official DINOv2 layout); nothing is downloaded")
+    return DinoV2DPT(cfg.encoder, num_classes, in_channels=in_channels, depth=cfg.depth, layers=cfg.layers,
+                     features=cfg.head_features, out_channels=cfg.head_out_channels, attention=cfg.attention,
+                     drop_path_rate=cfg.drop_path_rate, img_size=cfg.img_size, input_name="G's input")
+
+
+def checkpoint_units(model: nn.Module) -> list[str]:
+    """Each ViT block and the head (``model.generator.activation_checkpointing``)."""
+    return model.checkpoint_units()
+
+
+def load_weights(model: nn.Module, tensors: Mapping[str, Any], name: str) -> None:
+    """A local file's tensors (read by segadv/checkpoint's reader) into the encoder, strictly, in
+    timm's or the official DINOv2 layout."""
+    load_encoder_weights(model, tensors, name=name)
