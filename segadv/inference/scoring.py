@@ -103,8 +103,7 @@ def evaluate_checkpoint(checkpoint_path: str, config: str | None, overrides: Seq
 
     device_map = parse_device_map(None if device is None else f"g:{device}")
     activate(device_map)
-    loaded = load_generator(checkpoint_path, config, overrides, trusted=trusted,
-                            network=network)
+    loaded = load_generator(checkpoint_path, config, overrides, trusted=trusted, network=network)
     checkpoint = str(loaded.checkpoint)
     cfg, generator = loaded.cfg, loaded.model.to(device_map.generator)
     # The split training measured val/* on: the target's with domain adaptation, else data's.

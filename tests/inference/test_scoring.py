@@ -77,3 +77,27 @@ def test_show_dir_stems_and_what_it_may_replace(tmp_path):
     with pytest.raises(UserError, match="holds files segadv-eval did not write"):
         check_show_dir(out, ["00000"], [], overwrite=False)
     check_show_dir(out, ["00000"], [], overwrite=True)
+
+
+def test_a_checkpoint_is_evaluated_and_its_show_dir_masks_score_the_same(tmp_path, one_torch_thread):
+    """evaluate_checkpoint's masks, scored back as predictions, give its own mIoU."""
+    import torch
+
+    from segadv import __version__
+    from segadv.config import config_to_dict, load_config
+    from segadv.inference.scoring import evaluate_checkpoint, score_prediction_folder
+    from segadv.models import build_generator
+
+    from conftest import TINY_OVERRIDES
+
+    cfg = load_config(None, TINY_OVERRIDES)
+    torch.manual_seed(0)
+    torch.save({"format": "segadv", "format_version": 1, "segadv_version": __version__, "step": 3,
+                "generator": build_generator(cfg.model.generator, cfg.data.num_classes).state_dict(),
+                "config": config_to_dict(cfg)}, tmp_path / "last.pt")
+    scored = evaluate_checkpoint(str(tmp_path / "last.pt"), None, [], device="cpu", show_dir=str(tmp_path / "show"))
+    assert scored.header["step"] == 3 and scored.header["show_dir_written"] == 8 and scored.skipped == []
+    assert scored.line.startswith(f"checkpoint: {tmp_path / 'last.pt'}")
+    again = score_prediction_folder(str(tmp_path / "show"), None, TINY_OVERRIDES)
+    assert again.line == f"predictions: {tmp_path / 'show'}"
+    assert again.result.metrics["mIoU"] == pytest.approx(scored.result.metrics["mIoU"], nan_ok=True)
