@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 from segadv.cli.args import add_config_arguments
 from segadv.config import load_config
 from segadv.errors import cli_entry
-from segadv.cli.plan import peak_of_run
+from segadv.plan.fit import peak_of_run
 from segadv.plan.dry_run import dry_run, plan_config, profiler_peak
 from segadv.training.process import setup_logging
 from segadv.training.loop import train

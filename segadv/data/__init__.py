@@ -6,7 +6,7 @@ import importlib.util
 from typing import Any
 
 # Each name from its module on first use (PEP 562): the loaders and datasets import torch, and
-# segadv-data's --help (segadv/cli/data.py lives in this package) answers without it.
+# segadv-data's --help (segadv/cli/data.py reads segadv/data/check.py) answers without it.
 _HOMES = {
     "build_transform": "augment",
     "SampleError": "files",

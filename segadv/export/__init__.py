@@ -4,10 +4,12 @@ Modules (import the one you need; this package imports nothing itself, so the to
 stay torch-free):
 
 - ``sidecar``: the JSON metadata written next to an export (torch-free, used by segadv-predict);
-- ``loading``: the generator from any checkpoint the strict loader accepts, plus its config;
+- ``settings``: the format, example input size, verification shapes and tolerances (torch-free);
 - ``wrapper``: the exported module (optional in-graph normalisation and argmax);
 - ``onnx_export`` / ``torchscript_export``: writing the files;
 - ``verify``: exported file vs PyTorch eager on random inputs at several sizes;
-- ``deps``: the optional ``onnx`` / ``onnxruntime`` imports, with an install hint;
-- ``cli``: ``segadv-export``.
+- ``verified``: an export written, verified, put in place and given its sidecar;
+- ``deps``: the optional ``onnx`` / ``onnxruntime`` imports, with an install hint.
+
+The generator comes from segadv/checkpoint/inference.py; the command is segadv/cli/export.py.
 """

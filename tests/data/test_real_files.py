@@ -18,7 +18,7 @@ from segadv.cli.data import main as check_main
 from segadv.data.files import read_id_list, read_image
 from segadv.data.layouts import gta5_list_split
 from segadv.errors import UserError
-from segadv.cli.predict import read_image as predict_read_image
+from segadv.inference.inputs import read_image as predict_read_image
 
 from test_data_errors import cfg_for, one_epoch
 

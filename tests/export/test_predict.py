@@ -362,24 +362,6 @@ def test_trained_run_exports_and_predicts_on_onnxruntime_without_torch(trained_r
         assert (tmp_path / "model" / "overlay" / f"{stem}.png").is_file()
 
 
-def test_input_folder_that_cannot_be_listed_is_named(tmp_path, monkeypatch):
-    folder = tmp_path / "pictures"
-    folder.mkdir()
-    real = os.scandir
-
-    def scandir(path="."):  # as for a folder without read permission (root lists any folder)
-        if Path(path) == folder:
-            raise PermissionError(13, "Permission denied", str(path))
-        return real(path)
-
-    monkeypatch.setattr(os, "scandir", scandir)
-    with pytest.raises(predict.UserError, match=r"--input .*pictures: cannot list the directory .*Permission denied"):
-        predict.find_images(str(folder))
-    # a pattern whose folder cannot be listed names the folder, not "no files match"
-    with pytest.raises(predict.UserError, match="cannot list the directory"):
-        predict.find_images(str(folder / "*.png"))
-
-
 def test_an_overlay_keeps_the_images_brightness_where_the_mask_is_background():
     """Class 0 is black in the palette: blending with it would halve the image's brightness."""
     import io
@@ -388,7 +370,7 @@ def test_an_overlay_keeps_the_images_brightness_where_the_mask_is_background():
     from PIL import Image
 
     from segadv.data.palette import palette
-    from segadv.cli.predict import overlay_png
+    from segadv.data.masks import overlay_png
 
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
@@ -423,17 +405,3 @@ def test_legal_long_input_names_are_all_written_or_refused_before_any(onnx_model
     err = capsys.readouterr().err
     assert code == 2 and "would have a name of 257 bytes, longer than the 255" in err
     assert not (tmp_path / "out2").exists()
-
-
-def test_a_recursive_glob_through_links_to_dot_and_dotdot_terminates(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "in" / "a" / "b").mkdir(parents=True)
-    for path in ("in/x.png", "in/a/y.png", "in/a/b/z.png", "in/a/.hidden.png"):
-        (tmp_path / path).write_bytes(b"")
-    (tmp_path / "in" / "a" / "self").symlink_to(".")
-    (tmp_path / "in" / "a" / "b" / "up").symlink_to("..")
-    (tmp_path / "in" / "root").symlink_to(tmp_path)
-    found = predict.find_images("in/**/*.png")  # Python's glob follows these links at every level
-    assert sorted(map(str, found)) == ["in/a/b/z.png", "in/a/y.png", "in/x.png"]
-    assert predict.find_images("in/*/*.png") == [Path("in/a/y.png")]
-    assert predict.find_images("in/**/b/*.png") == [Path("in/a/b/z.png")]

@@ -15,7 +15,8 @@ from segadv.config import load_config
 from segadv.config import CONFIGS_DIR
 from segadv.errors import UserError
 from segadv.plan.accounting import PlacementError
-from segadv.cli.plan import MAX_BATCH_LIMIT, main
+from segadv.cli.plan import main
+from segadv.plan.fit import MAX_BATCH_LIMIT
 from segadv.methods.advsemiseg.iteration import AdvSemiSeg
 from segadv.methods import method_class
 from segadv.methods.supervised.iteration import Supervised
@@ -153,7 +154,7 @@ def test_advise_ranks_settings_that_each_fit_when_planned_on_their_own(capsys):
     """A budget just under what the plain demo needs on one GPU: the first option, planned with its
     own device map and overrides, fits; the options come cheapest first; each one is a setting the
     advisor names in full."""
-    from segadv.cli.plan import need
+    from segadv.plan.fit import need
 
     plain = dry_run(demo("device_map=g:0,d:0"), steps=1).devices["cuda:0"]
     gib = (need("cuda:0", plain) - 2**20) / 2**30  # 1 MiB short for fp32 on one GPU with the whole batch

@@ -1,0 +1,131 @@
+"""segadv-eval's scores: a checkpoint's G evaluated on its config's val split (the target's under
+domain adaptation), or a folder of predicted masks scored against that split's ground truth
+(AdaptSegNet's compute_iou.py). torch loads when a score is computed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from segadv.errors import UserError
+from segadv.inference.show_dir import OVERLAY_DIR, SHOWN, ShowDirWriter, check_show_dir, input_files, sample_stems
+
+
+@dataclass
+class Scored:
+    """One evaluation: its scores (an ``EvalResult``), what the JSON report starts with, the line
+    naming what was scored, the val samples left out, the config and the val data section."""
+
+    result: Any
+    header: dict[str, Any]
+    line: str
+    skipped: list[Any]
+    cfg: Any
+    val_data: Any
+
+
+def read_prediction(path: Path, num_classes: int) -> np.ndarray:
+    """A predicted mask's class ids: a palette or single-channel PNG (exit 2 naming it otherwise)."""
+    from segadv.data.images import ImageProblem, open_image
+
+    try:
+        with open_image(path) as img:
+            if img.mode not in ("P", "L", "I;16", "I"):
+                raise UserError(f"predicted mask {path} is a {img.mode} image: a mask is a palette or single-channel "
+                                "PNG whose values are class ids")
+            ids = np.asarray(img)
+    except ImageProblem as err:
+        raise UserError(f"cannot read predicted mask {path}: {err}") from None
+    if ids.size and int(ids.max()) >= num_classes:
+        raise UserError(f"predicted mask {path} holds the value {int(ids.max())}, not a class id "
+                        f"0..{num_classes - 1}")
+    return ids
+
+
+def score_predictions(pred_dir: Path, dataset: Any, num_classes: int) -> Any:
+    """The confusion matrix of the masks in ``pred_dir`` against ``dataset``'s ground truth, read
+    as training reads it (label mapping included) at its own size (no val transform)."""
+    import torch
+
+    from segadv.engine.evaluate import ConfusionMatrix, EvalResult
+    from segadv.fsutil import list_dir
+
+    if not pred_dir.is_dir():
+        raise UserError(f"--predictions {pred_dir} is not a folder")
+    stems = sample_stems(dataset)
+    found = {p.stem: p for p in list_dir(pred_dir, "--predictions")
+             if p.suffix.lower() == ".png" and not p.name.startswith(".") and p.is_file()}
+    missing = [s for s in stems if s not in found]
+    extra = sorted(set(found) - set(stems))
+    for what, names in (("no prediction for", [f"{s}.png" for s in missing]),
+                        ("predictions for no val image:", [found[s].name for s in extra])):
+        if names:
+            more = f", ... ({len(names)} in all)" if len(names) > SHOWN else ""
+            raise UserError(f"--predictions {pred_dir}: {what} {', '.join(names[:SHOWN])}{more} "
+                            f"(one <stem>.png per val image, {len(stems)} in all)")
+    confmat = ConfusionMatrix(num_classes)
+    for i, stem in enumerate(stems):
+        _, label = dataset.raw(i)
+        pred = read_prediction(found[stem], num_classes)
+        if pred.shape != label.shape:
+            raise UserError(f"predicted mask {found[stem]} is {pred.shape[1]}x{pred.shape[0]}, its ground truth "
+                            f"{label.shape[1]}x{label.shape[0]} (width x height): predict at the image's size")
+        confmat.update(torch.from_numpy(label.astype(np.int64)), torch.from_numpy(pred.astype(np.int64)))
+    return EvalResult(confmat)
+
+
+def score_prediction_folder(predictions: str, config: str | None, overrides: Sequence[str]) -> Scored:
+    """The masks in ``predictions`` scored against the config's val split."""
+    from segadv.config import load_config
+    from segadv.data.bundle import build_val_dataset
+
+    cfg = load_config(config, overrides)
+    val_data = cfg.target_data if cfg.target_data is not None else cfg.data
+    dataset = build_val_dataset(val_data)
+    result = score_predictions(Path(predictions), dataset, cfg.data.num_classes)
+    return Scored(result, {"predictions": predictions}, f"predictions: {predictions}", [], cfg, val_data)
+
+
+def evaluate_checkpoint(checkpoint_path: str, config: str | None, overrides: Sequence[str], *, device: str | None = None,
+                        trusted: bool = False, network: str | None = None, show_dir: str | None = None,
+                        overwrite: bool = False) -> Scored:
+    """G's evaluation on the val split, writing ``show_dir``'s files on the way."""
+    from segadv.checkpoint.inference import load_generator
+    from segadv.data import build_val_loader
+    from segadv.data.loaders import left_out
+    from segadv.engine.evaluate import evaluate
+    from segadv.fsutil import make_dir
+    from segadv.monitor.progress import evaluation_progress
+    from segadv.parallel import activate, parse_device_map
+
+    device_map = parse_device_map(None if device is None else f"g:{device}")
+    activate(device_map)
+    loaded = load_generator(checkpoint_path, config, overrides, trusted=trusted, network=network)
+    checkpoint = str(loaded.checkpoint)
+    cfg, generator = loaded.cfg, loaded.model.to(device_map.generator)
+    # The split training measured val/* on: the target's with domain adaptation, else data's.
+    val_data = cfg.target_data if cfg.target_data is not None else cfg.data
+    val_loader = build_val_loader(val_data, seed=cfg.train.seed, pin_memory=False)  # no train split needed
+    batches, writer = val_loader, None
+    if show_dir:
+        out_dir, dataset = Path(show_dir), val_loader.dataset
+        stems = sample_stems(dataset)
+        inputs = [("the checkpoint", checkpoint), *input_files(dataset)]
+        if config:
+            inputs.append(("--config", config))
+        check_show_dir(out_dir, stems, inputs, overwrite)
+        make_dir(out_dir)
+        make_dir(out_dir / OVERLAY_DIR)
+        writer = ShowDirWriter(dataset, stems, out_dir, cfg.data.num_classes, val_data.input_normalization)
+        batches = writer.batches()
+    result = evaluate(generator, batches, device_map.generator, cfg.data.num_classes, track=evaluation_progress,
+                      sink=writer)
+    skipped = left_out(val_loader) + (writer.left_out if writer is not None else [])
+    header: dict[str, Any] = {"checkpoint": checkpoint, "step": loaded.step}
+    if writer is not None:
+        header["show_dir"], header["show_dir_written"] = show_dir, writer.written
+    step = "" if loaded.step is None else f", step {loaded.step}"
+    return Scored(result, header, f"checkpoint: {checkpoint} ({loaded.kind}{step})", skipped, cfg, val_data)
