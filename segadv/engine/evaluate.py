@@ -110,7 +110,8 @@ def evaluate(
         with autocast():
             return logits_at(generator, network, x, size)
 
-    divisor = network.encoder.output_stride if getattr(network, "requires_divisible_input_shape", False) else 1
+    divisor = getattr(network, "input_divisor", None) or (
+        network.encoder.output_stride if getattr(network, "requires_divisible_input_shape", False) else 1)
     meter = ProxyMeter(predict, device, realness=realness, divisor=divisor) if proxies else None
     try:
         for images, labels in (loader if track is None else track(loader)):

@@ -68,8 +68,11 @@ class InferenceModel(nn.Module):
 
 
 def size_divisor(generator: nn.Module) -> int:
-    """Height and width must be multiples of this (the encoder's output stride for smp models)."""
+    """Height and width must be multiples of this: the network's own ``input_divisor`` where it
+    says (a ViT's patch), else the encoder's output stride for smp models."""
     generator = unwrap(generator)
+    if getattr(generator, "input_divisor", None):
+        return int(generator.input_divisor)
     if not getattr(generator, "requires_divisible_input_shape", True):
         return 1
     encoder = getattr(generator, "encoder", None)

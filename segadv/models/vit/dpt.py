@@ -121,6 +121,8 @@ class DinoV2DPT(nn.Module):
     ``img_size``: the position embedding's grid (518, DINOv2's, for its weights to fit);
     ``encoder_overrides``: ``VisionTransformer`` arguments for tiny test models."""
 
+    input_divisor = PATCH  # an input's sides: multiples of the patch (export and evaluation read it)
+
     def __init__(self, encoder: str = "vit_small_patch14_dinov2", num_classes: int = 21, *,
                  in_channels: int = 3, depth: int | None = None, layers: Sequence[int] | None = None,
                  features: int | None = None, out_channels: Sequence[int] | None = None,
