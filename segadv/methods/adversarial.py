@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,9 @@ from segadv.engine.network import Network
 from segadv.methods.schedule import Schedule
 from segadv.monitor.profile import PhaseTimer, transfer_device
 from segadv.parallel.placement import to_device
+
+if TYPE_CHECKING:
+    from segadv.methods.supervised.declaration import SupervisedSetup
 
 
 @dataclass(frozen=True)
@@ -166,16 +169,12 @@ class LabeledAdversarial:
     on G's labeled maps, from step ``adv_warmup_steps`` on), and D's update on G's maps against
     one-hot ground truth (``GROUND_TRUTH_REAL``)."""
 
-    def __init__(
-        self, g: Network, d: Network, phases: PhaseTimer, *, num_classes: int, ignore_index: int,
-        lambda_adv: float, adv_warmup_steps: int = 0,
-    ) -> None:
-        self.g, self.d, self.phases = g, d, phases
-        self.num_classes = num_classes
-        self.ignore_index = ignore_index
-        self.lambda_adv = lambda_adv
-        self.adv_warmup_steps = adv_warmup_steps
-        self.schedule = Schedule(adversarial=(lambda_adv, adv_warmup_steps))
+    def __init__(self, setup: SupervisedSetup, nets: Mapping[str, Network], phases: PhaseTimer) -> None:
+        self.g, self.d, self.phases = nets["generator"], nets["discriminator"], phases
+        self.num_classes = setup.num_classes
+        self.ignore_index = setup.ignore_index
+        self.lambda_adv = setup.lambda_adv
+        self.schedule = Schedule(adversarial=(setup.lambda_adv, setup.adv_warmup_steps))
 
     def adversarial_active(self, step: int) -> bool:
         return self.schedule.active("adversarial", step)

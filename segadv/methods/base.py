@@ -7,8 +7,11 @@ build.py, the loaders and segadv-plan ask the method's class
 (``segadv.methods.registry.method_class``) before they build anything. A built-in method is one
 folder, ``segadv/methods/<name>/``: ``declaration.py`` (this module's subclass, importing no torch,
 so the config, which validates every registered method's settings, loads without it) and
-``iteration.py`` (a subclass of the declaration that runs it, imported by ``iteration_class`` when
-a run is built). A plugin is one class that does both.
+``iteration.py`` (a subclass of the declaration that runs it). The declaration resolves what its
+iteration reads from the config into one frozen ``Setup`` (``setup``) and names its iteration as
+``"module:Class"`` (``iteration_path``), imported by ``iteration_class`` when a run is built;
+``from_config`` is then ``iteration_class()(setup, nets, phases)`` for every method. A plugin is
+one class that does both.
 """
 
 from __future__ import annotations
@@ -31,6 +34,18 @@ if TYPE_CHECKING:
     from segadv.monitor.profile import PhaseTimer
 
 
+@dataclass(frozen=True)
+class Setup:
+    """What a method's iteration reads from the config, resolved once by its declaration
+    (``Method.setup``) and handed to the iteration's constructor, so the iteration holds no
+    keyword list of its own. These fields every method has; a method whose iteration reads more
+    declares a frozen subclass beside its declaration and returns it from its ``setup``."""
+
+    num_classes: int  # data.num_classes
+    ignore_index: int  # data.ignore_index
+    lambda_adv: float  # loss.lambda_adv as the method reads it (Method.adversarial_weight; 0.0 without the term)
+
+
 @dataclass
 class PanelMaps:
     """A method's own view of a few images for TensorBoard (besides the val panel)."""
@@ -46,12 +61,16 @@ class Method(ABC):
     """One training method. A subclass sets the class attributes below and implements the abstract
     methods; ``segadv.methods.registry.register_method`` refuses one that leaves any abstract.
     ``from_config`` returns the method built on the run's networks: an instance of the class
-    itself or of a subclass holding the iteration (a built-in's), whose
+    ``iteration_path`` names (a built-in's subclass of its declaration) or of the class itself, whose
     ``__call__(streams, step)`` runs one iteration (``step`` completed before it) and returns
     detached losses by name, the same names every iteration (the loop averages them between log
     lines)."""
 
     name: ClassVar[str]  # its ``method.name``
+    # The class that runs its iteration, as "dotted.module:Class" (a subclass of this one, built
+    # as ``Class(setup, nets, phases)``), imported only when a run is built so that the
+    # declaration stays torch-free; None: this class runs its own (a plugin's one class).
+    iteration_path: ClassVar[Optional[str]] = None
     # Its settings, the section ``method.<name>`` of the config (None: it has none). Every
     # registered method's section is validated with the config (segadv/config/schema.py).
     config: ClassVar[Optional[type[Section]]] = None
@@ -83,10 +102,18 @@ class Method(ABC):
     # ---------------------------------------------------------------- what it declares (from the config)
 
     @classmethod
-    @abstractmethod
+    def setup(cls, cfg: Config) -> Setup:
+        """What its iteration reads from ``cfg``, resolved once: the fields of ``Setup``; a method
+        reading more overrides this, returning its own subclass of ``Setup``."""
+        return Setup(num_classes=cfg.data.num_classes, ignore_index=cfg.data.ignore_index,
+                     lambda_adv=cls.adversarial_weight(cfg))
+
+    @classmethod
     def from_config(cls, cfg: Config, nets: Mapping[str, Network], phases: PhaseTimer) -> Method:
         """The method built on the run's networks, by role name: those ``networks(cfg)`` names;
-        ``phases`` is the timer its iteration marks its phases on."""
+        ``phases`` is the timer its iteration marks its phases on. Every built-in is built here:
+        its iteration class from its setup."""
+        return cls.iteration_class()(cls.setup(cfg), nets, phases)
 
     @classmethod
     def networks(cls, cfg: Config) -> tuple[str, ...]:
@@ -102,20 +129,25 @@ class Method(ABC):
 
     @classmethod
     def iteration_class(cls) -> type[Method]:
-        """The class that runs its iteration: for a declaration in a method's folder
-        (``<folder>/declaration.py``), the subclass of it named as it in ``<folder>/iteration.py``,
-        imported now; else the class itself (a plugin runs its own iteration)."""
-        folder, _, module = cls.__module__.rpartition(".")
-        if module != "declaration":
+        """The class ``iteration_path`` names, imported now; the class itself where it names none. A
+        link that does not lead to a subclass of this one is a TypeError naming the link."""
+        if cls.iteration_path is None:
             return cls
-        iteration = importlib.import_module(f"{folder}.iteration")
-        found = [value for value in vars(iteration).values()
-                 if isinstance(value, type) and issubclass(value, cls) and value.__module__ == iteration.__name__
-                 and getattr(value, "name", None) == cls.name]
-        if len(found) != 1:
-            raise TypeError(f"{iteration.__name__} must define one subclass of {cls.__qualname__}, "
-                            f"found {len(found)}")
-        return found[0]
+        module_name, _, class_name = cls.iteration_path.partition(":")
+        where = (f"method {cls.name}: its iteration {cls.iteration_path!r} "
+                 f"({cls.__module__}.{cls.__qualname__}.iteration_path)")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name is None or not (module_name == e.name or module_name.startswith(e.name + ".")):
+                raise  # the module exists and one of its own imports is missing
+            raise TypeError(f"{where}: no module {module_name}") from None
+        found = getattr(module, class_name, None)
+        if found is None:
+            raise TypeError(f"{where}: {module_name} defines no {class_name}")
+        if not (isinstance(found, type) and issubclass(found, cls)):
+            raise TypeError(f"{where}: {class_name} is not a subclass of {cls.__qualname__}")
+        return found
 
     @classmethod
     def settings(cls, cfg: Config) -> Any:

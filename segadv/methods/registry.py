@@ -1,11 +1,12 @@
 """``method.name`` -> the method's class. Adding a built-in method adds its folder (its
-``declaration.py`` and ``iteration.py``) and a line here.
+``declaration.py`` and ``iteration.py``), a line here and its package in pyproject.toml.
 
 Everything about a method (its config section, streams, checks, whether G's loss passes through a
-D, how it is built) is on its class (``segadv.methods.base.Method``); callers ask the class. A
-method outside the package (a plugin) registers itself with ``register_method`` before the config
-naming it is loaded; the config's method section then validates its settings like a built-in's
-(docs/methods.md "Adding a method"). Like the declarations, this module imports no torch.
+D, what its iteration reads from the config and which class that is) is on its class
+(``segadv.methods.base.Method``); callers ask the class. A method outside the package (a plugin)
+registers itself with ``register_method`` before the config naming it is loaded; the config's
+method section then validates its settings like a built-in's (docs/methods.md "Adding a method").
+Like the declarations, this module imports no torch.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ def register_method(cls: type[Method]) -> type[Method]:
 
 
 def check_declaration(cls: type[Method]) -> None:
-    """A method class as the registry needs it: concrete, named, its streams' batch-size keys
-    its own settings' (or ``data.batch_size``)."""
+    """A method class as the registry needs it: concrete, named, its iteration link written as
+    "dotted.module:Class" (followed only when a run is built: the declaration imports no torch),
+    its streams' batch-size keys its own settings' (or ``data.batch_size``)."""
     if not (isinstance(cls, type) and issubclass(cls, Method)):
         raise TypeError(f"{cls!r} is not a Method subclass (segadv.methods.base.Method)")
     if inspect.isabstract(cls):
@@ -59,6 +61,12 @@ def check_declaration(cls: type[Method]) -> None:
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name.isidentifier():
         raise TypeError(f"method class {cls.__qualname__}: name must be an identifier (its method.name), got {name!r}")
+    link = cls.iteration_path
+    if link is not None:
+        module_name, colon, class_name = link.partition(":") if isinstance(link, str) else ("", "", "")
+        if not (colon and class_name.isidentifier() and all(p.isidentifier() for p in module_name.split("."))):
+            raise TypeError(f"method {name}: iteration_path must name its class as 'dotted.module:Class' "
+                            f"(or be None: the class runs its own), got {link!r}")
     default = cls.lambda_adv_default
     if default is not None and (isinstance(default, bool) or not isinstance(default, (int, float)) or default < 0):
         raise TypeError(f"method {name}: lambda_adv_default (what a null loss.lambda_adv means) must be a weight "

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from segadv.engine.losses import masked_cross_entropy, pseudo_labels
 from segadv.methods.advsemiseg.iteration import AdvSemiSeg
-from segadv.methods.advsemiseg.declaration import AdvSemiSegConfig
+from segadv.methods.advsemiseg.declaration import AdvSemiSegConfig, AdvSemiSegSetup
 from segadv.models.discriminator import FCDiscriminator
 from segadv.monitor.profile import PhaseTimer
 from segadv.training.loop import train
@@ -29,8 +29,9 @@ def make_method(seed=0, **settings):
     g, d = conv_networks(seed, FCDiscriminator, C, 0.1)
     values = dict(lambda_semi=1.0, mask_threshold=0.5, semi_start=0, lambda_semi_adv=0.1, semi_start_adv=0)
     values.update(settings)
-    return AdvSemiSeg(g, d, PhaseTimer(), AdvSemiSegConfig(**values), num_classes=C, ignore_index=IGNORE,
-                      lambda_adv=0.1, adv_warmup_steps=0)
+    setup = AdvSemiSegSetup(num_classes=C, ignore_index=IGNORE, lambda_adv=0.1, adv_warmup_steps=0,
+                            settings=AdvSemiSegConfig(**values))
+    return AdvSemiSeg(setup, {"generator": g, "discriminator": d}, PhaseTimer())
 
 
 def make_streams(seed=1, n=2, size=64):

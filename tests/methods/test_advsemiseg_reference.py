@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from segadv.methods.advsemiseg.iteration import AdvSemiSeg
-from segadv.methods.advsemiseg.declaration import AdvSemiSegConfig
+from segadv.methods.advsemiseg.declaration import AdvSemiSegConfig, AdvSemiSegSetup
 from segadv.models.discriminator import FCDiscriminator
 from segadv.monitor.profile import PhaseTimer
 
@@ -104,7 +104,8 @@ def test_the_iteration_equals_the_references_transcription(settings, i_iter):
     with torch.no_grad():  # a threshold that splits the unlabeled pixels: the mask matters
         threshold = float(torch.sigmoid(reference_d_logits(d0, F.softmax(g0(batches[1]), dim=1))).median())
     s = AdvSemiSegConfig(mask_threshold=threshold, **settings)
-    method = AdvSemiSeg(g, d, PhaseTimer(), s, num_classes=C, ignore_index=IGNORE, lambda_adv=LAMBDA_ADV)
+    setup = AdvSemiSegSetup(num_classes=C, ignore_index=IGNORE, lambda_adv=LAMBDA_ADV, adv_warmup_steps=0, settings=s)
+    method = AdvSemiSeg(setup, {"generator": g, "discriminator": d}, PhaseTimer())
     streams = {"labeled": FixedStream(batches[0]), "unlabeled": FixedStream(batches[1]), "gt": FixedStream(batches[2])}
     method(streams, i_iter)
     reference_iteration(g0, d0, batches, s, i_iter)

@@ -27,7 +27,7 @@ from segadv.errors import UserError
 from segadv.cli import export as export_cli
 from segadv.methods.domain_adaptation.iteration import (AdaptSegNet, Advent, MinEnt, mean_entropy,
                                                       own_random_stream, self_information)
-from segadv.methods.domain_adaptation.declaration import DomainAdaptationConfig, MinEntConfig
+from segadv.methods.domain_adaptation.declaration import DomainAdaptationConfig, DomainAdaptationSetup, MinEntConfig
 
 ITERATIONS = {cls.name: cls for cls in (AdaptSegNet, Advent, MinEnt)}
 from segadv.models import build_generator, build_generator_for_weights
@@ -133,8 +133,9 @@ def make_adaptation(method, settings, multi_level=True, seed=0, lambda_adv=0.0):
             for m, n in ((generator, "generator"), (d_main, "discriminator"), (d_aux, "discriminator_aux"))]
     g, d, d_aux = (Network(n, m, opt, (device,)) for m, n, opt in zip(
         (generator, d_main, d_aux), ("generator", "discriminator", "discriminator_aux"), opts))
-    return ITERATIONS[method](g, d, d_aux, PhaseTimer(), settings, ignore_index=255, multi_level=multi_level,
-                              lambda_adv=lambda_adv)
+    setup = DomainAdaptationSetup(num_classes=C, ignore_index=255, lambda_adv=lambda_adv, settings=settings,
+                                  multi_level=multi_level)
+    return ITERATIONS[method](setup, {"generator": g, "discriminator": d, "discriminator_aux": d_aux}, PhaseTimer())
 
 
 def make_streams(seed=1, n_s=2, n_t=3, size=32):

@@ -1,10 +1,14 @@
-"""A method declares itself: a method defined here, in this file alone (its class and its config
-section), registers and trains through segadv-train's entry point; the registry refuses a class
-that leaves a declaration out; the built-ins declare what the run asks of them."""
+"""A method declares itself: a method defined here, in this file alone (its declaration, its setup,
+its config section and its iteration, linked by name), registers in one line, is built from its
+setup and trains through segadv-train's entry point; the registry refuses a class that leaves a
+declaration out; a misspelt iteration link is an error naming it; the built-ins declare what the
+run asks of them."""
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from typing import Mapping, Optional
 
 import pytest
@@ -20,6 +24,8 @@ from segadv.engine.losses import one_hot_labels
 from segadv.errors import UserError
 from segadv.methods import Method, method_class, register_method
 from segadv.methods import registry
+from segadv.methods.base import Setup
+from segadv.methods.mean_teacher.declaration import MeanTeacherSetup, MeanTeacherSpec
 from segadv.methods.adversarial import (
     GROUND_TRUTH_REAL,
     DiscriminatorBatch,
@@ -30,6 +36,7 @@ from segadv.methods.adversarial import (
     optimizer_step,
 )
 from segadv.methods.schedule import Schedule
+from segadv.monitor.profile import PhaseTimer
 from segadv.cli.train import main as train_main
 
 from conftest import TINY_OVERRIDES
@@ -41,28 +48,42 @@ class ToyConfig(Section):
     extra_batch_size: Optional[int] = Field(None, gt=0)  # None: data.batch_size
 
 
+@dataclass(frozen=True)
+class ToySetup(Setup):
+    settings: ToyConfig  # method.toy
+    seed: int  # train.seed: read by nothing but the test of the setup
+
+
 class Toy(Method):
-    """CE on the labeled stream plus the mean entropy of G on a second labeled stream (from
-    ``entropy_start``); D learns one-hot labels from G's maps, and nothing of D reaches G."""
+    """The declaration: CE on the labeled stream plus the mean entropy of G on a second labeled
+    stream (from ``entropy_start``); D learns one-hot labels from G's maps, and nothing of D
+    reaches G."""
 
     name = "toy"
+    iteration_path = f"{__name__}:ToyIteration"
     config = ToyConfig
     streams = (StreamSpec("labeled", "labeled"),
                StreamSpec("extra", "labeled", seed_word=7, batch_size_key="method.toy.extra_batch_size"))
     seen: list[tuple[int, ...]] = []  # the extra stream's batch shapes, as drawn
 
-    def __init__(self, g, d, phases, settings: ToyConfig, num_classes: int, ignore_index: int) -> None:
-        self.g, self.d, self.phases, self.settings = g, d, phases, settings
-        self.num_classes, self.ignore_index = num_classes, ignore_index
-        self.schedule = Schedule(entropy=(settings.entropy_weight, settings.entropy_start))
-
     @classmethod
-    def from_config(cls, cfg, nets, phases) -> Toy:
-        return cls(nets["generator"], nets["discriminator"], phases, cls.settings(cfg), cfg.data.num_classes, cfg.data.ignore_index)
+    def setup(cls, cfg) -> ToySetup:
+        return ToySetup(**vars(super().setup(cfg)), settings=cls.settings(cfg), seed=cfg.train.seed)
 
     @classmethod
     def passes_generator_loss_through_discriminator(cls, cfg) -> bool:
         return False
+
+
+class ToyIteration(Toy):
+    """The iteration, built from the declaration's setup."""
+
+    def __init__(self, setup: ToySetup, nets: Mapping, phases) -> None:
+        self.g, self.d, self.phases = nets["generator"], nets["discriminator"], phases
+        self.setup_seen = setup
+        self.settings = setup.settings
+        self.num_classes, self.ignore_index = setup.num_classes, setup.ignore_index
+        self.schedule = Schedule(entropy=(setup.settings.entropy_weight, setup.settings.entropy_start))
 
     def __call__(self, streams: Mapping, step: int) -> dict[str, torch.Tensor]:
         g, d = self.g, self.d
@@ -138,6 +159,58 @@ def test_an_unregistered_name_lists_the_registered_ones(toy):
         method_class("toyy")
 
 
+def test_a_method_defined_here_is_built_from_its_setup(toy):
+    """build.py's one call, ``from_config``: the declaration resolves its setup from the config
+    once, and the class its link names is built from it."""
+    cfg = load_config(None, ["method.name=toy", "method.toy.entropy_weight=0.5", "method.toy.entropy_start=3",
+                             "data.num_classes=5", "train.seed=11"])
+    assert Toy.iteration_class() is ToyIteration
+    nets = {"generator": object(), "discriminator": object()}
+    method = method_class("toy").from_config(cfg, nets, PhaseTimer())
+    assert type(method) is ToyIteration and (method.g, method.d) == (nets["generator"], nets["discriminator"])
+    assert method.setup_seen == ToySetup(num_classes=5, ignore_index=cfg.data.ignore_index, lambda_adv=0.0,
+                                         settings=cfg.method.toy, seed=11)
+    assert method.settings.entropy_weight == 0.5 and method.schedule.terms["entropy"].weight == 0.5
+    assert not method.schedule.active("entropy", 2) and method.schedule.active("entropy", 3)
+
+
+def test_a_built_ins_setup_comes_from_the_config():
+    cfg = load_config(None, ["method.name=mean_teacher", "loss.lambda_adv=0.02", "train.seed=9",
+                             "method.mean_teacher.ema_decay=0.9", "data.num_classes=4"])
+    setup = MeanTeacherSpec.setup(cfg)
+    assert setup == MeanTeacherSetup(
+        num_classes=4, ignore_index=cfg.data.ignore_index, lambda_adv=0.02, settings=cfg.method.mean_teacher,
+        adapts=False, mean=cfg.data.input_normalization.mean, std=cfg.data.input_normalization.std, seed=9,
+        aux_head=False)
+    assert setup.settings.ema_decay == 0.9
+    with pytest.raises(Exception, match="frozen|cannot assign"):
+        setup.seed = 1  # resolved once: the iteration cannot change what the config said
+
+
+@pytest.mark.parametrize("misspell, says", [
+    (lambda link: link.replace(".iteration:", ".iteratoin:"), r"no module segadv\.methods\.mean_teacher\.iteratoin"),
+    (lambda link: link.replace(":MeanTeacher", ":MeanTeachr"), r"mean_teacher\.iteration defines no MeanTeachr"),
+    (lambda link: link.replace("mean_teacher.iteration:MeanTeacher", "s4gan.iteration:S4Gan"),
+     r"S4Gan is not a subclass of MeanTeacherSpec"),
+])
+def test_a_misspelt_iteration_link_is_an_error_naming_it(monkeypatch, misspell, says):
+    link = misspell(MeanTeacherSpec.iteration_path)
+    monkeypatch.setattr(MeanTeacherSpec, "iteration_path", link)
+    cfg = load_config(None, ["method.name=mean_teacher"])
+    with pytest.raises(TypeError, match=rf"method mean_teacher: its iteration '{re.escape(link)}' .*: .*{says}"):
+        MeanTeacherSpec.from_config(cfg, {}, PhaseTimer())
+
+
+def test_a_link_not_written_module_colon_class_is_refused_at_registration(toy):
+    class Dotted(Toy):
+        name = "dotted"
+        iteration_path = f"{__name__}.ToyIteration"
+
+    with pytest.raises(TypeError, match=r"method dotted: iteration_path must name its class as 'dotted.module:Class'"):
+        register_method(Dotted)
+    assert "dotted" not in registry.METHODS
+
+
 def test_registration_refuses_an_incomplete_declaration(toy):
     class NoDiscriminatorAnswer(Method):
         name = "no_answer"
@@ -205,10 +278,14 @@ def test_built_in_streams_name_their_own_batch_size_keys():
     assert method_class("advsemiseg").stream_batch_sizes(cfg)["unlabeled"] == 3
 
 
-@pytest.mark.parametrize("name", ["supervised", "advsemiseg", "s4gan", "adaptsegnet", "advent", "minent"])
+@pytest.mark.parametrize("name", ["supervised", "advsemiseg", "s4gan", "adaptsegnet", "advent", "minent",
+                                  "mean_teacher"])
 def test_a_built_ins_iteration_is_its_declaration_with_a_call(name):
     declaration = method_class(name)
     iteration = declaration.iteration_class()
+    module, _, class_name = declaration.iteration_path.partition(":")  # the link names it, in its own folder
+    assert (iteration.__module__, iteration.__name__) == (module, class_name)
+    assert module == declaration.__module__.replace(".declaration", ".iteration")
     assert issubclass(iteration, declaration) and iteration.name == name
     assert any("__call__" in vars(c) for c in iteration.__mro__[:-1])  # it runs one
     assert iteration.streams == declaration.streams and iteration.iteration_class() is iteration

@@ -17,7 +17,7 @@ from segadv.config import load_config
 from segadv.errors import UserError
 from segadv.methods import method_class
 from segadv.methods.s4gan.iteration import S4Gan
-from segadv.methods.s4gan.declaration import S4GanConfig
+from segadv.methods.s4gan.declaration import S4GanConfig, S4GanSetup
 from segadv.models.discriminator import ImageDiscriminator
 from segadv.monitor.profile import PhaseTimer
 from segadv.checkpoint import read_checkpoint
@@ -33,7 +33,8 @@ def make_method(seed=0, **settings):
     g, d = conv_networks(seed, ImageDiscriminator, C, LR)
     values = dict(lambda_fm=1.0, lambda_st=1.0, threshold=0.5, st_start=0)
     values.update(settings)
-    return S4Gan(g, d, PhaseTimer(), S4GanConfig(**values), num_classes=C, ignore_index=IGNORE)
+    setup = S4GanSetup(num_classes=C, ignore_index=IGNORE, lambda_adv=0.0, settings=S4GanConfig(**values))
+    return S4Gan(setup, {"generator": g, "discriminator": d}, PhaseTimer())
 
 
 def make_streams(seed=1, n=2, n_u=3, size=32):

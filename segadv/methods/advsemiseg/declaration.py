@@ -1,22 +1,22 @@
 """AdvSemiSeg (Hung et al., BMVC 2018): what the method declares before any network exists (its
-settings, streams, networks, losses, checks), torch-free so the config loads without torch; its
-iteration is ``iteration.py`` beside this file, which ``Method.iteration_class`` imports when a run
-is built."""
+settings, streams, networks, losses, checks) and what its iteration reads from the config
+(``AdvSemiSegSetup``), torch-free so the config loads without torch; its iteration is
+``iteration.py`` beside this file."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
 
 from pydantic import Field
 
 from segadv.config.schema import Probability, Section, Weight
 from segadv.data.stream_spec import StreamSpec
 from segadv.methods.base import Method
+from segadv.methods.supervised.declaration import SupervisedSetup
 
 if TYPE_CHECKING:
     from segadv.config import Config
-    from segadv.engine.network import Network
-    from segadv.monitor.profile import PhaseTimer
 
 
 class AdvSemiSegConfig(Section):
@@ -38,11 +38,20 @@ class AdvSemiSegConfig(Section):
         None, gt=0, le=10**6, description="batch of the unlabeled stream; null: data.batch_size")
 
 
+@dataclass(frozen=True)
+class AdvSemiSegSetup(SupervisedSetup):
+    """The supervised method's setup (its labeled adversarial term is AdvSemiSeg's too) and the
+    unlabeled terms' settings."""
+
+    settings: AdvSemiSegConfig  # method.advsemiseg
+
+
 class AdvSemiSegSpec(Method):
     """AdvSemiSeg's semi-supervised iteration on three streams: labeled, unlabeled, and a labeled
     batch D sees as real."""
 
     name = "advsemiseg"
+    iteration_path = "segadv.methods.advsemiseg.iteration:AdvSemiSeg"
     config = AdvSemiSegConfig
     lambda_adv_default = 0.01  # on the labeled predictions: the reference README's --lambda-adv-pred 0.01
     # Seed words 1 and 2: each stream shuffles and augments independently of the others.
@@ -60,10 +69,9 @@ class AdvSemiSegSpec(Method):
                    "diag/d_confidence_auroc", "diag/d_mask_precision")
 
     @classmethod
-    def from_config(cls, cfg: Config, nets: Mapping[str, Network], phases: PhaseTimer) -> Method:
-        return cls.iteration_class()(nets["generator"], nets["discriminator"], phases, cls.settings(cfg), num_classes=cfg.data.num_classes,
-                                     ignore_index=cfg.data.ignore_index, lambda_adv=cls.adversarial_weight(cfg),
-                                     adv_warmup_steps=cfg.loss.adv_warmup_steps)
+    def setup(cls, cfg: Config) -> AdvSemiSegSetup:
+        return AdvSemiSegSetup(**vars(super().setup(cfg)), adv_warmup_steps=cfg.loss.adv_warmup_steps,
+                               settings=cls.settings(cfg))
 
     @classmethod
     def passes_generator_loss_through_discriminator(cls, cfg: Config) -> bool:

@@ -39,7 +39,7 @@ from segadv.methods.adversarial import (
 )
 from segadv.methods.base import PanelMaps
 from segadv.methods.schedule import Schedule
-from segadv.methods.advsemiseg.declaration import AdvSemiSegConfig, AdvSemiSegSpec
+from segadv.methods.advsemiseg.declaration import AdvSemiSegSetup, AdvSemiSegSpec
 from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import for_inference, to_device
@@ -48,16 +48,12 @@ from segadv.parallel.placement import for_inference, to_device
 class AdvSemiSeg(AdvSemiSegSpec, LabeledAdversarial):
     discriminator_realness = LabeledAdversarial.discriminator_realness
 
-    def __init__(
-        self, g: Network, d: Network, phases: PhaseTimer, settings: AdvSemiSegConfig, *, num_classes: int,
-        ignore_index: int, lambda_adv: float, adv_warmup_steps: int = 0,
-    ) -> None:
-        """``lambda_adv`` after ``adv_warmup_steps``: the labeled adversarial term (``loss.*``, as
-        the supervised method's)."""
-        super().__init__(g, d, phases, num_classes=num_classes, ignore_index=ignore_index, lambda_adv=lambda_adv,
-                         adv_warmup_steps=adv_warmup_steps)
-        self.settings = settings
-        self.schedule = Schedule(adversarial=(lambda_adv, adv_warmup_steps),
+    def __init__(self, setup: AdvSemiSegSetup, nets: Mapping[str, Network], phases: PhaseTimer) -> None:
+        """The labeled adversarial term (``loss.*``) as the supervised method's, and the
+        unlabeled terms of ``method.advsemiseg``."""
+        super().__init__(setup, nets, phases)
+        self.settings = settings = setup.settings
+        self.schedule = Schedule(adversarial=(setup.lambda_adv, setup.adv_warmup_steps),
                                  semi_adv=(settings.lambda_semi_adv, settings.semi_start_adv),
                                  semi=(settings.lambda_semi, settings.semi_start),
                                  unlabeled=(settings.lambda_semi + settings.lambda_semi_adv, settings.semi_start_adv))

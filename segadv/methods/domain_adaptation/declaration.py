@@ -1,22 +1,21 @@
 """AdaptSegNet, ADVENT's AdvEnt and MinEnt: what the method declares before any network exists (its
-settings, streams, networks, losses, checks), torch-free so the config loads without torch; its
-iteration is ``iteration.py`` beside this file, which ``Method.iteration_class`` imports when a run
-is built."""
+settings, streams, networks, losses, checks) and what their iteration reads from the config
+(``DomainAdaptationSetup``), torch-free so the config loads without torch; their iterations are in
+``iteration.py`` beside this file, one class each."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal, Mapping, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Literal, Optional
 
 from pydantic import Field
 
 from segadv.config.schema import Section, Weight
 from segadv.data.stream_spec import StreamSpec
-from segadv.methods.base import Method
+from segadv.methods.base import Method, Setup
 
 if TYPE_CHECKING:
     from segadv.config import Config
-    from segadv.engine.network import Network
-    from segadv.monitor.profile import PhaseTimer
 
 
 class DomainAdaptationConfig(Section):
@@ -41,6 +40,14 @@ class MinEntConfig(DomainAdaptationConfig):
     lambda_adv_aux: Weight = Field(0.0, description="weight of the aux level's adversarial term (MinEnt: none)")
     lambda_ent_main: Weight = Field(0.001, description="weight of the main level's mean normalised target entropy")
     lambda_ent_aux: Weight = Field(0.0002, description="weight of the aux level's target entropy")
+
+
+@dataclass(frozen=True)
+class DomainAdaptationSetup(Setup):
+    """``Setup`` (its ``lambda_adv``: the main level's adversarial weight) and the levels."""
+
+    settings: DomainAdaptationConfig  # method.<name>: MinEnt's section is a MinEntConfig
+    multi_level: bool  # model.generator.aux_head: an aux level besides the main one
 
 
 class DomainAdaptationSpec(Method):
@@ -82,9 +89,9 @@ class DomainAdaptationSpec(Method):
             cls.adversarial_weight(cfg) > 0 or (cfg.model.generator.aux_head and settings.lambda_adv_aux > 0))
 
     @classmethod
-    def from_config(cls, cfg: Config, nets: Mapping[str, Network], phases: PhaseTimer) -> Method:
-        return cls.iteration_class()(nets["generator"], nets.get("discriminator"), nets.get("discriminator_aux"), phases, cls.settings(cfg), ignore_index=cfg.data.ignore_index,
-                                     multi_level=cfg.model.generator.aux_head, lambda_adv=cls.adversarial_weight(cfg))
+    def setup(cls, cfg: Config) -> DomainAdaptationSetup:
+        return DomainAdaptationSetup(**vars(super().setup(cfg)), settings=cls.settings(cfg),
+                                     multi_level=cfg.model.generator.aux_head)
 
 
 # What AdaptSegNet and AdvEnt log (the _aux ones with two levels, loss_ent* where weighted) and report.
@@ -100,6 +107,7 @@ class AdaptSegNetSpec(DomainAdaptationSpec):
     """AdaptSegNet (Tsai et al.): D on the softmax maps."""
 
     name = "adaptsegnet"
+    iteration_path = "segadv.methods.domain_adaptation.iteration:AdaptSegNet"
     has_discriminator = True
     losses = ADVERSARIAL_ADAPTATION_LOSSES
     d_losses = ("loss_d", "loss_d_aux")
@@ -110,6 +118,7 @@ class AdventSpec(DomainAdaptationSpec):
     """ADVENT's AdvEnt (Vu et al.): D on the weighted self-information maps."""
 
     name = "advent"
+    iteration_path = "segadv.methods.domain_adaptation.iteration:Advent"
     has_discriminator = True
     losses = ADVERSARIAL_ADAPTATION_LOSSES
     d_losses = ("loss_d", "loss_d_aux")
@@ -120,6 +129,7 @@ class MinEntSpec(DomainAdaptationSpec):
     """ADVENT's MinEnt (Vu et al.): no D, the target's entropy minimised."""
 
     name = "minent"
+    iteration_path = "segadv.methods.domain_adaptation.iteration:MinEnt"
     config = MinEntConfig
     has_discriminator = False
     lambda_adv_default = 0.0  # what its old key said (method.minent.lambda_adv_main: 0); more is refused

@@ -51,7 +51,13 @@ from segadv.methods.adversarial import (
     realness,
 )
 from segadv.methods.schedule import Schedule
-from segadv.methods.domain_adaptation.declaration import AdaptSegNetSpec, AdventSpec, DomainAdaptationConfig, MinEntSpec
+from segadv.methods.domain_adaptation.declaration import (
+    AdaptSegNetSpec,
+    AdventSpec,
+    DomainAdaptationConfig,
+    DomainAdaptationSetup,
+    MinEntSpec,
+)
 from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import device_module, is_accelerator, to_device
@@ -132,37 +138,27 @@ class DomainAdaptation:
     # The map D sees, from G's logits (a staticmethod); None without a D (MinEnt).
     discriminator_input: Optional[Callable[[torch.Tensor], torch.Tensor]]
 
-    def __init__(
-        self,
-        g: Network,
-        d: Optional[Network],
-        d_aux: Optional[Network],
-        phases: PhaseTimer,
-        settings: DomainAdaptationConfig,
-        *,
-        ignore_index: int,
-        multi_level: bool = False,
-        lambda_adv: float = 0.0,
-    ) -> None:
-        """``d``: the main level's D, ``d_aux`` the aux level's (multi-level); None where the
-        method trains none (MinEnt). ``lambda_adv``: the main level's adversarial weight
-        (``loss.lambda_adv`` as the method reads it, ``Method.adversarial_weight``; the aux level's is
-        ``settings.lambda_adv_aux``)."""
-        self.g, self.phases = g, phases
-        self.settings = settings
+    def __init__(self, setup: DomainAdaptationSetup, nets: Mapping[str, Network], phases: PhaseTimer) -> None:
+        """``nets``: G, and where the method trains them (not MinEnt) the main level's D
+        (``discriminator``) and with two levels the aux level's (``discriminator_aux``). The main
+        level's adversarial weight is ``setup.lambda_adv`` (``loss.lambda_adv``), the aux level's
+        ``settings.lambda_adv_aux``."""
+        self.g, self.phases = nets["generator"], phases
+        self.settings = settings = setup.settings
         self.schedule = Schedule()  # every term from the first step
-        self.ignore_index = ignore_index
-        self.multi_level = multi_level
+        self.ignore_index = setup.ignore_index
+        self.multi_level = multi_level = setup.multi_level
         if not self.has_discriminator:  # MinEnt: entropy terms only
             self.levels = [Level("main", None, 0.0, settings.lambda_ent_main)]
             if multi_level:
                 self.levels.append(Level("aux", None, 0.0, settings.lambda_ent_aux))
             return
-        self.levels = [Level("main", d, lambda_adv, settings.lambda_ent_main)]
+        self.levels = [Level("main", nets["discriminator"], setup.lambda_adv, settings.lambda_ent_main)]
         if multi_level:
-            if d_aux is None:
+            if "discriminator_aux" not in nets:
                 raise ValueError("multi-level adversarial adaptation needs the aux discriminator")
-            self.levels.append(Level("aux", d_aux, settings.lambda_adv_aux, settings.lambda_ent_aux))
+            self.levels.append(Level("aux", nets["discriminator_aux"], settings.lambda_adv_aux,
+                                     settings.lambda_ent_aux))
 
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
         g, s, phase = self.g, self.settings, self.phases.phase

@@ -2,8 +2,9 @@
 (Tranheden et al., WACV 2021) in adaptation and French et al.'s (BMVC 2020) regime in
 semi-supervised runs, with AdvSemiSeg's or AdaptSegNet's adversarial term on top as one key
 (``loss.lambda_adv``, every method's adversarial weight; null here: 0, no D). What the method
-declares before any network exists (its settings, streams, networks, losses, checks), torch-free
-so the config loads without torch; its iteration is ``iteration.py`` beside this file.
+declares before any network exists (its settings, streams, networks, losses, checks) and what its
+iteration reads from the config (``MeanTeacherSetup``), torch-free so the config loads without
+torch; its iteration is ``iteration.py`` beside this file.
 
 One method for both settings: without ``target_data`` it reads a labeled and an unlabeled stream
 (AdvSemiSeg's), with it a source and a target stream (AdaptSegNet's). Every default is a
@@ -12,19 +13,18 @@ reference's, with its source lines in docs/methods.md ("Mean teacher").
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Mapping, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Optional
 
 from pydantic import Field
 
 from segadv.config.schema import Probability, Section, Weight
 from segadv.data.stream_spec import StreamSpec
 from segadv.errors import UserError
-from segadv.methods.base import Method
+from segadv.methods.base import Method, Setup
 
 if TYPE_CHECKING:
     from segadv.config import Config
-    from segadv.engine.network import Network
-    from segadv.monitor.profile import PhaseTimer
 
 
 class MeanTeacherConfig(Section):
@@ -72,11 +72,24 @@ ADAPTATION_STREAMS = (
 )
 
 
+@dataclass(frozen=True)
+class MeanTeacherSetup(Setup):
+    """``Setup`` (its ``lambda_adv``: D on top where > 0) and what the mixing and the teacher read."""
+
+    settings: MeanTeacherConfig  # method.mean_teacher
+    adapts: bool  # source/target streams (target_data given), else labeled/unlabeled
+    mean: tuple[float, ...]  # data.input_normalization: the strong augmentation works on the images' pixels
+    std: tuple[float, ...]
+    seed: int  # train.seed: the mixing RNG's seed (with the rank)
+    aux_head: bool  # model.generator.aux_head: G's aux output, carried at weight 0
+
+
 class MeanTeacherSpec(Method):
     """The student G trained on a labeled/source batch and on mixed images labelled by its EMA
     teacher; D on top where ``loss.lambda_adv`` > 0."""
 
     name = "mean_teacher"
+    iteration_path = "segadv.methods.mean_teacher.iteration:MeanTeacher"
     config = MeanTeacherConfig
     # D on top: the weight of AdvSemiSeg's (semi-supervised) or AdaptSegNet's (adaptation) adversarial
     # term on the student's unmixed unlabeled/target maps. DACS and French et al. have none: 0, and
@@ -121,10 +134,8 @@ class MeanTeacherSpec(Method):
                             "the unlabeled batch is method.mean_teacher.unlabeled_batch_size")
 
     @classmethod
-    def from_config(cls, cfg: Config, nets: Mapping[str, Network], phases: PhaseTimer) -> Method:
-        return cls.iteration_class()(
-            nets["generator"], nets["teacher"], nets.get("discriminator"), phases, cls.settings(cfg),
-            adapts=cls.adapts(cfg), num_classes=cfg.data.num_classes,
-            ignore_index=cfg.data.ignore_index, mean=cfg.data.input_normalization.mean,
-            std=cfg.data.input_normalization.std,
-            seed=cfg.train.seed, aux_head=cfg.model.generator.aux_head, lambda_adv=cls.adversarial_weight(cfg))
+    def setup(cls, cfg: Config) -> MeanTeacherSetup:
+        norm = cfg.data.input_normalization
+        return MeanTeacherSetup(**vars(super().setup(cfg)), settings=cls.settings(cfg), adapts=cls.adapts(cfg),
+                                mean=norm.mean, std=norm.std, seed=cfg.train.seed,
+                                aux_head=cfg.model.generator.aux_head)

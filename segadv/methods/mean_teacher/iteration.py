@@ -48,7 +48,7 @@ from segadv.methods.adversarial import (
     optimizer_step,
     realness,
 )
-from segadv.methods.mean_teacher.declaration import MeanTeacherConfig, MeanTeacherSpec
+from segadv.methods.mean_teacher.declaration import MeanTeacherSetup, MeanTeacherSpec
 from segadv.methods.schedule import Schedule
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel import distributed
@@ -92,30 +92,27 @@ def this_rank() -> int:
 
 
 class MeanTeacher(MeanTeacherSpec):
-    def __init__(
-        self, g: Network, teacher: Network, d: Optional[Network], phases: PhaseTimer, settings: MeanTeacherConfig, *,
-        adapts: bool, num_classes: int, ignore_index: int,
-        mean: tuple[float, ...], std: tuple[float, ...], seed: int, aux_head: bool = False, lambda_adv: float = 0.0,
-    ) -> None:
-        """``g`` the student, ``teacher`` its EMA (the ``teacher`` role: no optimizer), ``d`` the
-        discriminator where ``lambda_adv`` > 0 (``loss.lambda_adv`` as the method reads it,
-        ``Method.adversarial_weight``), else None; ``adapts``: source/target streams."""
-        self.g, self.teacher, self.d, self.phases = g, teacher, d, phases
-        self.settings = settings
-        self.adapts = adapts
-        self.labeled, self.unlabeled = ("source", "target") if adapts else ("labeled", "unlabeled")
+    def __init__(self, setup: MeanTeacherSetup, nets: Mapping[str, Network], phases: PhaseTimer) -> None:
+        """``nets``: G the student, ``teacher`` its EMA (the ``teacher`` role: no optimizer) and
+        ``discriminator`` where ``setup.lambda_adv`` > 0 (``loss.lambda_adv`` as the method reads
+        it, ``Method.adversarial_weight``); ``setup.adapts``: source/target streams."""
+        g, teacher = nets["generator"], nets["teacher"]
+        self.g, self.teacher, self.d, self.phases = g, teacher, nets.get("discriminator"), phases
+        self.settings = settings = setup.settings
+        self.adapts = setup.adapts
+        self.labeled, self.unlabeled = ("source", "target") if setup.adapts else ("labeled", "unlabeled")
         # D's sides, as the method D comes from labels them: AdaptSegNet's source "real", AdvSemiSeg's ground truth.
-        self.d_labels = SOURCE_REAL if adapts else GROUND_TRUTH_REAL
-        self.num_classes, self.ignore_index = num_classes, ignore_index
-        self.aux_head = aux_head
-        self.mean, self.std = mean, std
-        self.lambda_adv = lambda_adv
-        self.schedule = Schedule(unsup=(settings.lambda_unsup, 0), adversarial=(lambda_adv, 0))
-        if self.schedule.active("adversarial", 0) and d is None:
+        self.d_labels = SOURCE_REAL if setup.adapts else GROUND_TRUTH_REAL
+        self.num_classes, self.ignore_index = setup.num_classes, setup.ignore_index
+        self.aux_head = setup.aux_head
+        self.mean, self.std = setup.mean, setup.std
+        self.lambda_adv = setup.lambda_adv
+        self.schedule = Schedule(unsup=(settings.lambda_unsup, 0), adversarial=(setup.lambda_adv, 0))
+        if self.schedule.active("adversarial", 0) and self.d is None:
             raise ValueError("loss.lambda_adv > 0 needs the mean teacher's discriminator")
         self.rank = this_rank()
         # On the host: its draws are copied to G's device pinned and non_blocking (mixing.py).
-        self.generator = torch.Generator().manual_seed(derived_seed(seed, MIXING_SEED_WORD, self.rank))
+        self.generator = torch.Generator().manual_seed(derived_seed(setup.seed, MIXING_SEED_WORD, self.rank))
         # What the EMA averages, in the same order on both: DACS's parameters, or with running
         # BatchNorm statistics French et al.'s every float tensor (the statistics must follow the
         # student when the teacher predicts with them).

@@ -1,23 +1,22 @@
 """s4GAN (Mittal et al., TPAMI 2019): what the method declares before any network exists (its
-settings, streams, networks, losses, checks), torch-free so the config loads without torch; its
-iteration is ``iteration.py`` beside this file, which ``Method.iteration_class`` imports when a run
-is built."""
+settings, streams, networks, losses, checks) and what its iteration reads from the config
+(``S4GanSetup``), torch-free so the config loads without torch; its iteration is ``iteration.py``
+beside this file."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
 
 from pydantic import Field
 
 from segadv.config.schema import Probability, Section, Weight
 from segadv.data.stream_spec import StreamSpec
 from segadv.errors import UserError
-from segadv.methods.base import Method
+from segadv.methods.base import Method, Setup
 
 if TYPE_CHECKING:
     from segadv.config import Config
-    from segadv.engine.network import Network
-    from segadv.monitor.profile import PhaseTimer
 
 
 class S4GanConfig(Section):
@@ -32,10 +31,18 @@ class S4GanConfig(Section):
         None, gt=0, le=10**6, description="batch of the unlabeled stream; null: data.batch_size")
 
 
+@dataclass(frozen=True)
+class S4GanSetup(Setup):
+    """``Setup`` (its ``lambda_adv`` is 0: s4GAN's G term through D is feature matching) and its terms."""
+
+    settings: S4GanConfig  # method.s4gan
+
+
 class S4GanSpec(Method):
     """s4GAN's iteration on AdvSemiSeg's three streams, against an image-level D."""
 
     name = "s4gan"
+    iteration_path = "segadv.methods.s4gan.iteration:S4Gan"
     config = S4GanConfig
     # Seed words 1 and 2, as AdvSemiSeg's: each stream shuffles and augments independently.
     streams = (
@@ -52,9 +59,8 @@ class S4GanSpec(Method):
     diagnostics = ("train/loss_seg", "train/loss_d", "train/d_acc_real", "train/d_acc_fake", "train/st_image_ratio")
 
     @classmethod
-    def from_config(cls, cfg: Config, nets: Mapping[str, Network], phases: PhaseTimer) -> Method:
-        return cls.iteration_class()(nets["generator"], nets["discriminator"], phases, cls.settings(cfg), num_classes=cfg.data.num_classes,
-                                     ignore_index=cfg.data.ignore_index)
+    def setup(cls, cfg: Config) -> S4GanSetup:
+        return S4GanSetup(**vars(super().setup(cfg)), settings=cls.settings(cfg))
 
     @classmethod
     def passes_generator_loss_through_discriminator(cls, cfg: Config) -> bool:

@@ -45,7 +45,7 @@ from segadv.methods.adversarial import (
     realness,
 )
 from segadv.methods.schedule import Schedule
-from segadv.methods.s4gan.declaration import S4GanConfig, S4GanSpec
+from segadv.methods.s4gan.declaration import S4GanSetup, S4GanSpec
 from segadv.monitor.diagnostics import d_accuracy
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel.placement import to_device
@@ -73,13 +73,12 @@ def selected_pseudo_labels(logits: torch.Tensor, scores: torch.Tensor, threshold
 
 
 class S4Gan(S4GanSpec):
-    def __init__(self, g: Network, d: Network, phases: PhaseTimer, settings: S4GanConfig, *, num_classes: int,
-                 ignore_index: int) -> None:
-        self.g, self.d, self.phases = g, d, phases
-        self.settings = settings
-        self.num_classes = num_classes
-        self.ignore_index = ignore_index
-        self.schedule = Schedule(st=(settings.lambda_st, settings.st_start))
+    def __init__(self, setup: S4GanSetup, nets: Mapping[str, Network], phases: PhaseTimer) -> None:
+        self.g, self.d, self.phases = nets["generator"], nets["discriminator"], phases
+        self.settings = setup.settings
+        self.num_classes = setup.num_classes
+        self.ignore_index = setup.ignore_index
+        self.schedule = Schedule(st=(setup.settings.lambda_st, setup.settings.st_start))
 
     def st_active(self, step: int) -> bool:
         return self.schedule.active("st", step)

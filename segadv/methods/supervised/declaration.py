@@ -1,18 +1,25 @@
 """The supervised method: what the method declares before any network exists (its settings, streams,
-networks, losses, checks), torch-free so the config loads without torch; its iteration is
-``iteration.py`` beside this file, which ``Method.iteration_class`` imports when a run is built."""
+networks, losses, checks) and what its iteration reads from the config (``SupervisedSetup``),
+torch-free so the config loads without torch; its iteration is ``iteration.py`` beside this file."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from segadv.data.stream_spec import StreamSpec
-from segadv.methods.base import Method
+from segadv.methods.base import Method, Setup
 
 if TYPE_CHECKING:
     from segadv.config import Config
-    from segadv.engine.network import Network
-    from segadv.monitor.profile import PhaseTimer
+
+
+@dataclass(frozen=True)
+class SupervisedSetup(Setup):
+    """The labeled adversarial term's schedule besides ``Setup``: what the supervised method and
+    AdvSemiSeg (``LabeledAdversarial``, segadv/methods/adversarial.py) read."""
+
+    adv_warmup_steps: int  # loss.adv_warmup_steps: G's adversarial term is on from this step
 
 
 class SupervisedSpec(Method):
@@ -20,6 +27,7 @@ class SupervisedSpec(Method):
     term's weight and warm-up; ``loss.lambda_adv: 0`` is the CE-only baseline)."""
 
     name = "supervised"
+    iteration_path = "segadv.methods.supervised.iteration:Supervised"
     lambda_adv_default = 0.01  # AdvSemiSeg's README command (--lambda-adv-pred 0.01)
     streams = (StreamSpec("labeled", "labeled"),)
     losses = ("loss_seg", "loss_adv", "loss_d", "d_acc_real", "d_acc_fake")
@@ -28,10 +36,8 @@ class SupervisedSpec(Method):
     diagnostics = ("train/loss_seg", "train/loss_d", "train/d_acc_real", "train/d_acc_fake")
 
     @classmethod
-    def from_config(cls, cfg: Config, nets: Mapping[str, Network], phases: PhaseTimer) -> Method:
-        return cls.iteration_class()(nets["generator"], nets["discriminator"], phases, num_classes=cfg.data.num_classes,
-                                     ignore_index=cfg.data.ignore_index,
-                                     lambda_adv=cls.adversarial_weight(cfg), adv_warmup_steps=cfg.loss.adv_warmup_steps)
+    def setup(cls, cfg: Config) -> SupervisedSetup:
+        return SupervisedSetup(**vars(super().setup(cfg)), adv_warmup_steps=cfg.loss.adv_warmup_steps)
 
     @classmethod
     def passes_generator_loss_through_discriminator(cls, cfg: Config) -> bool:
