@@ -110,12 +110,20 @@ def export_verified(loaded: LoadedGenerator, fmt: str, output: Path, options: Ex
     from segadv.export.verify import format_report, make_input, verify
     from segadv.export.wrapper import InferenceModel, export_metadata, input_dtype, input_kind, size_divisor
 
+    from segadv.parallel.placement import unwrap
+
     generator, cfg = loaded.model, loaded.cfg
     norm = cfg.data.input_normalization
     divisor = size_divisor(generator)
     h, w = tuple(options.input_size) if options.input_size else default_input_size(loaded, divisor)
     check_size(h, w, divisor, "--input-size")
     dynamic = options.dynamic or fmt == "torchscript"
+    if dynamic and fmt == "onnx" and not getattr(unwrap(generator), "onnx_dynamic_shapes", True):
+        # A ViT's position embedding is resampled to the input's grid with factors the ONNX trace
+        # fixes: its graph takes the size it was traced at only.
+        log.warning("%s: its ONNX graph takes one input size (the traced position-embedding grid): exported "
+                    "and verified at %dx%d only, as --no-dynamic", type(unwrap(generator)).__name__, h, w)
+        dynamic = False
     if not options.dynamic and fmt == "torchscript":
         log.info("--no-dynamic: a scripted TorchScript module takes any shape anyway; verifying at several")
     shapes = verification_shapes(options.verify_sizes, dynamic, h, w, divisor)

@@ -122,6 +122,9 @@ class DinoV2DPT(nn.Module):
     ``encoder_overrides``: ``VisionTransformer`` arguments for tiny test models."""
 
     input_divisor = PATCH  # an input's sides: multiples of the patch (export and evaluation read it)
+    # The position embedding's resampling factors are Python floats of the input's grid, constants
+    # in an ONNX trace: the exported graph takes the traced size only (segadv-export says so).
+    onnx_dynamic_shapes = False
 
     def __init__(self, encoder: str = "vit_small_patch14_dinov2", num_classes: int = 21, *,
                  in_channels: int = 3, depth: int | None = None, layers: Sequence[int] | None = None,
