@@ -65,8 +65,16 @@ def split_blocks(model: nn.Module, devices: Sequence[torch.device | str],
     if len(devices) > n:
         raise UserError(f"{len(devices)} devices for an encoder of {n} blocks: each device needs a block at least")
     bounds = even_boundaries(n, len(devices)) if boundaries is None else list(check_boundaries(boundaries, n, len(devices)))
-    model.to(devices[-1])  # the head and the final norm; everything else is moved from there
+    # Each part straight to its own device (a part is never moved twice: segadv-plan's stand-in
+    # tensors are placed once, from meta): the embedding to the first, the blocks below, the rest
+    # of the encoder (its final norm) and the head to the last.
     move_embedding(vit, devices[0])
+    for name, child in vit.named_children():
+        if name != "blocks" and name not in EMBEDDING:
+            child.to(devices[-1])
+    for name, child in model.named_children():
+        if child is not vit:
+            child.to(devices[-1])
     edges = [0, *bounds, n]
     block_devices: list[torch.device] = []
     for device, start, end in zip(devices, edges, edges[1:]):
@@ -78,16 +86,15 @@ def split_blocks(model: nn.Module, devices: Sequence[torch.device | str],
     return placement
 
 
+EMBEDDING = ("patch_embed", "pos_drop", "patch_drop", "norm_pre")  # the encoder's modules before its blocks
+
+
 def move_embedding(vit: nn.Module, device: torch.device) -> None:
-    """The embedding stage onto ``device``: the tokens and position embedding (the encoder's own
-    parameters, moved in place as ``Module.to`` moves them) and its embedding submodules."""
-    for name, param in vit.named_parameters(recurse=False):
-        param.data = param.data.to(device)
-        if param.grad is not None:
-            param.grad = param.grad.to(device)
-    for name, buffer in vit.named_buffers(recurse=False):
-        setattr(vit, name, buffer.to(device))
-    for name in ("patch_embed", "pos_drop", "patch_drop", "norm_pre"):
+    """The embedding stage onto ``device``: the encoder's own tensors (class, register and mask
+    tokens, the position embedding), moved as ``Module.to`` moves a module's, and its embedding
+    submodules."""
+    vit._apply(lambda t: t.to(device), recurse=False)
+    for name in EMBEDDING:
         module = getattr(vit, name, None)
         if module is not None:
             module.to(device)
