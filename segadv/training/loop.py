@@ -7,28 +7,25 @@ command line.
 from __future__ import annotations
 
 import logging
-from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
-from segadv.training.build import Training, build_training, log_placement, start_copies
-from segadv.checkpoint import CheckpointManager, load_weights
 from segadv.config import Config, config_to_dict, flat_config
 from segadv.config.schema import best_score_by
-from segadv.engine.nonfinite import NonFiniteGuard
-from segadv.errors import UserError, WriteFailed, input_shape_message
-from segadv.monitor.profile import RunClock
+from segadv.checkpoint import CheckpointManager
 from segadv.monitor.reporter import Reporter
 from segadv.monitor.status import RunRecord
 from segadv.parallel import DeviceMap, activate, parse_device_map
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
+from segadv.signals import Interrupted, Shielded, deferred
 from segadv.training import preflight, run_dir as rundir
+from segadv.training.build import Training
 from segadv.training.lock import RunDirLock
-from segadv.training.run_data import RunData, build_data, evaluate_generator, run_state
 from segadv.training.process import run_log, seed_everything
-from segadv.signals import Interrupted, Shielded, StopRequests, deferred
+from segadv.training.run_data import RunData, evaluate_generator
+from segadv.training.session import RunOptions, RunSite, Session, open_session
 
 
 log = logging.getLogger("segadv.training.loop")
@@ -66,7 +63,9 @@ def train(
     resumed = rundir.resume_point(run_dir, resume, config_to_dict(cfg), trusted)  # before anything is written
     if resumed is not None and resumed.finished(cfg.train.max_steps):
         return already_finished(cfg, run_dir, resumed)
+    options = RunOptions(resume, trusted, stop_at, force)
     env, device_map = start_processes(cfg)
+    site = RunSite(run_dir, env, device_map)
     distributed.check_ranks_agree({**flat_config(cfg), "--resume": resume, "world size": env.world_size})
     start = preflight.check_start(cfg, resume, device_map, env.world_size)  # before anything slow
     cleanup = rundir.StartCleanup(run_dir, env)
@@ -76,8 +75,7 @@ def train(
         # outcome is recorded waits for them to end (segadv/signals.py): none is left half done.
         with Shielded(cleanup.entering(RunDirLock(run_dir, env))), Shielded(cleanup), run_log(run_dir, env.is_main), \
                 Shielded(RunRecord(run_dir, cfg.train.max_steps, enabled=env.is_main)) as record:
-            result = run(cfg, env, device_map, run_dir, record, start=start, resume=resume, trusted=trusted,
-                         stop_at=stop_at, force=force, started=cleanup.done)
+            result = run(cfg, site, record, options, start, started=cleanup.done)
             with deferred():
                 record.end(result.stopped_by)
             return result
@@ -89,105 +87,56 @@ def train(
         raise
 
 
-def run(cfg: Config, env: DistEnv, device_map: DeviceMap, run_dir: Path, record: RunRecord, *,
-        resume: str | None, trusted: bool, stop_at: int | None, force: bool,
-        started: Callable[[], None] = lambda: None, start: preflight.Start | None = None) -> TrainResult:
-    """The run itself, in a run dir this process holds (``train``'s arguments). ``started`` is
-    called once the first step is about to run: a failure before it is a failed start. ``start``:
-    what the start's checks established (None: checked here)."""
-    log.info("run dir: %s; device map: %s", run_dir, device_map)
-    parts = build_training(cfg, device_map, env, start.checked if start else None)
-    data = build_data(cfg, parts, run_dir, start.catalog if start else None)
-    initialise_weights(parts, trusted)
-    log_placement(parts)
-    clock = RunClock()  # the run's time, checkpointed, so that a resume continues it
-    checkpoints = CheckpointManager(run_dir, run_state(parts, data.streams, clock), every=cfg.checkpoint.every,
-                                    keep_last=cfg.checkpoint.keep_last, config=config_to_dict(cfg), env=env,
-                                    best_by=cfg.checkpoint.best_by)
-    step = start_checkpoints(cfg, checkpoints, resume, trusted, force)
-    max_steps, val_metrics, stopped_by = cfg.train.max_steps, {}, None
-    guard = NonFiniteGuard(cfg.train.on_nonfinite, checkpoints, device_map.generator)
-    # resume_notes outside the Reporter too: a TensorBoard failure raised as it closes names the
-    # checkpoint as well.
-    with resume_notes(checkpoints, user_errors=False), \
-            Reporter(cfg, parts, run_dir, record, guard, is_main=env.is_main,
-                     resume_step=step if resume else None, clock=clock) as reporter:  # opening checks metrics.jsonl
-        if env.is_main:
-            rundir.save_config(cfg, run_dir)
-        # The start is complete: from here a signal stops the run at a step boundary with a
-        # checkpoint (exit 0); before, it unwound the start (segadv/signals.py).
-        with StopRequests(watch_parent=distributed.launched_by_torchrun()) as stop, closing(data), \
-                resume_notes(checkpoints):
-            started()
-            agreement = distributed.StepAgreement()
-            reporter.begin(step, checkpoints.best)
-            while step < max_steps:
-                losses = parts.step(data.streams, step)
-                step += 1
-                reporter.step_done(step, losses, data.streams.pop_wait())
-                final = step == max_steps
-                stopped_by = stop_reason(stop, agreement, step, stop_at)
-                interrupted = stopped_by is not None and not final
-                if reporter.should_log(step) or interrupted:
-                    reporter.log(step)
-                    if stopped_by is None and not final:  # D out of its band, train.on_discriminator_collapse: stop
-                        stopped_by = reporter.stop_reason  # the same on every rank (Reporter.stop_reason)
-                        interrupted = stopped_by is not None
-                evaluating = step % cfg.train.eval_every == 0 or final
-                saving = checkpoints.due(step, final or interrupted)
-                if evaluating or saving:
-                    reporter.check_finite(step)  # nothing non-finite is evaluated or saved
-                if evaluating:
-                    agreement.settle()
-                    with reporter.phase("evaluation"):
-                        val_metrics = evaluate_all(cfg, parts, data, reporter, step)
-                    with reporter.phase("checkpoint"):
-                        checkpoints.keep_if_best(step, val_metrics["mIoU"], val_metrics["pixel_acc"],
-                                                 val_metrics.get("proxies"))
-                        reporter.evaluated(step, val_metrics, checkpoints.best)
-                if saving:
-                    with reporter.phase("checkpoint"):
-                        checkpoints.save(step)
-                if interrupted:
-                    break
-            agreement.close()
-            reporter.finish(step)
-    if stopped_by and step < max_steps:
-        return stopped(run_dir, step, max_steps, stopped_by, val_metrics, checkpoints)
-    return finished(cfg, run_dir, step, val_metrics, checkpoints, reporter.tensorboard_dir)
+def run(cfg: Config, site: RunSite, record: RunRecord, options: RunOptions, start: preflight.Start | None = None,
+        started: Callable[[], None] = lambda: None) -> TrainResult:
+    """The run itself, in a run dir this process holds (``train``'s arguments): set up, the steps
+    (each component deciding when it acts at a step), the end. ``started`` is called once the first
+    step is about to run: a failure before it is a failed start. ``start``: what the start's checks
+    established (None: checked here)."""
+    with open_session(cfg, site, record, options, start, started) as session:
+        parts, data, checkpoints, reporter, stop = (session.parts, session.data, session.checkpoints,
+                                                    session.reporter, session.stop)
+        step, val_metrics = session.step, {}
+        while not stop.now:
+            losses = parts.step(data.streams, step)
+            step += 1
+            reporter.step_done(step, losses, data.streams.pop_wait())
+            stop.after_step(step)  # stop_at, a signal as the ranks agree on it
+            if reporter.should_log(step) or stop.early:
+                reporter.log(step)
+                stop.at_log(reporter.stop_reason)  # D out of its band, train.on_discriminator_collapse: stop
+            evaluating = evaluation_due(cfg, step, stop.final)
+            saving = checkpoints.due(step, stop.now)
+            if evaluating or saving:
+                reporter.check_finite(step)  # nothing non-finite is evaluated or saved
+            if evaluating:
+                val_metrics = evaluate(cfg, session, step)
+            if saving:
+                with reporter.phase("checkpoint"):
+                    checkpoints.save(step)
+        stop.close()
+        reporter.finish(step)
+    if stop.stopped_by:
+        return stopped(site.run_dir, step, cfg.train.max_steps, stop.stopped_by, val_metrics, checkpoints)
+    return finished(cfg, site.run_dir, step, val_metrics, checkpoints, reporter.tensorboard_dir)
 
 
-def start_checkpoints(cfg: Config, checkpoints: CheckpointManager, resume: str | None, trusted: bool,
-                      force: bool) -> int:
-    """The step the run starts at (0, or the one resumed from: the same on every rank), checked
-    against ``train.max_steps`` and the room the run dir has for the checkpoints."""
-    step = checkpoints.start(resume, trusted)
-    distributed.check_ranks_agree({"the step resumed at": step},
-                                  hint="every rank must see the same checkpoints: is the run dir on a file system "
-                                       "all nodes share?")
-    if checkpoints.last_complete is not None:  # resumed
-        rundir.check_steps(step, cfg.train.max_steps, checkpoints.last_complete[0])
-    checkpoints.check_room(cfg.train.max_steps, force)
-    return step
+def evaluation_due(cfg: Config, step: int, final: bool) -> bool:
+    """Every ``train.eval_every`` steps and at ``train.max_steps``: an early stop is checkpointed,
+    not evaluated."""
+    return step % cfg.train.eval_every == 0 or final
 
 
-@contextmanager
-def resume_notes(checkpoints: CheckpointManager, user_errors: bool = True) -> Iterator[None]:
-    """An error met after the run started, told with where the run can go on from: a failed write
-    (metrics, TensorBoard), a signal that ends it at once, and (``user_errors``) bad data found
-    mid-run."""
-    try:
-        yield
-    except (WriteFailed, Interrupted) as err:
-        err.after = err.after or checkpoints.resume_note()
-        raise
-    except (UserError, RuntimeError) as err:
-        if not user_errors:
-            raise
-        noted = with_resume_note(err, checkpoints)
-        if noted is err:
-            raise
-        raise noted from None
+def evaluate(cfg: Config, session: Session, step: int) -> dict[str, object]:
+    """The evaluations due at ``step``, then best.pt where the score improved and status.json."""
+    session.stop.settle()  # no reduction in flight while the evaluation forks its loader workers
+    with session.reporter.phase("evaluation"):
+        val_metrics = evaluate_all(cfg, session.parts, session.data, session.reporter, step)
+    with session.reporter.phase("checkpoint"):
+        session.checkpoints.keep_if_best(step, val_metrics["mIoU"], val_metrics["pixel_acc"],
+                                         val_metrics.get("proxies"))
+        session.reporter.evaluated(step, val_metrics, session.checkpoints.best)
+    return val_metrics
 
 
 def interrupted_start(err: Interrupted, run_dir: Path, resumed: rundir.ResumePoint | None) -> None:
@@ -215,15 +164,6 @@ def evaluate_all(cfg: Config, parts: Training, data: RunData, reporter: Reporter
         source = evaluate_generator(cfg, parts, data.source_val_loader, track=reporter.track)
         reporter.evaluation(step, source, data.source_val_loader, prefix="val_source")
     return metrics
-
-
-def with_resume_note(err: Exception, checkpoints: CheckpointManager) -> Exception:
-    """A user error met after the run started (a sample that fails to read, a batch G cannot take)
-    as one naming the last complete checkpoint; any other error as it is."""
-    message = str(err) if isinstance(err, UserError) else input_shape_message(err)
-    if message is None:
-        return err
-    return UserError(f"{message}; {checkpoints.resume_note()}")
 
 
 def start_processes(cfg: Config) -> tuple[DistEnv, DeviceMap]:
@@ -279,26 +219,3 @@ def already_finished(cfg: Config, run_dir: Path, resumed: rundir.ResumePoint) ->
     log.info(rundir.finished_line(run_dir, resumed.step, evaluation, resumed.best, resumed.path))
     metrics = {} if evaluation is None else {"mIoU": evaluation["mIoU"], "pixel_acc": evaluation.get("pixel_acc")}
     return TrainResult(run_dir, resumed.step, metrics, best=resumed.best)
-
-
-def stop_reason(stop: StopRequests, agreement: distributed.StepAgreement, step: int,
-                stop_at: int | None) -> str | None:
-    """Why the run stops after ``step``, or None. A signal may reach one rank only: under DDP the
-    ranks agree on it every step (one step late, without waiting: ``StepAgreement``), so every
-    rank stops after the step following the first rank's ``seen``."""
-    requested = stop.seen(step)
-    agreed = agreement.any(requested is not None)
-    if step == stop_at:
-        return "stop_at"
-    if agreed:
-        return requested or "a signal on another rank"
-    return None
-
-
-def initialise_weights(parts: Training, trusted: bool) -> None:
-    """``init.<role>``: each network starts from the given weights (strict unless excluded)."""
-    for role, net in parts.members():
-        source = role.settings.init
-        if source is not None:
-            load_weights(source.path, net.module, role=role.name, exclude=source.exclude, trusted=trusted)
-    start_copies(parts)  # a role that starts as another's copy (the teacher, as G) after the init weights

@@ -46,15 +46,15 @@ def wait_here(point: str) -> None:
 
 
 def hold_after_placement() -> None:
-    from segadv.training import loop
+    from segadv.training import session
 
-    real = loop.log_placement
+    real = session.log_placement
 
     def log_placement(parts):
         real(parts)
         wait_here("placement")
 
-    loop.log_placement = log_placement
+    session.log_placement = log_placement
 
 
 def hold_in_write(name: str) -> None:

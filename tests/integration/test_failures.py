@@ -16,7 +16,7 @@ import torch
 
 from segadv import fsutil
 from segadv.cli import train as train_cli
-from segadv.training import loop as train_loop
+from segadv.training import session as run_session
 from segadv.checkpoint import read_checkpoint
 from segadv.checkpoint.state import nonfinite_entries
 from segadv.data.streams import Stream
@@ -72,7 +72,7 @@ def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
     """A NaN that reaches the weights but not (yet) a logged loss: the save refuses it."""
     cfg = resume_cfg(tmp_path, "weights", "train.max_steps=6", "checkpoint.every=2", "train.log_every=100",
                      "train.eval_every=100")
-    original = train_loop.build_training
+    original = run_session.build_training
 
     def build_with_a_poisoned_step(*args, **kwargs):
         parts = original(*args, **kwargs)
@@ -88,7 +88,7 @@ def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
         parts.d.opt.step = poisoned_step
         return parts
 
-    monkeypatch.setattr(train_loop, "build_training", build_with_a_poisoned_step)
+    monkeypatch.setattr(run_session, "build_training", build_with_a_poisoned_step)
     with pytest.raises(Diverged, match=r"non-finite values in discriminator at step 4, so no checkpoint of it was "
                                        r"written; the last complete checkpoint is .*last\.pt \(step 2"):
         train(cfg)
@@ -98,7 +98,7 @@ def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
 def test_skip_step_skips_non_finite_updates_and_counts_them(tmp_path, monkeypatch):
     cfg = resume_cfg(tmp_path, "skip", "train.max_steps=4", "checkpoint.every=2", "train.log_every=1",
                      "train.eval_every=100", "train.on_nonfinite=skip_step")
-    original = train_loop.build_training
+    original = run_session.build_training
 
     def build_with_a_nan_output(*args, **kwargs):
         parts = original(*args, **kwargs)
@@ -114,7 +114,7 @@ def test_skip_step_skips_non_finite_updates_and_counts_them(tmp_path, monkeypatc
         parts.g.bare.segmentation_head.register_forward_hook(nan_at_third_training_forward)
         return parts
 
-    monkeypatch.setattr(train_loop, "build_training", build_with_a_nan_output)
+    monkeypatch.setattr(run_session, "build_training", build_with_a_nan_output)
     result = train(cfg)
     assert result.step == 4
     logged = {r["step"]: r for r in records(result.run_dir) if "train/loss_seg" in r}

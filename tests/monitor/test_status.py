@@ -10,7 +10,7 @@ import torch
 
 from segadv import __version__
 from segadv.cli import train as train_cli
-from segadv.training import loop as train_loop
+from segadv.training import session as run_session
 from segadv.data.streams import Stream
 from segadv.errors import Diverged, UserError, cli_entry, exit_code_of
 from segadv.monitor.status import RunRecord, read_status
@@ -108,7 +108,7 @@ def test_a_failed_start_writes_nothing_new_and_marks_an_earlier_status_failed(ti
     def refuse(*args, **kwargs):
         raise UserError("init.generator.path: no such file")
 
-    monkeypatch.setattr(train_loop, "build_training", refuse)
+    monkeypatch.setattr(run_session, "build_training", refuse)
     with pytest.raises(UserError):
         train(tiny_cfg)
     run_dir = Path(tiny_cfg.run_dir)
@@ -117,7 +117,7 @@ def test_a_failed_start_writes_nothing_new_and_marks_an_earlier_status_failed(ti
 
     train(tiny_cfg, stop_at=2)
     earlier = status_of(run_dir)
-    monkeypatch.setattr(train_loop, "build_training", refuse)
+    monkeypatch.setattr(run_session, "build_training", refuse)
     with pytest.raises(UserError):
         train(tiny_cfg, resume="auto")
     status = status_of(run_dir)
