@@ -125,7 +125,8 @@ def keys(model: type[BaseModel] = Config) -> Iterator[Key]:
         cls = cls.schema_model() if hasattr(cls, "schema_model") else cls
         for name, field in cls.model_fields.items():
             key = f"{prefix}{name}"
-            value = getattr(instance, name) if instance is not None else PydanticUndefined
+            # (a key of another arch than the default's is not on the default instance: its own default)
+            value = getattr(instance, name, PydanticUndefined) if instance is not None else PydanticUndefined
             section, optional = _section_class(field.annotation)
             if section is None:
                 yield Key(key, type_text(field.annotation) + _bounds(field), _default_text(field, value),
