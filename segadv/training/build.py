@@ -263,6 +263,8 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv(),
     place_networks([(role.name, model, role.devices[0], network_choice(role)) for role, model in zip(roles, models)],
                    device_map, channels_last=cfg.train.channels_last)
     nets = tuple(build_network(cfg, env, role, model) for role, model in zip(roles, models))
+    if env.is_main:
+        log.info("%s", batch_line(cfg, env.world_size))
     phases = PhaseTimer(precise=cfg.train.profile)
     method = method_cls.from_config(cfg, {net.role: net for net in nets}, phases)
     step = Accumulation(method, list(nets), cfg.train.accumulation_steps)
@@ -294,6 +296,20 @@ def build_network(cfg: Config, env: DistEnv, role: Role, model: nn.Module) -> Ne
                               skip_nonfinite=cfg.train.on_nonfinite == "skip_step",
                               accumulation_steps=cfg.train.accumulation_steps)
     return Network(role.name, wrapped, opt, role.devices)
+
+
+def batch_line(cfg: Config, world_size: int) -> str:
+    """The global batch a step's update sees and the learning rate it runs at: a config written for
+    N GPUs keeps its global batch on fewer by a larger ``data.batch_size`` split into
+    ``train.accumulation_steps`` micro-batches (the memory of one micro-batch), at the same lr."""
+    per_process, steps = cfg.data.batch_size, cfg.train.accumulation_steps
+    scale = world_size if cfg.train.lr_scaling == "linear" else 1
+    optim = cfg.optim.generator
+    head = f", its head {optim.lr * scale * optim.head_lr_mult:.3g}" if optim.head_lr_mult != 1 else ""
+    return (f"global batch: {per_process * world_size} labeled images a step ({per_process} a process x {world_size} "
+            f"process{'es' if world_size > 1 else ''}, in {steps} micro-batch{'es' if steps > 1 else ''} of "
+            f"{per_process // steps}); G's lr {optim.lr * scale:.3g}{head}"
+            f"{' (train.lr_scaling: linear)' if scale > 1 else ''}, as the config sets it for that batch")
 
 
 @torch.no_grad()
