@@ -300,6 +300,21 @@ def refuse_overwriting(outputs: Iterable[tuple[str, PathLike]], inputs: Iterable
                                 "choose another output")
 
 
+def refuse_folder_overlap(what: str, folder: PathLike, inputs: Iterable[tuple[str, PathLike]]) -> None:
+    """UserError when the output ``folder`` (``what``: the option naming it) is an input folder
+    (``(what, path)``: a data root, the folder of an input), lies inside one, or holds one: what a
+    command writes never lands among what a run reads. Paths compared resolved (links followed)."""
+    output = Path(folder)
+    out = output.expanduser().resolve()
+    for in_what, source in inputs:
+        src = Path(source).expanduser().resolve()
+        relation = ("is" if out == src else "lies inside" if out.is_relative_to(src)
+                    else "holds" if src.is_relative_to(out) else None)
+        if relation is not None:
+            raise UserError(f"{what} {output} {relation} {in_what} {source}: files written there would land among "
+                            "the inputs; choose a folder outside it")
+
+
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically; the parent directory must already exist.
 

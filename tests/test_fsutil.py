@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from segadv import fsutil
-from segadv.errors import EXIT_USER_ERROR, WriteFailed, exit_code_of
+from segadv.errors import EXIT_USER_ERROR, UserError, WriteFailed, exit_code_of
 from segadv.fsutil import NotAFile
 
 
@@ -135,3 +135,14 @@ def test_a_full_disk_in_the_one_writer_names_the_file_and_keeps_the_old_one(tmp_
     with pytest.raises(WriteFailed, match=rf"cannot write {target}: No space left on device \(ENOSPC\)"):
         fsutil.atomic_write_text(target, "new")
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
+
+
+def test_an_output_folder_is_never_an_input_folder_inside_one_or_holding_one(tmp_path):
+    root = tmp_path / "data"
+    (root / "val").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(root)
+    inputs = [("data.root", root)]
+    for folder, relation in ((tmp_path / "link", "is"), (root / "val" / "new", "lies inside"), (tmp_path, "holds")):
+        with pytest.raises(UserError, match=f"--show-dir {folder} {relation} data.root {root}"):
+            fsutil.refuse_folder_overlap("--show-dir", folder, inputs)
+    fsutil.refuse_folder_overlap("--show-dir", tmp_path / "elsewhere", inputs)

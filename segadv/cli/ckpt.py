@@ -20,8 +20,8 @@ from typing import Any, Mapping
 
 from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import UserError, cli_entry
-from segadv.fsutil import (atomic_write_bytes, check_output, check_output_dir, file_sha256, output_file,
-                           refuse_overwriting)
+from segadv.fsutil import (atomic_write_bytes, check_output, check_output_dir, check_parent, file_sha256, make_dir,
+                           output_file, refuse_overwriting)
 
 # segadv.checkpoint and torch are imported where a command runs: --help answers without them.
 
@@ -115,6 +115,7 @@ def convert(path: str, output: str, as_safetensors: bool, config: str | None, ov
     if Path(output).is_dir():
         raise UserError(f"--output {output} is a directory; name the weights file to write")
     output = str(output_file(output, "--output"))  # a device, FIFO or socket: refused before the load
+    check_parent(output)  # a folder that is a file: refused before the load (a missing one is made)
     refuse_overwriting([("--output", output)], read_files(path, config, name="the checkpoint"))
     loaded = load_generator(path, config, overrides, trusted=trusted)
     cfg = loaded.cfg
@@ -127,6 +128,7 @@ def convert(path: str, output: str, as_safetensors: bool, config: str | None, ov
             "num_classes": str(cfg.data.num_classes)}))
     else:
         data = checkpoint_bytes(state)
+    make_dir(Path(output).parent)
     atomic_write_bytes(output, data)
     return f"wrote {output}: generator only, {len(state)} tensors, no wrapper prefixes"
 

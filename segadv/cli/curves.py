@@ -29,7 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-from segadv.cli.args import HelpFormatter, docs_epilog
+from segadv.cli.args import HelpFormatter, docs_epilog, fraction
 from segadv.errors import UserError, cli_entry
 from segadv.experiment.runs import METRICS_FILE, metrics_records, score_value
 from segadv.fsutil import atomic_write_bytes, make_dir, output_file, user_path
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="segadv-curves", description=__doc__.splitlines()[0].partition(": ")[2],
                                      formatter_class=HelpFormatter, epilog=docs_epilog("experiments.md"))
     parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories")
-    parser.add_argument("--threshold", type=float, default=0.80, help="the val mIoU to time (default 0.80)")
+    parser.add_argument("--threshold", type=fraction, default=0.80, help="the val mIoU to time, within 0..1 (default 0.80)")
     parser.add_argument("--png", type=Path, help="write the curves here (needs the plot extra: matplotlib)")
     parser.add_argument("--title", default="val mIoU against training time", help="the PNG's title")
     args = parser.parse_args(argv)

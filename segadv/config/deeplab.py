@@ -61,6 +61,24 @@ class DeepLabConfig(GeneratorConfig):
     def summary(self) -> dict[str, Any]:
         return {"arch": self.arch, "encoder": self.encoder, "output_stride": self.output_stride}
 
+    def deepest_map(self, height: int, width: int) -> tuple[int, int]:
+        """The encoder's last map: each stride-2 step halves a side rounding up (smp's padded
+        convolutions), up to ``output_stride`` (dilated beyond) or ``encoder_depth`` stages; the
+        caffe layout's max-pool rounds up from one pixel less (``ceil_mode``, no padding)."""
+        stride = min(2 ** self.encoder_depth, self.output_stride)
+
+        def side(n: int) -> int:
+            if self.layout != "caffe":
+                return -(-n // stride)
+            n = -(-n // 2)  # conv1
+            if stride >= 4:
+                n = -(-(n - 1) // 2) + 1  # the max-pool, ceil_mode
+            for _ in range(stride.bit_length() - 3):  # the stages after it that stride
+                n = -(-n // 2)
+            return n
+
+        return side(height), side(width)
+
     @field_validator("aspp_v2_rates", mode="wrap")
     @classmethod
     def _rates_named_or_listed(cls, value: Any, handler: Any) -> Any:

@@ -115,6 +115,12 @@ class GeneratorConfig(Section):
         input of ``height`` x ``width`` (checked at start for the training crops and the evaluation
         resize); any size by default."""
 
+    def deepest_map(self, height: int, width: int) -> Optional[tuple[int, int]]:
+        """The height and width of G's deepest feature map at an input of ``height`` x ``width``,
+        where the config alone says (None: it does not). A 1x1 map at a batch of one leaves a
+        BatchNorm on batch statistics one value per channel (segadv/training/build.py)."""
+        return None
+
     def summary(self) -> dict[str, Any]:
         """What an exported model's metadata says of G (``segadv/export/wrapper.py``'s sidecar)."""
         return {"arch": self.arch}

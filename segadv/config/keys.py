@@ -4,7 +4,8 @@
 A key's meaning is its field's ``description``; its constraints (``> 0``, ``>= 1``) come from the
 field's metadata. A section that appears twice (``amp.generator``, ``amp.discriminator``) is
 listed in full each time; an optional section of a class already listed
-(``model.discriminator_aux``, ``target_data``) is one line naming the section it is like.
+(``model.discriminator_aux``, ``target_data``) is one line naming the section it is like, its keys
+listed in full where a prefix names it or a key in it (``--help-config target_data.batch_size``).
 """
 
 from __future__ import annotations
@@ -114,8 +115,10 @@ def _description(field: Any, cls: Optional[type[BaseModel]] = None) -> str:
     return " ".join(text.split())
 
 
-def keys(model: type[BaseModel] = Config) -> Iterator[Key]:
-    """Every key of ``model``, depth first in schema order, each section's heading before its keys."""
+def keys(model: type[BaseModel] = Config, expand: str = "") -> Iterator[Key]:
+    """Every key of ``model``, depth first in schema order, each section's heading before its keys.
+    A section like one listed before is one line, but listed in full (its class's defaults) where
+    ``expand`` (a dotted key) is that section or lies inside it."""
     seen: dict[type[BaseModel], str] = {}
 
     def walk(cls: type[BaseModel], prefix: str, instance: Optional[BaseModel]) -> Iterator[Key]:
@@ -135,6 +138,8 @@ def keys(model: type[BaseModel] = Config) -> Iterator[Key]:
             if optional and section in seen:
                 yield Key(key, f"section like {seen[section]}, or null", _default_text(field, value),
                           _description(field, section))
+                if expand == key or expand.startswith(key + "."):
+                    yield from walk(section, f"{key}.", value if isinstance(value, BaseModel) else None)
                 continue
             seen.setdefault(section, key)
             kind = "section, or null" if optional else "section"
@@ -150,7 +155,7 @@ def key_listing(prefix: str = "", model: type[BaseModel] = Config) -> str:
     ``key: type = default`` and its meaning indented below. An unknown prefix is a UserError
     naming the top-level sections."""
     prefix = prefix.strip().rstrip(".")
-    selected = [k for k in keys(model) if not prefix or k.name == prefix or k.name.startswith(prefix + ".")]
+    selected = [k for k in keys(model, expand=prefix) if not prefix or k.name == prefix or k.name.startswith(prefix + ".")]
     if not selected:
         top = ", ".join(name for name in model.model_fields)
         raise UserError(f"--help-config {prefix}: no config key or section of that name; the sections and "

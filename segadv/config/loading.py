@@ -54,6 +54,7 @@ _OVERRIDE_FORM = (
     "expected KEY=VALUE with a dotted key, e.g. train.max_steps=100 or optim.generator.lr=1e-3"
 )
 _REPR_LIMIT = 60
+MAX_LISTED = 20  # problems one message lists (problem_listing): the rest are counted
 
 
 # --------------------------------------------------------------------------------------- YAML
@@ -515,6 +516,87 @@ def _unknown_key_hint(loc: Sequence[Union[str, int]]) -> str:
     return f"; valid keys here: {', '.join(names)}"
 
 
+def _union_arms(annotation: Any) -> list[Any]:
+    """The members of a union of two or more non-null types (``bool | Literal['auto']``), else []."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) not in (Union, types.UnionType):
+        return []
+    arms = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    return arms if len(arms) > 1 else []
+
+
+def _user_loc(loc: Sequence[Union[str, int]]) -> tuple[tuple[Union[str, int], ...], bool]:
+    """``loc`` as the user's key: the parts pydantic adds for a union's members (``bool``,
+    ``literal['auto']``, a section's class name) left out, found by walking the schema; and
+    whether there were any (the error is then one member's of several)."""
+    out: list[Union[str, int]] = []
+    model: Optional[type[BaseModel]] = Config
+    annotation: Any = None
+    branched = False
+    for part in loc:
+        arms = _union_arms(annotation)
+        if arms and isinstance(part, str) and (model is None or part not in model.model_fields):
+            branched = True  # a member's tag: the member named, if a section, is walked on
+            model = next((_model_class(arm) for arm in arms if getattr(_model_class(arm), "__name__", None) == part),
+                         None)
+            annotation = None
+            continue
+        out.append(part)
+        if model is not None and isinstance(part, str) and part in model.model_fields:
+            annotation = model.model_fields[part].annotation
+            model = _model_class(annotation)
+            if model is not None and issubclass(model, Section):
+                model = model.schema_model()
+        elif isinstance(part, int) and typing.get_origin(annotation) in (list, tuple) and typing.get_args(annotation):
+            annotation, model = typing.get_args(annotation)[0], None
+            model = _model_class(annotation)
+        else:
+            model, annotation = None, None
+    return tuple(out), branched
+
+
+def _expected(error: Mapping[str, Any]) -> str:
+    """What one pydantic error says the value should have been (``bool (true/false)``, ``'auto'``)."""
+    kind = error["type"]
+    if kind in _EXPECTED:
+        return _EXPECTED[kind]
+    if kind == "literal_error":
+        return str(error["ctx"]["expected"])
+    return str(error["msg"]).replace("Input should be ", "").replace("Input should ", "")
+
+
+def _describe_errors(errors: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each pydantic error as ``key.path: problem``; the errors of a union's members at one key
+    (``amp.teacher.enabled``: not a bool, not 'auto') as one line naming every value it takes."""
+    lines: list[str] = []
+    unions: dict[tuple[Union[str, int], ...], int] = {}  # key -> its line's index
+    members: dict[tuple[Union[str, int], ...], list[str]] = {}
+    for error in errors:
+        loc, branched = _user_loc(error["loc"])
+        if not branched:
+            lines.append(_describe_error({**error, "loc": loc}))
+            continue
+        expected = members.setdefault(loc, [])
+        if _expected(error) not in expected:
+            expected.append(_expected(error))
+        if loc not in unions:
+            unions[loc] = len(lines)
+            lines.append("")
+        lines[unions[loc]] = (f"{_format_loc(loc)}: expected {' or '.join(expected)}, "
+                              f"got {_describe_value(error.get('input'))}")
+    return lines
+
+
+def problem_listing(lines: Sequence[str], cap: int = MAX_LISTED) -> str:
+    """``lines`` as an indented listing, one problem a line: the first ``cap`` and ``... and N
+    more``, so that a config with thousands of mistakes is still a short message."""
+    shown = [f"  {line}" for line in lines[:cap]]
+    if len(lines) > cap:
+        shown.append(f"  ... and {len(lines) - cap} more")
+    return "\n".join(shown)
+
+
 def _describe_error(error: Mapping[str, Any]) -> str:
     """One pydantic error as ``key.path: problem``."""
     loc = error["loc"]
@@ -550,8 +632,7 @@ def _validate(data: Mapping[str, Any], source: str) -> Config:
     try:
         cfg = Config.model_validate(data)
     except ValidationError as err:
-        lines = "\n".join(f"  {_describe_error(e)}" for e in err.errors())
-        raise UserError(f"invalid config ({source}):\n{lines}") from err
+        raise UserError(f"invalid config ({source}):\n{problem_listing(_describe_errors(err.errors()))}") from err
     try:
         registered_methods()[cfg.method.name].adversarial_weight(cfg)
     except UserError as err:

@@ -11,7 +11,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from segadv.errors import UserError
-from segadv.inference.show_dir import OVERLAY_DIR, SHOWN, ShowDirWriter, check_show_dir, input_files, sample_stems
+from segadv.inference.show_dir import (OVERLAY_DIR, SHOWN, ShowDirWriter, check_show_dir, input_files, input_folders,
+                                      sample_stems)
 
 
 @dataclass
@@ -116,7 +117,8 @@ def evaluate_checkpoint(checkpoint_path: str, config: str | None, overrides: Seq
         inputs = [("the checkpoint", checkpoint), *input_files(dataset)]
         if config:
             inputs.append(("--config", config))
-        check_show_dir(out_dir, stems, inputs, overwrite)
+        folders = input_folders([("data", cfg.data), ("target_data", cfg.target_data)], dataset)
+        check_show_dir(out_dir, stems, inputs, overwrite, folders)
         make_dir(out_dir)
         make_dir(out_dir / OVERLAY_DIR)
         writer = ShowDirWriter(dataset, stems, out_dir, cfg.data.num_classes, val_data.input_normalization)
@@ -124,7 +126,8 @@ def evaluate_checkpoint(checkpoint_path: str, config: str | None, overrides: Seq
     result = evaluate(generator, batches, device_map.generator, cfg.data.num_classes, track=evaluation_progress,
                       sink=writer)
     skipped = left_out(val_loader) + (writer.left_out if writer is not None else [])
-    header: dict[str, Any] = {"checkpoint": checkpoint, "step": loaded.step}
+    # which of the checkpoint's networks was scored: the student (G) or, --network teacher, its EMA teacher
+    header: dict[str, Any] = {"checkpoint": checkpoint, "step": loaded.step, "network": loaded.network}
     if writer is not None:
         header["show_dir"], header["show_dir_written"] = show_dir, writer.written
     step = "" if loaded.step is None else f", step {loaded.step}"

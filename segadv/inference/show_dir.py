@@ -38,11 +38,22 @@ def input_files(dataset: Any) -> list[tuple[str, str]]:
             for what, path in (("val image", s.image), ("val mask", s.mask)) if path is not None]
 
 
-def check_show_dir(out_dir: Path, stems: Sequence[str], inputs: Sequence[tuple[str, str]], overwrite: bool) -> None:
+def input_folders(data_sections: Sequence[tuple[str, Any]], dataset: Any) -> list[tuple[str, str]]:
+    """The folders the run reads: each data section's root (``(key, section)``: data, target_data)
+    and the folder of each val image and mask."""
+    folders = [(f"{key}.root", str(section.root)) for key, section in data_sections
+               if section is not None and section.root]
+    parents = dict.fromkeys(str(Path(path).parent) for _, path in input_files(dataset))
+    return folders + [("the val split's folder", parent) for parent in parents]
+
+
+def check_show_dir(out_dir: Path, stems: Sequence[str], inputs: Sequence[tuple[str, str]], overwrite: bool,
+                   folders: Sequence[tuple[str, str]] = ()) -> None:
     """segadv-predict's rules for its --output (docs/inference.md): no written file is an input,
-    and a folder holding files segadv-eval did not write is refused unless ``overwrite``."""
+    and a folder holding files segadv-eval did not write is refused unless ``overwrite``; nor is
+    ``out_dir`` one of the input ``folders`` (a data root), inside one, or holding one."""
     from segadv.data.masks import foreign_files
-    from segadv.fsutil import check_output, refuse_overwriting
+    from segadv.fsutil import check_output, refuse_folder_overlap, refuse_overwriting
 
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--show-dir {out_dir} exists and is not a folder")
@@ -50,6 +61,7 @@ def check_show_dir(out_dir: Path, stems: Sequence[str], inputs: Sequence[tuple[s
     for target in targets:  # a device, FIFO or socket among them: refused before any is written
         check_output(target, "mask")
     refuse_overwriting([("--show-dir", out_dir), *(("mask", t) for t in targets)], inputs)
+    refuse_folder_overlap("--show-dir", out_dir, folders)
     if overwrite:
         return
     foreign = foreign_files([out_dir, out_dir / OVERLAY_DIR], SOFTWARE, "--show-dir")

@@ -23,8 +23,8 @@ from segadv.config.schema import (
     NetworkAmpConfig,
     OptimizerConfig,
 )
-from segadv.data.batch_checks import check_micro_batches
-from segadv.data.config_checks import input_shapes, training_side
+from segadv.data.batch_checks import BatchTooSmall, check_micro_batches
+from segadv.data.config_checks import input_shapes, training_shape, training_side
 from segadv.engine.accumulation import Accumulation
 from segadv.engine.amp_optimizer import AmpOptimizer, resolve_auto, uses_float16
 from segadv.engine.network import Network
@@ -340,9 +340,39 @@ def check_accumulation(cfg: Config, replicas: int = 1) -> int:
         if size % steps:
             raise UserError(f"train.accumulation_steps={steps} does not divide {key}={size}: each optimizer step "
                             f"takes {steps} equal micro-batches of every stream's batch")
+    one_cell = one_cell_size(cfg)
     if not cfg.model.generator.trains_on_one_sample:
         check_micro_batches(sizes, steps, replicas)
+    elif one_cell is not None:
+        try:
+            check_micro_batches(sizes, steps, replicas)
+        except BatchTooSmall as err:
+            g = cfg.model.generator
+            keys = ", ".join(f"{key}={getattr(g, key)}" for key in ("encoder_depth", "output_stride") if hasattr(g, key))
+            raise BatchTooSmall(
+                f"{one_cell}: model.generator.arch={g.arch}{f' ({keys})' if keys else ''} makes G's deepest feature "
+                f"map 1x1 there, and {err}; or train on larger images") from None
     return cfg.data.batch_size // steps
+
+
+def one_cell_size(cfg: Config) -> str | None:
+    """The training size (the config key it comes from) at which G's deepest feature map is 1x1
+    while its BatchNorm trains on batch statistics, if any: there even an arch without image
+    pooling (DeepLab-v2) cannot train on one sample."""
+    generator = cfg.model.generator
+    if not generator.trains_batch_statistics:
+        return None
+    for data, key in ((cfg.data, "data"), (cfg.target_data, "target_data")):
+        shape = training_shape(data, key) if data is not None else None
+        if shape is not None and generator.deepest_map(shape[0], shape[1]) == (1, 1):
+            return shape[2]
+    return None
+
+
+def trains_on_one_sample(cfg: Config) -> bool:
+    """Whether a batch of one sample trains G at the run's training sizes
+    (``GeneratorConfig.trains_on_one_sample``, and no 1x1 deepest map: :func:`one_cell_size`)."""
+    return cfg.model.generator.trains_on_one_sample and one_cell_size(cfg) is None
 
 
 def check_discriminator_input(cfg: Config, model: DiscriminatorConfig, key: str) -> None:

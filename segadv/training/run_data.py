@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from segadv.training.build import Training
+from segadv.training.build import Training, trains_on_one_sample
 from segadv.checkpoint import NetworkWeights, Stateful
 from segadv.config import Config
 from segadv.data import pool_has_masks
@@ -60,7 +60,7 @@ def build_data(cfg: Config, parts: Training, run_dir: Path, catalog: Catalog | N
     )
     keys = {spec.name: spec.batch_size_key for spec in specs}
     check_last_batches(loaders.streams, keys, cfg.train.accumulation_steps,
-                       not cfg.model.generator.trains_on_one_sample)
+                       not trains_on_one_sample(cfg))
     streams = Streams({name: Stream(name, loader, keys[name]) for name, loader in loaders.streams.items()})
     panel_images = first_images(streams[parts.method.panel_stream], cfg.log.num_images) \
         if parts.method.panel_stream and cfg.log.num_images else None

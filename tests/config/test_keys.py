@@ -90,3 +90,17 @@ def test_every_type_reads_as_values_not_python_reprs():
     listing = key_listing("")
     assert not re.search(r"Annotated|FieldInfo|typing\.|<class", listing)
     assert "optim.generator.betas: list of (float >= 0, < 1) length >= 2, length <= 2" in listing
+
+
+@pytest.mark.parametrize("key, like", [("target_data.batch_size", "data.batch_size"),
+                                       ("model.discriminator_aux.ndf", "model.discriminator.ndf"),
+                                       ("init.discriminator.path", "init.generator.path"),
+                                       ("optim.discriminator_aux.lr", "optim.discriminator.lr")])
+def test_a_key_inside_a_section_like_another_is_listed_as_that_one_is(key, like):
+    heads = [line for line in key_listing(key).splitlines()[1:] if not line.startswith(" ")]
+    assert len(heads) == 1 and heads[0].startswith(f"{key}: ")
+    like_head = next(line for line in key_listing(like).splitlines() if line.startswith(f"{like}: "))
+    assert heads[0].split(": ", 1)[1].split(" = ")[0] == like_head.split(": ", 1)[1].split(" = ")[0]  # its type
+    assert "target_data.kind: " in key_listing("target_data")  # the section named: its keys listed too
+    with pytest.raises(Exception, match="no config key"):
+        key_listing("target_data.no_such_key")

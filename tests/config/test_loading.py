@@ -133,3 +133,19 @@ def test_a_config_that_is_not_a_regular_file_or_not_utf8_is_refused(tmp_path, ca
     (tmp_path / "loop2.yaml").symlink_to(tmp_path / "loop.yaml")
     with pytest.raises(UserError, match=r"loop.yaml cannot be read: Too many levels of symbolic links \(ELOOP\)"):
         load_config(tmp_path / "loop.yaml")
+
+
+def test_a_union_key_is_named_once_with_every_value_it_takes(capsys):
+    assert train_main(["amp.teacher.enabled=maybe", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "amp.teacher.enabled: expected bool (true/false) or 'auto', got str 'maybe'" in err
+    assert "enabled.bool" not in err and "literal[" not in err and err.count("amp.teacher.enabled") == 1
+
+
+def test_thousands_of_unknown_keys_are_listed_as_the_first_twenty_and_a_count(tmp_path, capsys):
+    config = tmp_path / "many.yaml"
+    config.write_text("train:\n" + "".join(f"  k{i}: 1\n" for i in range(5000)))
+    assert train_main(["--config", str(config), "--print-config"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 22 and lines[-1] == "  ... and 4980 more"
+    assert all(": unknown key" in line for line in lines[1:-1])

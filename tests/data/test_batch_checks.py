@@ -85,3 +85,23 @@ def test_a_batch_of_one_trains_with_frozen_batchnorm_or_deeplabv2():
     assert not GeneratorConfig(norm="frozen").trains_batch_statistics
     assert GeneratorConfig(arch="deeplabv2").trains_on_one_sample
     assert GeneratorConfig(arch="deeplabv2", norm="frozen_affine").trains_on_one_sample
+
+
+def test_deeplabv2_refuses_a_batch_of_one_where_its_deepest_map_is_1x1():
+    """Without image pooling DeepLab-v2 trains a batch of one, unless the image is so small that its
+    deepest map is one cell: then BatchNorm sees one value per channel (torch's ValueError)."""
+    from segadv.training.build import check_accumulation, trains_on_one_sample
+
+    v2 = ["model.generator.arch=deeplabv2", "model.generator.encoder_depth=5", "model.generator.output_stride=16",
+          "data.kind=folder", "data.root=unused"]
+    crop = "data.train_transforms=[{{name: RandomCrop, height: {0}, width: {0}}}]"
+    assert GeneratorConfig(arch="deeplabv2").deepest_map(16, 17) == (1, 2)
+    assert GeneratorConfig(arch="deeplabv2", layout="caffe", encoder="resnet50").deepest_map(16, 8) == (2, 1)
+    cfg = load_config(None, [*v2, crop.format(16), "data.batch_size=1"])
+    assert not trains_on_one_sample(cfg)
+    with pytest.raises(UserError, match=r"RandomCrop to 16x16: model\.generator\.arch=deeplabv2 \(encoder_depth=5, "
+                                        r"output_stride=16\) makes G's deepest feature map 1x1.*data\.batch_size=1"):
+        check_accumulation(cfg)
+    assert check_accumulation(load_config(None, [*v2, crop.format(16), "data.batch_size=2"])) == 2
+    assert check_accumulation(load_config(None, [*v2, crop.format(32), "data.batch_size=1"])) == 1  # a 2x2 map
+    assert trains_on_one_sample(load_config(None, [*v2, crop.format(16), "model.generator.norm=frozen"]))

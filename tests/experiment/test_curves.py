@@ -135,3 +135,15 @@ def test_the_png_draws_the_losses_beside_the_miou(tmp_path):
     assert miou_ax.lines == [([50.0, 100.0], [0.6, 0.8], "a")]
     assert loss_ax.lines == [([1], [1.0], "a loss_seg")]
     assert (tmp_path / "out" / "c.png").read_bytes() == b"\x89PNG"
+
+
+def test_the_threshold_is_a_finite_score_within_0_and_1(tmp_path, capsys):
+    import pytest
+
+    run = write_run(tmp_path / "a", [(50.0, 100, 0.6)])
+    for bad in ("2", "-1", "nan", "inf"):
+        with pytest.raises(SystemExit) as stop:
+            curves.main([str(run), "--threshold", bad])
+        assert stop.value.code == 2
+        assert f"argument --threshold: expected a number within 0..1, got '{bad}'" in capsys.readouterr().err
+    assert curves.main([str(run), "--threshold", "1"]) == 0

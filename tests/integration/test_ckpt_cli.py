@@ -45,7 +45,7 @@ def test_inspect_dataparallel_state_dict_reports_prefix(tmp_path, capsys):
 
 @pytest.mark.parametrize("safetensors", [False, True])
 def test_convert_writes_a_clean_generator_file(run_dir, tmp_path, safetensors):
-    out = tmp_path / ("g.safetensors" if safetensors else "g.pt")
+    out = tmp_path / "new" / "folder" / ("g.safetensors" if safetensors else "g.pt")  # made, as other commands do
     argv = ["convert", str(run_dir / "checkpoints" / "last.pt"), "--output", str(out)]
     assert ckpt_cli.main(argv + (["--safetensors"] if safetensors else [])) == 0
     if safetensors:

@@ -44,6 +44,7 @@ def test_json_has_the_confusion_matrix_with_the_class_names(tmp_path, capsys):
     cfg, args = _folder_setup(tmp_path)
     assert eval_main([*args, "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["network"] == "student" and out["step"] is None  # which network was scored: G (a raw state dict)
     matrix = out["confusion_matrix"]
     assert matrix["classes"] == list(class_names(cfg.data))
     rows = matrix["rows"]
@@ -83,6 +84,12 @@ def test_show_dir_refuses_a_folder_with_other_files_and_never_replaces_an_input(
         assert eval_main([*args, "--show-dir", str(val_images), *extra]) == 2
         assert "is val image" in capsys.readouterr().err
     assert (val_images / "val_000.png").read_bytes() == before and not (val_images / "overlay").exists()
+    # the dataset's own folders: the val folder, a folder inside the data root, one holding it
+    for show, relation in ((tmp_path / "data" / "val", "lies inside data.root"),
+                           (tmp_path / "data" / "preds", "lies inside data.root"), (tmp_path, "holds data.root")):
+        assert eval_main([*args, "--show-dir", str(show), "--overwrite"]) == 2
+        assert f"--show-dir {show} {relation} {tmp_path / 'data'}" in capsys.readouterr().err
+    assert not (tmp_path / "data" / "preds").exists() and not (tmp_path / "data" / "val" / "overlay").exists()
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "mine.txt").write_text("keep")
     assert eval_main([*args, "--show-dir", str(tmp_path / "notes")]) == 2  # holds a file segadv-eval did not write
