@@ -22,6 +22,7 @@ on any mismatch).
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,9 @@ from segadv.checkpoint.loader import CheckpointMismatchError, load_weights
 from segadv.checkpoint.run_checkpoint import checkpoint_of_run
 from segadv.checkpoint.smp_dir import CONFIG_FILE, WEIGHTS_FILE, check_smp_config, config_overrides, read_smp_config
 from segadv.checkpoint.state import is_segadv_checkpoint
-from segadv.config import Config, config_from_dict, load_config
+from segadv.config import Config, config_from_dict, config_to_dict, load_config
+from segadv.config.loading import mapping_over_caps
+from segadv.config.resume import as_the_schema_reads, flatten, short_value
 from segadv.errors import UserError
 from segadv.fsutil import file_sha256
 from segadv.models import build_generator_for_weights
@@ -104,7 +107,8 @@ def load_generator(
     mean teacher (None: the student, the network the run scored as val/mIoU)."""
     if network is not None and network not in NETWORKS:
         raise UserError(f"--network {network}: choose {' or '.join(NETWORKS)}")
-    path = checkpoint_path(checkpoint)
+    in_run = checkpoint_of_run(checkpoint)
+    path = Path(checkpoint) if in_run is None else in_run.path
     if path.is_dir():
         if network == "teacher":
             raise UserError(f"--network teacher: {path} is an smp directory, which holds one network (no teacher)")
@@ -113,6 +117,8 @@ def load_generator(
     cfg, config_source = resolve_config(ckpt, path, config, overrides)
     segadv_ckpt = is_segadv_checkpoint(ckpt)
     step = ckpt.get("step") if segadv_ckpt else None
+    if in_run is not None:  # said once its step is known: best.json is checked against it
+        log.info("%s", in_run.checked_note(step if isinstance(step, int) else None))
     has_teacher = segadv_ckpt and NETWORKS["teacher"] in ckpt
     if network == "teacher" and not has_teacher:
         raise UserError(f"--network teacher: {path} holds no teacher (only a mean_teacher run's checkpoint has one); "
@@ -134,12 +140,61 @@ def load_generator(
     )
 
 
+# What a checkpoint fixes for every command that runs its G (flat config keys, ``*`` matching any
+# part): its classes, the input convention it was trained on, and G itself. A ``--config`` or a
+# ``key=value`` of an inference command that sets one of them differently from the config stored
+# in the checkpoint is refused (exit 2 naming the key and both values): scoring, exporting or
+# predicting with another input than G was trained on is silently wrong. docs/inference.md lists them.
+INFERENCE_FIXED = ("data.num_classes", "data.normalization", "data.mean", "data.std", "model.generator.*")
+# The generator keys that do not change what an inference G computes, each with why.
+INFERENCE_MAY_CHANGE: dict[str, str] = {
+    "model.generator.encoder_weights": "the checkpoint brings every weight",
+    "model.generator.activation_checkpointing": "training only",
+    "model.generator.aux_head": "training only: inference uses the main output",
+    "model.generator.norm": "training only: an inference G runs BatchNorm on its running statistics",
+    "model.generator.drop_path_rate": "training only",
+    "model.generator.attention": "the attention kernel, not what it computes",
+}
+
+
+def fixed_by_checkpoint(key: str) -> bool:
+    return (any(fnmatch.fnmatchcase(key, pattern) for pattern in INFERENCE_FIXED)
+            and not any(fnmatch.fnmatchcase(key, pattern) for pattern in INFERENCE_MAY_CHANGE))
+
+
+def check_inference_config(saved: Mapping[str, Any], cfg: Config, path: Path, source: str) -> None:
+    """``cfg`` (the checkpoint's config under the command's overrides, or ``--config``) against the
+    config stored in ``path``: UserError naming every key of :data:`INFERENCE_FIXED` that differs."""
+    cap = mapping_over_caps(saved)  # compared by recursion below: the YAML loader's caps first
+    if cap is not None:
+        raise UserError(f"the config stored in {path} is refused: it holds {cap}")
+    old, new = flatten(as_the_schema_reads(saved)), flatten(config_to_dict(cfg))
+    differ = [(key, old.get(key), new.get(key)) for key in sorted(set(old) | set(new))
+              if fixed_by_checkpoint(key) and old.get(key) != new.get(key)]
+    if not differ:
+        return
+    shown = "; ".join(f"{key}={short_value(now)} ({source}) differs from the checkpoint's {short_value(then)}"
+                      for key, then, now in differ[:6])
+    more = f" (and {len(differ) - 6} more)" if len(differ) > 6 else ""
+    key, then, _ = differ[0]
+    raise UserError(
+        f"{shown}{more}: {path}'s G was trained with its own classes, input normalisation and network, "
+        f"and is scored, exported and run with them; leave {key} out (or set {key}={short_value(then)})")
+
+
 def resolve_config(ckpt: dict, path: Path, config: Optional[str], overrides: Sequence[str]) -> tuple[Config, str]:
+    saved = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else None
     if config is not None:
-        return load_config(config, overrides), str(config)
-    if isinstance(ckpt.get("config"), dict):
+        cfg = load_config(config, overrides)
+        if saved is not None:
+            check_inference_config(saved, cfg, path, f"--config {config}" + (" + key=value" if overrides else ""))
+        return cfg, str(config)
+    if saved is not None:
         source = f"config saved in {path}"
-        return config_from_dict(ckpt["config"], overrides=overrides, source=source), source
+        cfg = config_from_dict(saved, overrides=overrides, source=source)
+        if overrides:
+            check_inference_config(saved, cfg, path, "key=value")
+        return cfg, source
     raise UserError(
         f"{path} carries no config (a raw state dict, not a segadv checkpoint): pass --config FILE "
         "(and key=value overrides) describing the generator it was trained with"

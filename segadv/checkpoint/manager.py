@@ -28,7 +28,7 @@ from segadv.checkpoint.io import read_checkpoint, save_checkpoint
 from segadv.checkpoint.state import Attribute, Stateful, expected_bytes, nonfinite_entries, restore, snapshot
 from segadv.errors import Diverged, UserError, WriteFailed
 from segadv.fsutil import atomic_write_text, unwritable
-from segadv.readback import read_json, whole_number
+from segadv.checkpoint.run_checkpoint import read_best_record
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
 from segadv.config.resume import check_resumed_config
@@ -331,10 +331,8 @@ class CheckpointManager:
 
     def best_step(self) -> int | None:
         """The step of ``best.pt`` per ``best.json`` (None: no record)."""
-        try:  # through segadv/readback.py: bytes, a FIFO, a step of 1e400 are no record
-            return whole_number(read_json(self.directory / BEST_RECORD, cap=1 << 20)["step"])
-        except (OSError, UserError, KeyError, TypeError):
-            return None
+        record = read_best_record(self.directory)  # the one reader: a record that is not one is none
+        return None if record is None else record.step
 
     def step_files(self) -> list[tuple[int, Path]]:
         """``(step, path)`` of every step_<N>.pt, newest first."""

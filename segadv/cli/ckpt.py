@@ -72,13 +72,15 @@ def inspect(path: str, trusted: bool) -> str:
 
     in_run = checkpoint_of_run(path)
     if in_run is not None:
-        log.info("%s", in_run.note)
         path = str(in_run.path)
     if Path(path).is_dir():  # an smp save_pretrained directory: its weights, then its config
         config = read_smp_config(Path(path))
         return "\n".join([inspect(str(Path(path) / WEIGHTS_FILE), trusted), f"{CONFIG_FILE}:",
                           *(f"  {key}: {value}" for key, value in config.items())])
     obj, integrity = read_verified(path, trusted=trusted)
+    if in_run is not None:  # said once its step is known: best.json is checked against it
+        step = obj.get("step") if is_segadv_checkpoint(obj) else None
+        log.info("%s", in_run.checked_note(step if isinstance(step, int) else None))
     # One sha256 per file wherever segadv shows one (here, segadv-export's output and sidecar):
     # the whole file's, as sha256sum prints it. The seal inside the file hashes the bytes before
     # it (integrity.py), so it is checked here, not shown as a second hash.

@@ -100,14 +100,14 @@ def check_resumed_config(saved: Mapping[str, Any] | None, now: Mapping[str, Any]
     differ = config_differences(as_the_schema_reads(saved), as_the_schema_reads(now), schema_defaults())
     if not differ:
         return
-    shown = "; ".join(f"{key} differs from the checkpoint's ({_short(old)} then, {_short(new)} now)"
+    shown = "; ".join(f"{key} differs from the checkpoint's ({short_value(old)} then, {short_value(new)} now)"
                       for key, old, new in differ[:6])
     more = f" (and {len(differ) - 6} more)" if len(differ) > 6 else ""
     key, old, _ = differ[0]
     raise UserError(
         f"{shown}{more}: a resume continues the run {checkpoint} was saved by and may change only what "
         f"docs/checkpoints.md lists (train.max_steps, learning rates, amp, logging, ...); resume with "
-        f"{key}={_short(old)} (without --config a resume uses the run's own config.yaml), or start a new run dir "
+        f"{key}={short_value(old)} (without --config a resume uses the run's own config.yaml), or start a new run dir "
         f"from its weights (init.generator.path={checkpoint} init.discriminator.path={checkpoint})")
 
 
@@ -129,9 +129,12 @@ def as_the_schema_reads(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def with_method_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``config`` (a config mapping) with a null ``loss.lambda_adv`` as its method reads
-    it (``Method.resolve_adversarial_weight``): what runs, for comparing runs. A mapping whose
-    method is not registered is left as it is."""
+    """A copy of ``config`` (a config mapping) with each null that stands for a value as that value,
+    what runs, for comparing runs: a null ``loss.lambda_adv`` as its method reads it
+    (``Method.resolve_adversarial_weight``), and a null stream batch size (``method.<name>.unlabeled_batch_size``,
+    ``target_batch_size``: every registered method's ``StreamSpec.batch_size_key``) as ``data.batch_size``
+    (``Method.stream_batch_sizes``). A mapping whose method is not registered keeps its
+    ``lambda_adv`` as it is."""
     from segadv.config.schema import MethodConfig, registered_methods
 
     out = dict(config)
@@ -140,7 +143,27 @@ def with_method_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(loss, Mapping) and "lambda_adv" in loss and loss["lambda_adv"] is None \
             and isinstance(name, str) and name in registered_methods():
         out["loss"] = {**loss, "lambda_adv": registered_methods()[name].resolve_adversarial_weight(None)}
+    data = out.get("data")
+    batch = data.get("batch_size") if isinstance(data, Mapping) else None
+    if batch is not None:
+        keys = {spec.batch_size_key for cls in registered_methods().values() for spec in cls.streams}
+        for key in sorted(keys - {"data.batch_size"}):
+            _resolve_null(out, key.split("."), batch)
     return out
+
+
+def _resolve_null(config: dict[str, Any], parts: list[str], value: Any) -> None:
+    """``config`` at the dotted ``parts`` set to ``value`` where it holds null (copying each
+    mapping on the way, so the caller's stays as it was)."""
+    node = config
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, Mapping):
+            return
+        node[part] = child = dict(child)
+        node = child
+    if parts[-1] in node and node[parts[-1]] is None:
+        node[parts[-1]] = value
 
 
 def schema_defaults() -> dict[str, Any]:
@@ -151,6 +174,6 @@ def schema_defaults() -> dict[str, Any]:
     return flatten(config_to_dict(Config()))
 
 
-def _short(value: Any) -> str:
+def short_value(value: Any) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -20,7 +20,7 @@ import importlib
 import os
 from typing import Annotated, Any, Literal, Mapping, Optional
 
-from pydantic import Field, SerializeAsAny, create_model, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, ValidationInfo, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 # The per-network sections and their entries are the config's like any section; their own modules hold them.
@@ -368,6 +368,18 @@ class Config(Section):
     init: SerializeAsAny[InitConfig] = Field(default_factory=section_default(InitConfig),
                                              description="weights to start from")
     log: LogConfig = Field(LogConfig(), description="what a run reports")
+
+    @field_validator("target_data")
+    @classmethod
+    def _target_classes_are_gs(cls, target: Optional[DataConfig], info: ValidationInfo) -> Optional[DataConfig]:
+        # G has one output per class of data.num_classes: a target of another class count would be
+        # scored (and pseudo-labeled) against ids G does not have.
+        data = info.data.get("data")
+        if target is not None and data is not None and target.num_classes != data.num_classes:
+            raise ValueError(
+                f"target_data.num_classes={target.num_classes} differs from data.num_classes={data.num_classes} "
+                "(G's classes): the target is scored with G's classes; set both to the same")
+        return target
 
     @field_validator("run_dir")
     @classmethod

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from segadv.checkpoint.run_checkpoint import checkpoint_file
 from segadv.config import Config, config_from_dict, load_config
 from segadv.config.loading import read_yaml
 from segadv.config.resume import check_resumed_config
@@ -285,7 +286,11 @@ def named_checkpoint(resume: str | None, run_dir: str | Path | None) -> str | No
         raise UserError(f"--resume {resume} needs --run-dir: the run whose checkpoints/{RESUME_NAMES[resume]} "
                         "to continue")
     path = Path(run_dir) / CHECKPOINT_DIR / RESUME_NAMES[resume]
-    if not path.is_file():
+    try:
+        present = checkpoint_file(path)  # a folder (a FIFO) there is named as one, never "does not exist"
+    except UserError as err:
+        raise UserError(f"--resume {resume}: {err}") from None
+    if not present:
         why = ("best.pt is written at the run's first evaluation" if resume == "best"
                else "last.pt is written every checkpoint.every steps")
         raise UserError(f"--resume {resume}: {path} does not exist ({why}); --resume auto continues from the "

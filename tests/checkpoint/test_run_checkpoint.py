@@ -105,3 +105,46 @@ def test_every_loader_command_takes_a_run_dir_as_its_best_checkpoint(trained, tm
     assert predict_cli.main(["--checkpoint", str(result.run_dir), "--input", str(image.parent),
                              "--output", str(tmp_path / "masks"), "--device", "cpu"]) == 0
     assert (tmp_path / "masks" / "a.png").is_file()
+
+
+@pytest.mark.parametrize("record,why", [
+    ({"step": 20, "mIoU": 0.5, "by": "bogus", "score": 0.1}, "its by 'bogus' is not a score checkpoint.best_by"),
+    ({"step": 20, "mIoU": 7.0}, "its mIoU 7.0 is not a score in 0..1"),
+    ({"step": 20, "mIoU": 0.5, "by": "proxy/entropy"}, "its score None (by proxy/entropy) is not a number"),
+])
+def test_a_best_json_that_is_no_record_is_set_aside_not_repeated(record, why, tmp_path, caplog):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "best.pt").write_bytes(b"")
+    (run / "checkpoints" / "best.json").write_text(json.dumps(record))
+    with caplog.at_level(logging.WARNING, logger="segadv"):
+        found = checkpoint_of_run(run)
+    assert found.note == f"run dir {run}: its best checkpoint, {found.path}" and found.record is None
+    assert why in caplog.text and "set aside" in caplog.text
+
+
+def test_a_best_json_naming_another_step_than_best_pt_is_questioned(trained, tmp_path, capsys, caplog):
+    result, _ = trained
+    run = tmp_path / "run"
+    shutil.copytree(result.run_dir, run)
+    (run / "checkpoints" / "best.json").write_text('{"step": 99, "mIoU": 0.9}\n')
+    with caplog.at_level(logging.INFO, logger="segadv"):
+        assert eval_cli.main(["--checkpoint", str(run), "--device", "cpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 2
+    assert "names step 99, but" in caplog.text and "is the checkpoint of step 2" in caplog.text
+    assert f"its best checkpoint, {run / 'checkpoints' / 'best.pt'} (step 2)" in caplog.text
+    assert "per best.json" not in caplog.text
+
+
+def test_a_best_pt_that_is_a_folder_is_named_as_one(tmp_path, capsys):
+    from segadv.cli import train as train_cli
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "best.pt").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_bytes(b"")
+    assert eval_cli.main(["--checkpoint", str(run), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: checkpoint {run / 'checkpoints' / 'best.pt'} is a directory, not a file: name a regular file"]
+    assert train_cli.main(["--run-dir", str(run), "--resume", "best", "--print-config"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--resume best: checkpoint" in err[0] and "best.pt is a directory" in err[0], err

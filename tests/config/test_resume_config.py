@@ -43,3 +43,18 @@ def test_a_key_added_inside_a_section_the_saved_config_holds_counts_as_its_defau
     now["target_data"]["normalization"] = "caffe_bgr"
     with pytest.raises(UserError, match="target_data.normalization differs"):
         check_resumed_config(saved, now, tmp_path / "last.pt")
+
+
+def test_null_defaults_are_compared_by_the_values_they_stand_for(tmp_path):
+    # a null stream batch size is data.batch_size, as a null lambda_adv is its method's default
+    from segadv.config import load_config
+
+    base = ["method.name=mean_teacher", "data.batch_size=2"]
+    saved = config_to_dict(load_config(None, base))
+    assert saved["method"]["mean_teacher"]["unlabeled_batch_size"] is None
+    check_resumed_config(saved, config_to_dict(load_config(None, [*base, "method.mean_teacher.unlabeled_batch_size=2"])),
+                         tmp_path / "last.pt")
+    check_resumed_config(saved, config_to_dict(load_config(None, [*base, "loss.lambda_adv=0"])), tmp_path / "last.pt")
+    with pytest.raises(UserError, match=r"method.mean_teacher.unlabeled_batch_size differs .*\(2 then, 4 now\)"):
+        check_resumed_config(saved, config_to_dict(load_config(None, [*base, "method.mean_teacher.unlabeled_batch_size=4"])),
+                             tmp_path / "last.pt")

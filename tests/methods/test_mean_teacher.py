@@ -176,6 +176,24 @@ def test_confidence_weights_follow_the_references():
     assert torch.equal(method.pseudo_weight(confidence), (confidence >= 0.97).float())
 
 
+def test_french_confidence_over_the_batch_tests_the_top_probability_itself():
+    # French et al.: conf_tea >= conf_thresh on the teacher's top probability. A pixel whose top
+    # probability is at most 1 - threshold is not confident (34 classes: a near-uniform softmax).
+    _, parts = built(SEMI)
+    method = parts.method
+    method.settings = method.settings.model_copy(update={"confidence": "french", "confidence_share": "batch"})
+    logits = torch.zeros(2, 34, 4, 4)
+    logits[:, 0] = 0.01  # top probability about 0.0297 < 1 - 0.97
+    confidence, _ = mixing.teacher_confidence(logits)
+    assert confidence.max() <= 1 - 0.97
+    assert torch.equal(method.pseudo_weight(confidence), torch.zeros_like(confidence))
+    # a lowered threshold: 0.8 with top probabilities 0.1 and 0.85 (half the pixels pass)
+    method.settings = method.settings.model_copy(update={"french_threshold": 0.8})
+    confidence = torch.full((2, 4, 4), 0.1)
+    confidence[:, :2] = 0.85
+    assert torch.equal(method.pseudo_weight(confidence), torch.full_like(confidence, 0.5))
+
+
 @pytest.mark.parametrize("warmup,batchnorm", [(True, "batch"), (False, "batch"), (True, "running")])
 def test_the_teacher_is_the_ema_of_g_after_each_g_step(warmup, batchnorm):
     cfg, parts = built([*SEMI, f"method.mean_teacher.ema_warmup={str(warmup).lower()}",

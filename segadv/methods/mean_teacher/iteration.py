@@ -230,8 +230,9 @@ class MeanTeacher(MeanTeacherSpec):
             return mixing.dacs_pseudo_weight(confidence, s.dacs_threshold, per_image=share == "image")
         threshold = s.dacs_threshold if s.confidence == "dacs" else s.french_threshold
         if s.confidence == "french" and share == "batch":
-            probs = torch.stack([1.0 - confidence, confidence], dim=1)  # its top probability is the confidence
-            return mixing.french_confidence_mask(probs, threshold).expand_as(confidence)
+            # French et al. test the teacher's top probability itself (conf_tea >= conf_thresh): one
+            # channel holding it, so the mask's max over classes is the confidence, never 1 - it
+            return mixing.french_confidence_mask(confidence[:, None], threshold).expand_as(confidence)
         confident = (confidence >= threshold).to(confidence.dtype)
         return confident if share == "pixel" else confident.mean(dim=(1, 2), keepdim=True).expand_as(confidence)
 
