@@ -14,6 +14,11 @@ its first instruction (:func:`handling_signals`, entered by ``segadv.errors.cli_
   first signal only asks the loop to stop at the next step boundary and save a checkpoint (exit 0);
   a second SIGINT interrupts at once (:class:`Interrupted`). A second SIGTERM or SIGHUP is not
   a hurry: a job's SIGTERM often reaches a rank twice (from the scheduler and from its launcher).
+- **The first signal's answer stands**: once the loop stopped on a signal, a repeat while the
+  command ends (the files closing, status.json's last record) is logged and changes nothing, so
+  the exit code and status.json agree; after the command answered, its process keeps answering
+  (:func:`_answered_already`) until it exits. Handlers are swapped with the signals held back
+  (:func:`_held`): no signal meets a moment between two handlers.
 - **While unwinding** from an :class:`Interrupted`, a second signal is only logged, so the
   clean-up it runs is never cut short; a third takes the signal's default action (ends the
   process at once, as SIGKILL would). :func:`deferred` holds a signal back over a few lines that
@@ -92,6 +97,18 @@ def _in_main_thread() -> bool:
 def _dispatch(signum: int, frame: FrameType | None) -> None:
     """The one handler of SIGINT, SIGTERM and SIGHUP (module docstring)."""
     name = signal.Signals(signum).name
+    if _state.raised is None and _state.stop_signal is not None and not _state.stops:
+        # The loop has stopped on a signal and the command is on its way out (the files closing,
+        # status.json's last write): the first signal's answer stands, a repeat changes nothing.
+        _state.repeats += 1
+        if _state.repeats >= 2:
+            log.warning("%s again: ending at once", name)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        log.warning("%s: already stopping on %s, the checkpoint saved; this changes nothing (once more ends the "
+                    "process at once)", name, signal.Signals(_state.stop_signal).name)
+        return
     if _state.raised is not None:  # already unwinding: let the clean-up finish
         _state.repeats += 1
         if _state.repeats >= 2:
@@ -118,7 +135,40 @@ def _raise(signum: int, when: str = "") -> None:
 
 
 def _install() -> dict[int, object]:
-    return {sig: signal.signal(sig, _dispatch) for sig in STOP_SIGNALS}
+    with _held():  # all three at once: no signal finds one installed and the next not yet
+        return {sig: signal.signal(sig, _dispatch) for sig in STOP_SIGNALS}
+
+
+def _restore(handlers: dict[int, object]) -> None:
+    with _held():
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _held() -> Iterator[None]:
+    """The stop signals blocked for a few instructions (handlers swapped, the state reset): one
+    arriving meanwhile is delivered, to what is installed then, as the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _answered_already(signum: int, frame: FrameType | None) -> None:
+    """After a command answered a stop signal (its exit code decided, status.json written), while
+    its process exits: a repeat is logged and changes nothing; the handlers found before the
+    command then answer the next one (the default action: the process ends at once)."""
+    log.warning("%s: the command has already stopped; it exits as it said (once more ends the process at once)",
+                signal.Signals(signum).name)
+    _restore(_after_answer.pop("previous", {}))
+
+
+_after_answer: dict[str, dict[int, object]] = {}
 
 
 @contextlib.contextmanager
@@ -129,18 +179,27 @@ def handling_signals() -> Iterator[None]:
         yield
         return
     if _state.installed == 0:
-        _state.previous = _install()
-        _state.reset()
+        with _held():
+            _restore(_after_answer.pop("previous", {}))  # a command before this one in the process
+            _state.previous = _install()
+            _state.reset()
     _state.installed += 1
     try:
         yield
     finally:
         _state.installed -= 1
         if _state.installed == 0:
-            for sig, handler in _state.previous.items():
-                signal.signal(sig, handler)
-            _state.previous = {}
-            _state.reset()
+            with _held():
+                if stopping_signal() is not None:
+                    # Answered a signal: its exit code stands until the process has exited. The
+                    # handlers found come back at the next signal (or the next command).
+                    _after_answer["previous"] = _state.previous
+                    for sig in STOP_SIGNALS:
+                        signal.signal(sig, _answered_already)
+                else:
+                    _restore(_state.previous)
+                _state.previous = {}
+                _state.reset()
 
 
 @contextlib.contextmanager
@@ -260,10 +319,10 @@ class StopRequests:
         self._launcher = None
         if self in _state.stops:
             _state.stops.remove(self)
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        if self._previous:  # it installed the handlers: the process's answer ends with it
-            _state.reset()
+        with _held():
+            _restore(self._previous)
+            if self._previous:  # it installed the handlers: the process's answer ends with it
+                _state.reset()
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None = None) -> None:

@@ -128,16 +128,45 @@ def raised_unpickling(err: BaseException) -> bool:
     return False
 
 
-_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+# What torch's weights-only unpickler says when a stream needs code it will not run, across torch
+# 2.4 .. 2.14 (each its own wording; every one an UnpicklingError), with the name of what it needs:
+# a global it does not allow, or a module it blocks ("Unsupported global: GLOBAL x.Y was not an
+# allowed global", "Trying to load unsupported GLOBAL posix.system whose module posix is blocked",
+# older "Unsupported class x.Y"); an object of a class it will not build or create ("Can only build
+# Tensor, ... but got <class 'x.Y'>", "Can only create new object for nn.Parameter ... but got
+# <class 'x.Y'>"); a function it will not call ("Trying to call reduce for unrecognized function
+# <built-in function system>"); tensors of a subsystem not imported ("``torch.distributed.tensor``
+# must be imported to load DTensors").
+_NEEDS_CODE = (
+    (re.compile(r"\bGLOBAL ([\w.<>]+)"), "Unsupported global: GLOBAL {}"),
+    (re.compile(r"Unsupported class ([\w.<>]+)"), "Unsupported global: GLOBAL {}"),
+    (re.compile(r"(?:Can only build|Can only create new object)\b.*?but got <class '([\w.<>]+)'>"),
+     "an object of class {}"),
+    (re.compile(r"reduce for unrecognized function (.+?)(?: which belongs to|\.?\s*$)", re.MULTILINE),
+     "a call of {}"),
+    (re.compile(r"``([\w.]+)``(?: and ``[\w.]+``)? must be imported"), "tensors of {}"),
+)
+
+
+def needed_code(message: str) -> tuple[str, str] | None:
+    """``(name, what)``: the class, function or module a weights-only refusal names
+    (:data:`_NEEDS_CODE`) and how to say it, or None when the message is none of those (the
+    stream itself is damaged)."""
+    for pattern, what in _NEEDS_CODE:
+        match = pattern.search(message)
+        if match is not None:
+            name = match.group(1).strip().removeprefix("builtins.")  # torch 2.5 says builtins.print, 2.14 print
+            return name, what.format(name)
+    return None
 
 
 def _unpickling_error(path: Path, err: pickle.UnpicklingError, legacy: bool) -> UserError:
     """Untrusted code (a global the safe unpickler refuses), a pickled model, or a damaged file."""
-    match = _GLOBAL.search(str(err))
-    if match is None:  # not a refused global: the pickle stream itself is broken
+    needed = needed_code(str(err))
+    if needed is None:  # not code it refuses: the pickle stream itself is broken
         what = "not a readable pickle stream" if legacy else "its pickle data does not read"
         return CorruptCheckpoint(f"checkpoint {path} is corrupt: {what} ({_weights_unpickler_error(err)})")
-    name = match.group(1).removeprefix("builtins.")  # torch 2.5 says builtins.print, 2.14 print
+    name, needs = needed
     module = _loaded_class(name)
     if module is not None and issubclass(module, torch.nn.Module):
         return UserError(
@@ -147,7 +176,7 @@ def _unpickling_error(path: Path, err: pickle.UnpicklingError, legacy: bool) -> 
         )
     return UserError(
         f"checkpoint {path} was refused: it needs arbitrary pickled code to load, not only "
-        f"weights (Unsupported global: GLOBAL {name}). segadv loads with weights_only=True; pass "
+        f"weights ({needs}). segadv loads with weights_only=True; pass "
         "--trust-checkpoint only for a file from a source you trust."
     )
 

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from segadv.checkpoint.io import read_checkpoint
-from segadv.checkpoint.reference_weights import map_reference_weights
+from segadv.checkpoint.reference_weights import map_reference_weights, reference_format, strip_wrappers
 from segadv.config.archs import generator_arch, resolve
 from segadv.config.schema import GeneratorConfig
 from segadv.errors import UserError
@@ -88,6 +88,7 @@ def load_weights(
     mapped = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
     if any(tuple(mapped[k].shape) != tuple(v.shape) for k, v in required.items()):
         raise CheckpointMismatchError(mismatch_message(name, location, flat, required, role, prefix))
+    check_weight_values({prefix + k: mapped[k] for k in required}, {prefix + k: v for k, v in required.items()}, name)
     state = {k: (expected[k] if k in skipped else mapped[k]) for k in expected}
     target.load_state_dict(state)  # strict: every key present, none extra
     report = LoadReport(name, location, prefix, sorted(set(expected) - set(skipped)), skipped, other)
@@ -110,7 +111,9 @@ def load_encoder_weights(generator: nn.Module, cfg: GeneratorConfig) -> None:
     own_loader = generator_arch(cfg.arch).encoder_weights_loader
     if own_loader is not None:  # the arch reads its own layouts (DINOv2: timm's and the official)
         try:
-            resolve(own_loader)(unwrap(generator), read_checkpoint(path), f"model.generator.encoder_weights {path}")
+            obj = read_checkpoint(path)
+            check_weight_values(obj, None, str(path))  # its own map renames keys: every tensor a weight
+            resolve(own_loader)(unwrap(generator), obj, f"model.generator.encoder_weights {path}")
         except UserError as err:
             raise UserError(f"model.generator.encoder_weights: {err}") from None
         return
@@ -126,6 +129,57 @@ def load_encoder_weights(generator: nn.Module, cfg: GeneratorConfig) -> None:
         load_weights(source, encoder, role="encoder", name=str(path))
     except UserError as err:
         raise UserError(f"model.generator.encoder_weights: {err}") from None
+
+
+class WeightValuesError(UserError):
+    """A weights file whose values are not weights: integers where the model has floating-point
+    tensors, or NaN / infinity. Refused (exit 2), naming the first such tensor and the count."""
+
+
+def check_weight_values(state: Mapping[str, Any], expected: Mapping[str, torch.Tensor] | None, name: str) -> None:
+    """The one check of a file's values before they reach a network (every load of weights:
+    checkpoints, ``init.<role>.path``, encoder weights, the references' files, a resume, eval,
+    export, predict, ckpt convert). ``state``: the file's tensors by the key named in messages;
+    ``expected``: the model's tensor for each key (None: every tensor of the file is a weight).
+
+    - dtype: where the model's tensor is floating point (parameters, float buffers), the file's
+      must be too (float16, bfloat16, float64 are cast as torch casts them); an integer or bool
+      tensor there would be cast without a word. Integer buffers (BatchNorm's
+      ``num_batches_tracked``) are compared with nothing: they stay integers.
+    - finiteness: no floating-point tensor may hold a NaN or an infinity (one would score a
+      network that outputs garbage, without a word). Refused, not warned: a run never saves one
+      (docs/failures.md, "Divergence")."""
+    wrong_type, nonfinite = [], []
+    for key, tensor in state.items():
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        want = None if expected is None else expected.get(key)
+        floating = want.is_floating_point() if want is not None else expected is None
+        if floating and not (tensor.is_floating_point() or tensor.is_complex()) and \
+                not (expected is None and key.endswith("num_batches_tracked")):
+            wrong_type.append(key)
+        elif (tensor.is_floating_point() or tensor.is_complex()) and tensor.numel() and \
+                not bool(torch.isfinite(tensor).all()):
+            nonfinite.append(key)
+    if wrong_type:
+        key = wrong_type[0]
+        tensor = state[key]
+        model = f"the model's is {expected[key].dtype}" if expected is not None else "weights are floating point"
+        more = f" ({len(wrong_type)} tensors are not floating point)" if len(wrong_type) > 1 else ""
+        raise WeightValuesError(
+            f"{name}: tensor {key!r} holds {str(tensor.dtype).removeprefix('torch.')} values where a "
+            f"floating-point weight belongs ({model}){more}: not this network's weights (saved after a cast to "
+            "integers?); refused rather than cast")
+    if nonfinite:
+        key = nonfinite[0]
+        tensor = state[key]
+        nans = int(torch.isnan(tensor).sum())
+        infs = int(torch.isinf(tensor).sum())
+        more = f"; {len(nonfinite)} tensors hold non-finite values" if len(nonfinite) > 1 else ""
+        raise WeightValuesError(
+            f"{name}: tensor {key!r} holds non-finite values ({nans} NaN, {infs} infinite of "
+            f"{tensor.numel()}){more}: a network with them computes garbage; refused (a diverged run's weights? "
+            "take an earlier checkpoint)")
 
 
 # An ImageNet classifier's head: torchvision's and timm's ResNets (fc), torchvision's MobileNets,
@@ -318,6 +372,16 @@ def describe_weights(flat: Mapping[str, torch.Tensor]) -> str:
     keys = list(flat)
     bare = [_strip_wrappers(k) for k in keys]
     params = sum(int(v.numel()) for v in flat.values() if isinstance(v, torch.Tensor))
+    try:
+        reference = reference_format(flat)
+    except UserError as err:  # the references' kind, with classifiers none of them has
+        return f"a DeepLab-v2 generator in the references' layout ({params:,} parameters), but {err}"
+    if reference is not None:
+        classes = next((int(v.shape[0]) for k, v in flat.items()
+                        if strip_wrappers(k) == f"{reference.main}.conv2d_list.0.weight"), None)
+        return (f"a DeepLab-v2 generator in the layout of {reference.name} ({params:,} parameters"
+                + (f", {classes} classes" if classes is not None else "")
+                + "): segadv's deeplabv2 loads it (model.generator.arch: deeplabv2)")
     if any(k.startswith(("encoder.", "decoder.", "segmentation_head.")) for k in bare):
         head = next((k for k in bare if k.startswith("segmentation_head.") and k.endswith("weight")), None)
         classes = f", {flat[keys[bare.index(head)]].shape[0]} classes" if head else ""

@@ -79,7 +79,9 @@ def reference_format(flat: Mapping[str, torch.Tensor]) -> Optional[ReferenceForm
     """The reference class whose state dict ``flat`` is, or None (not a reference file)."""
     bare = [strip_wrappers(k) for k in flat]
     layers = {m.group(1) for k in bare if (m := CLASSIFIER.match(k))}
-    if not layers or "conv1.weight" not in bare:
+    # The classifiers and a ResNet body: a file missing some backbone key (conv1.weight) is still
+    # one, and the map then names what it lacks, never "an unknown network" missing every key.
+    if not layers or not any(BACKBONE.match(k) for k in bare):
         return None
     for fmt in REFERENCE_FORMATS:
         if set(fmt.heads) == layers:
@@ -141,7 +143,7 @@ def map_reference_weights(
         mapped[new], origin[new] = tensor, key
     for head in (MAIN_HEAD, AUX_HEAD):
         check_rates(target, head, refuse)
-    filled = []
+    filled, missing = [], []
     for key, value in expected.items():
         if key in mapped or key in skipped:
             continue
@@ -149,7 +151,12 @@ def map_reference_weights(
             mapped[key] = torch.zeros_like(value)
             filled.append(key)
             continue
-        raise refuse(f"the model's {key!r} is not in the file (it would be {reference_key(key, fmt)!r})")
+        missing.append(key)
+    if missing:
+        more = f" (and {len(missing) - 1} more of the model's keys)" if len(missing) > 1 else \
+            " (the only one missing)"
+        raise refuse(f"the model's {missing[0]!r} is not in the file (it would be "
+                     f"{reference_key(missing[0], fmt)!r}){more}")
     if filled:
         log.info("%s: %d BatchNorm num_batches_tracked counters not in the file (saved before PyTorch 0.4.1): 0",
                  name, len(filled))

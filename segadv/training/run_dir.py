@@ -163,6 +163,8 @@ class StartCleanup:
         self.existed = run_dir.is_dir()
         self.before = set(os.listdir(run_dir)) if self.existed else set()
         self.checkpoints_before = self._listing(run_dir / CHECKPOINT_DIR)
+        self.kept = {name: kept for name in RUN_DIR_FILES
+                     if (kept := KeptFile.of(run_dir / name)) is not None} if env.is_main else {}
         self.started = False
 
     @staticmethod
@@ -210,9 +212,63 @@ class StartCleanup:
                 _remove(ckpt_dir / name)
         for name in set(os.listdir(self.run_dir)) - self.before:
             _remove(self.run_dir / name)
+        for kept in self.kept.values():  # a resume's status.json, train.log, lock: as they were
+            kept.restore()
         if not self.existed and not any(self.run_dir.iterdir()):
             self.run_dir.rmdir()
         log.info("the start failed: removed what it wrote in %s", self.run_dir)
+
+
+@dataclass
+class KeptFile:
+    """A run dir file as it was before a start (its bytes, or for a large append-only log its
+    length, and its times), put back when the start fails or is interrupted: a refused or
+    interrupted start of a resume leaves status.json, train.log, the lock, config.yaml and
+    metrics.jsonl byte for byte and time for time as they were."""
+
+    path: Path
+    data: bytes | None  # None: a large file, only ever appended to at the start (train.log)
+    size: int
+    times: tuple[int, int]  # atime, mtime (ns)
+
+    LARGE = 1 << 20
+
+    @classmethod
+    def of(cls, path: Path) -> "KeptFile | None":
+        try:
+            if path.is_symlink() or not path.is_file():
+                return None
+            stat = path.stat()
+            data = path.read_bytes() if stat.st_size <= cls.LARGE else None
+        except OSError:
+            return None
+        return cls(path, data, stat.st_size, (stat.st_atime_ns, stat.st_mtime_ns))
+
+    def unchanged(self) -> bool:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return False
+        return not self.path.is_symlink() and stat.st_size == self.size and stat.st_mtime_ns == self.times[1]
+
+    def restore(self) -> None:
+        if self.unchanged():
+            return
+        if self.data is not None:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            try:
+                os.ftruncate(fd, 0)
+                with os.fdopen(fd, "wb", closefd=False) as fh:
+                    fh.write(self.data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        elif self.path.stat().st_size >= self.size:
+            os.truncate(self.path, self.size)  # what the start appended, taken off
+        else:
+            log.warning("%s changed during the failed start and cannot be put back", self.path)
+            return
+        os.utime(self.path, ns=self.times)
 
 
 def _remove(path: Path) -> None:

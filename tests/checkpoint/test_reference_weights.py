@@ -461,3 +461,23 @@ def test_segadv_eval_evaluates_a_references_final_model(tmp_path, res_deeplab, c
                tmp_path / "voc19.pth")
     assert eval_main(["--checkpoint", str(tmp_path / "voc19.pth"), "--config", config, "--device", "cpu"]) == 2
     assert "layer5.conv2d_list.0.weight" in capsys.readouterr().err
+
+
+def test_a_file_missing_only_conv1_weight_names_that_key_alone(res_deeplab):
+    """Without conv1.weight the file is still a Res_Deeplab one: the missing key is named with the
+    count, never every key of the model as missing from "an unknown network"."""
+    state = {k: v for k, v in res_deeplab.state_dict().items() if k != "conv1.weight"}
+    with pytest.raises(ReferenceWeightsMismatch, match=r"Res_Deeplab .*'encoder.conv1.weight' is not in the file "
+                                                      r"\(it would be 'conv1.weight'\) \(the only one missing\)"):
+        load_weights(state, build_generator(caffe_cfg(), CLASSES))
+
+
+def test_ckpt_inspect_recognises_a_reference_layout(tmp_path, res_deeplab, deeplab_multi):
+    from segadv.cli.ckpt import inspect
+
+    for net, layout in ((res_deeplab, "Res_Deeplab"), (deeplab_multi, "DeeplabMulti")):
+        path = tmp_path / f"{layout}.pth"
+        torch.save(net.state_dict(), path)
+        report = inspect(str(path), trusted=False)
+        assert f"looks like a DeepLab-v2 generator in the layout of {layout}" in report, report
+        assert "unknown network" not in report

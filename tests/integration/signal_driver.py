@@ -8,7 +8,9 @@ COMMAND is a console script's name (``segadv-train``, ``segadv-export``); POINT 
 - ``placement``: right after segadv-train logs its placement table (the start not yet complete);
 - ``write:NAME``: in the middle of the first atomic write of ``NAME`` (``config.yaml``, ``last.pt``,
   ``status.json``): its temp file written, before the fsync and the rename;
-- ``verify``: while segadv-export verifies its output (its temp file written).
+- ``verify``: while segadv-export verifies its output (its temp file written);
+- ``end``: as segadv-train records how its run ended (``RunRecord.end``, the loop over);
+- ``A+B``: at A, then at B (a second signal).
 
 There it prints ``SIGNAL-DRIVER: waiting at POINT`` on stderr and sleeps until a stop signal has
 come (at most 10 minutes): a handler that raises ends the sleep with its exception, one that only
@@ -87,16 +89,31 @@ def hold_in_verification() -> None:
     verify_module.verify = verify
 
 
+def hold_at_the_end() -> None:
+    from segadv.monitor.status import RunRecord
+
+    real = RunRecord.end
+
+    def end(self, stopped_by):
+        wait_here("end")
+        return real(self, stopped_by)
+
+    RunRecord.end = end
+
+
 def main() -> int:
-    point, command, *argv = sys.argv[1:]
-    if point == "placement":
-        hold_after_placement()
-    elif point.startswith("write:"):
-        hold_in_write(point.removeprefix("write:"))
-    elif point == "verify":
-        hold_in_verification()
-    else:
-        raise SystemExit(f"unknown point {point!r}")
+    points, command, *argv = sys.argv[1:]
+    for point in points.split("+"):
+        if point == "placement":
+            hold_after_placement()
+        elif point.startswith("write:"):
+            hold_in_write(point.removeprefix("write:"))
+        elif point == "verify":
+            hold_in_verification()
+        elif point == "end":
+            hold_at_the_end()
+        else:
+            raise SystemExit(f"unknown point {point!r}")
     module = {"segadv-train": "segadv.cli.train", "segadv-export": "segadv.cli.export"}[command]
     main_of = __import__(module, fromlist=["main"]).main
     return main_of(argv)

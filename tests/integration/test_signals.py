@@ -116,10 +116,18 @@ def test_a_signal_before_the_first_step_unwinds_the_start(tmp_path, sig, point):
     assert status_of(run_dir)["outcome"] == "finished"
 
 
+def files_of(run_dir: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file of the run dir (checkpoints included): its bytes and its mtime."""
+    return {str(p.relative_to(run_dir)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
 def test_a_signal_before_the_first_step_of_a_resume_leaves_the_run_as_it_was(tmp_path):
     run_dir = tmp_path / "run"
     assert train_cli.main(["--run-dir", str(run_dir), *TRAIN, "train.max_steps=1"]) == 0
     before = {p.name: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()}
+    every_file = files_of(run_dir)
+    assert {"status.json", "train.log", ".segadv.lock"} <= set(every_file)
     held = Held("placement", "segadv-train", "--run-dir", str(run_dir), "--resume", "auto", *TRAIN)
     held.wait_for("waiting at placement")
     held.send(signal.SIGTERM)
@@ -128,9 +136,31 @@ def test_a_signal_before_the_first_step_of_a_resume_leaves_the_run_as_it_was(tmp
     assert error == (f"error: interrupted by SIGTERM before the first step; the run stands at "
                      f"{run_dir / 'checkpoints' / 'last.pt'} (step 1): run the same command again to go on")
     assert {p.name: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()} == before
+    after = files_of(run_dir)
+    assert after.keys() == every_file.keys()
+    for name in every_file:  # status.json, train.log and the lock too: bytes and mtime as they were
+        assert after[name] == every_file[name], name
 
     assert train_cli.main(["--run-dir", str(run_dir), "--resume", "auto", *TRAIN]) == 0
     assert status_of(run_dir)["outcome"] == "finished" and status_of(run_dir)["step"] == 3
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: signal.Signals(s).name)
+def test_a_second_signal_while_the_stopped_run_ends_changes_nothing(tmp_path, sig):
+    """The first signal's answer stands: a repeat after the loop stopped (here while status.json's
+    last record is written) is logged, and the exit code and status.json still agree on 0."""
+    run_dir = tmp_path / "run"
+    held = Held("write:last.pt+end", "segadv-train", "--run-dir", str(run_dir), *TRAIN)
+    held.wait_for("waiting at write:last.pt")
+    held.send(sig)
+    held.wait_for("waiting at end")
+    held.send(sig)
+    code, stderr = held.finish()
+    assert_clean(code, stderr, 0, tmp_path)
+    name = signal.Signals(sig).name
+    assert f"{name}: already stopping on {name}" in stderr
+    status = status_of(run_dir)
+    assert (status["outcome"], status["stopped_by"], status["exit_code"]) == ("stopped", name, 0)
 
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
