@@ -43,6 +43,9 @@ class GeneratorArch:
     # (built G, the file's tensors, a name for messages) -> None: a local encoder_weights file into
     # G, strictly; None: smp's encoder layout (segadv/checkpoint/loader.py's own)
     encoder_weights_loader: Optional[Ref] = None
+    # (built G) -> ({parameter name: layer 0..L}, L): the backbone's layers for optim.generator.layer_decay
+    # (0 the embedding, L the last); None: its encoder has no numbered layers
+    encoder_layers: Optional[Ref] = None
 
 
 def resolve(ref: Ref) -> Any:
@@ -98,4 +101,5 @@ register_arch(GeneratorArch("deeplabv2", DeepLabV2Config, "segadv.models.generat
                             backbone="encoder"))
 register_arch(GeneratorArch("dinov2", DinoV2Config, "segadv.models.vit.builder:build_dinov2",
                             "segadv.models.vit.builder:checkpoint_units", backbone="encoder",
-                            encoder_weights_loader="segadv.models.vit.builder:load_weights"))
+                            encoder_weights_loader="segadv.models.vit.builder:load_weights",
+                            encoder_layers="segadv.models.vit.builder:encoder_layers"))

@@ -74,7 +74,7 @@ class NetworkSection:
 def _one_group(spec: RoleSpec, optim: Optional[OptimizerConfig]) -> None:
     """A D is one network with no encoder: no backbone and head to set apart."""
     if optim is not None and not KINDS[spec.kind].splits_head:
-        for key, default in (("head_lr_mult", 1.0), ("head_weight_decay", None)):
+        for key, default in (("head_lr_mult", 1.0), ("head_weight_decay", None), ("layer_decay", 1.0)):
             if getattr(optim, key) != default:
                 raise ValueError(f"{key} is G's (its encoder against its head); {spec.name} has no "
                                  f"encoder: leave it at {default}")

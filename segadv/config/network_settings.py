@@ -51,6 +51,16 @@ class OptimizerConfig(Section):
                     "aux head) as a multiple of lr; the references' DeepLab-v2: 10")
     head_weight_decay: Optional[float] = Field(
         None, ge=0, le=1, description="generator: the head's weight decay; null: weight_decay (the references')")
+    # BEiT's and DINOv2's fine-tuning rule: the deeper a layer, the closer to lr it trains.
+    layer_decay: float = Field(
+        1.0, gt=0, le=1,
+        description="generator: layer-wise lr decay where G's arch numbers its encoder's layers (dinov2): layer k "
+                    "of L trains at lr * layer_decay ** (L - k) (the embedding the lowest, the last block at lr); "
+                    "1.0: every encoder layer at lr")
+    warmup_steps: int = Field(
+        0, ge=0, le=10**9,
+        description="linear warm-up: the lr rises from lr / warmup_steps to the poly schedule's value over the first "
+                    "warmup_steps steps (0: none)")
     implementation: Literal["auto", "for_loop", "foreach", "fused"] = Field(
         "auto",
         description="torch's update kernels: auto (foreach on CUDA, a loop on the CPU), for_loop, foreach "
@@ -59,7 +69,7 @@ class OptimizerConfig(Section):
     @property
     def sets_head_apart(self) -> bool:
         """Whether the head trains at other settings than the backbone."""
-        return self.head_lr_mult != 1.0 or self.head_weight_decay is not None
+        return self.head_lr_mult != 1.0 or self.head_weight_decay is not None or self.layer_decay != 1.0
 
 
 class NetworkAmpConfig(Section):

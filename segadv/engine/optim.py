@@ -7,7 +7,7 @@ import logging
 import torch
 from torch import nn
 
-from segadv.config.archs import ARCH_ATTRIBUTE, generator_arch
+from segadv.config.archs import ARCH_ATTRIBUTE, generator_arch, resolve
 from segadv.config.schema import OptimizerConfig
 from segadv.errors import UserError
 
@@ -26,20 +26,37 @@ def parameter_groups(model: nn.Module, cfg: OptimizerConfig) -> list[dict]:
     weight decay). One group otherwise, so the optimizer state of a run saved with one group still loads."""
     params = [p for p in model.parameters() if p.requires_grad]
     head_wd = cfg.weight_decay if cfg.head_weight_decay is None else cfg.head_weight_decay
-    if cfg.head_lr_mult == 1.0 and head_wd == cfg.weight_decay:
+    if cfg.head_lr_mult == 1.0 and head_wd == cfg.weight_decay and cfg.layer_decay == 1.0:
         return [{"params": params}]
     arch = getattr(model, ARCH_ATTRIBUTE, None)
-    backbone = generator_arch(arch).backbone if arch is not None else None
-    if backbone is None:
-        raise UserError(f"optim.*.head_lr_mult / head_weight_decay set a head apart from a backbone; "
+    row = generator_arch(arch) if arch is not None else None
+    if row is None or row.backbone is None:
+        raise UserError(f"optim.*.head_lr_mult / head_weight_decay / layer_decay set a head apart from a backbone; "
                         f"{type(model).__name__} has none (arch {arch})")
-    in_backbone = {id(p) for p in model.get_submodule(backbone).parameters()}
-    groups = [
-        {"name": "backbone", "params": [p for p in params if id(p) in in_backbone]},
-        {"name": "head", "params": [p for p in params if id(p) not in in_backbone],
-         "lr": cfg.lr * cfg.head_lr_mult, "weight_decay": head_wd},
-    ]
+    backbone = model.get_submodule(row.backbone)
+    in_backbone = {id(p) for p in backbone.parameters()}
+    head = {"name": "head", "params": [p for p in params if id(p) not in in_backbone],
+            "lr": cfg.lr * cfg.head_lr_mult, "weight_decay": head_wd}
+    if cfg.layer_decay == 1.0:
+        groups = [{"name": "backbone", "params": [p for p in params if id(p) in in_backbone]}, head]
+    else:
+        groups = [*layer_groups(model, backbone, row, cfg), head]
     return [group for group in groups if group["params"]]
+
+
+def layer_groups(model: nn.Module, backbone: nn.Module, row, cfg: OptimizerConfig) -> list[dict]:
+    """The backbone's trained parameters a group per layer its arch row numbers, layer k of L at
+    ``lr * layer_decay ** (L - k)`` (BEiT's and DINOv2's fine-tuning rule)."""
+    if row.encoder_layers is None:
+        raise UserError(f"optim.generator.layer_decay={cfg.layer_decay}: arch {row.name} numbers no encoder layers; "
+                        "leave it at 1.0")
+    layer_of, last = resolve(row.encoder_layers)(model)
+    by_layer: dict[int, list] = {}
+    for name, p in backbone.named_parameters():
+        if p.requires_grad:
+            by_layer.setdefault(layer_of[name], []).append(p)
+    return [{"name": f"backbone.layer{k}", "params": by_layer[k], "lr": cfg.lr * cfg.layer_decay ** (last - k)}
+            for k in sorted(by_layer)]
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
@@ -64,20 +81,23 @@ class PolyLR(torch.optim.lr_scheduler.LRScheduler):
     cannot change horizon midway), and says so in the log.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, total_iters: int, power: float) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, total_iters: int, power: float, warmup: int = 0) -> None:
         self.total_iters = total_iters
         self.power = power
+        self.warmup = warmup
         super().__init__(optimizer)
 
     def get_lr(self) -> list[float]:
         progress = min(self.last_epoch, self.total_iters) / self.total_iters
-        return [base_lr * (1.0 - progress) ** self.power for base_lr in self.base_lrs]
+        # Linear warm-up: step t < warmup at (t + 1) / warmup of the schedule's value.
+        ramp = min(1.0, (self.last_epoch + 1) / self.warmup) if self.warmup else 1.0
+        return [base_lr * (1.0 - progress) ** self.power * ramp for base_lr in self.base_lrs]
 
     def load_state_dict(self, state_dict: dict) -> None:
         saved_horizon = state_dict.get("total_iters", self.total_iters)
-        horizon, base_lrs = self.total_iters, list(self.base_lrs)
+        horizon, base_lrs, warmup = self.total_iters, list(self.base_lrs), self.warmup
         super().load_state_dict(state_dict)
-        saved_lrs, self.total_iters, self.base_lrs = self.base_lrs, horizon, base_lrs
+        saved_lrs, self.total_iters, self.base_lrs, self.warmup = self.base_lrs, horizon, base_lrs, warmup
         self._last_lr = self.get_lr()
         for group, lr in zip(self.optimizer.param_groups, self._last_lr):
             group["lr"] = lr  # the optimizer's state brought the old horizon's value
@@ -94,9 +114,10 @@ def _shown(lrs: list[float]) -> str:
     return ", ".join(f"{lr:.4g}" for lr in lrs)
 
 
-def build_poly_scheduler(optimizer: torch.optim.Optimizer, max_steps: int, power: float) -> PolyLR:
-    """lr = base_lr * (1 - step / max_steps) ** power, stepped once per training step."""
-    return PolyLR(optimizer, total_iters=max_steps, power=power)
+def build_poly_scheduler(optimizer: torch.optim.Optimizer, max_steps: int, power: float, warmup: int = 0) -> PolyLR:
+    """lr = base_lr * (1 - step / max_steps) ** power, after ``warmup`` linear steps, stepped once per
+    training step."""
+    return PolyLR(optimizer, total_iters=max_steps, power=power, warmup=warmup)
 
 
 def poly_horizon(cfg: OptimizerConfig, max_steps: int, role: str) -> int:

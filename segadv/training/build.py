@@ -249,7 +249,8 @@ def build_amp_optimizer(
     skip_nonfinite: bool = False, accumulation_steps: int = 1,
 ) -> AmpOptimizer:
     optimizer = build_optimizer(model, optim.model_copy(update={"lr": optim.lr * lr_multiplier}))
-    scheduler = build_poly_scheduler(optimizer, poly_horizon(optim, max_steps, name), optim.poly_power)
+    scheduler = build_poly_scheduler(optimizer, poly_horizon(optim, max_steps, name), optim.poly_power,
+                                     optim.warmup_steps)
     return AmpOptimizer(optimizer, scheduler, device, amp, loss_scaling, name, skip_nonfinite, accumulation_steps)
 
 

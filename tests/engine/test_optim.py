@@ -137,3 +137,62 @@ def test_a_discriminator_has_no_head_to_set_apart():
         OptimConfig(discriminator=OptimizerConfig(name="adam", lr=1e-4, head_lr_mult=10.0))
     with pytest.raises(ValidationError, match="head_weight_decay is G's"):
         OptimConfig(discriminator_aux=OptimizerConfig(name="adam", lr=1e-4, head_weight_decay=0.0))
+
+
+def test_warmup_ramps_linearly_into_the_poly_schedule():
+    import torch
+
+    from segadv.engine.optim import build_poly_scheduler
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = build_poly_scheduler(opt, 10, 1.0, warmup=4)
+    lrs = []
+    for _ in range(6):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        scheduler.step()
+    # step t < 4 at (t + 1) / 4 of the poly value 1 - t / 10; from step 4 the poly value alone
+    assert lrs == pytest.approx([0.25, 0.5 * 0.9, 0.75 * 0.8, 1.0 * 0.7, 0.6, 0.5])
+    # the config's warm-up holds at resume, not the one saved with the schedule
+    state = scheduler.state_dict()
+    again = build_poly_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 10, 1.0, warmup=0)
+    again.load_state_dict(state)
+    assert again.warmup == 0
+
+
+def test_layer_decay_sets_each_dinov2_layer_apart():
+    from segadv.config import load_config
+    from segadv.engine.optim import parameter_groups
+    from segadv.models.generator import build_generator
+
+    cfg = load_config("dinov2_tiny", ["optim.generator.layer_decay=0.5"])
+    g = build_generator(cfg.model.generator, 5)
+    groups = {group["name"]: group for group in parameter_groups(g, cfg.optim.generator)}
+    lr, depth = cfg.optim.generator.lr, len(g.encoder.blocks)
+    # the embedding (layer 0) lowest, block i at layer i + 1, the final norm at depth + 1 at lr
+    assert groups["backbone.layer0"]["lr"] == pytest.approx(lr * 0.5 ** (depth + 1))
+    assert groups[f"backbone.layer{depth}"]["lr"] == pytest.approx(lr * 0.5)
+    assert groups[f"backbone.layer{depth + 1}"]["lr"] == pytest.approx(lr)
+    assert groups["head"]["lr"] == pytest.approx(lr * cfg.optim.generator.head_lr_mult)
+    assert any(p is g.encoder.cls_token for p in groups["backbone.layer0"]["params"])
+    assert any(p is g.encoder.blocks[0].attn.qkv.weight for p in groups["backbone.layer1"]["params"])
+    assert sum(len(group["params"]) for group in groups.values()) == len(list(g.parameters()))
+
+
+def test_layer_decay_is_refused_where_the_arch_numbers_no_layers(capsys):
+    from segadv.cli.train import main
+
+    assert main(["--print-config", "optim.discriminator.layer_decay=0.5"]) == 2
+    assert "layer_decay" in capsys.readouterr().err
+
+
+def test_layer_decay_on_a_deeplab_names_the_key():
+    from segadv.config import load_config
+    from segadv.engine.optim import parameter_groups
+    from segadv.errors import UserError
+    from segadv.models.generator import build_generator
+
+    cfg = load_config(None, ["optim.generator.layer_decay=0.5", "model.generator.encoder=mobilenet_v2",
+                             "model.generator.encoder_depth=3"])
+    with pytest.raises(UserError, match="layer_decay=0.5: arch deeplabv3plus numbers no encoder layers"):
+        parameter_groups(build_generator(cfg.model.generator, 5), cfg.optim.generator)

@@ -34,3 +34,19 @@ def load_weights(model: nn.Module, tensors: Mapping[str, Any], name: str) -> Non
     """A local file's tensors (read by segadv/checkpoint's reader) into the encoder, strictly, in
     timm's or the official DINOv2 layout."""
     load_encoder_weights(model, tensors, name=name)
+
+
+def encoder_layers(model: nn.Module) -> tuple[dict[str, int], int]:
+    """Each encoder parameter's layer for layer-wise lr decay, as BEiT and DINOv2 number them: 0 the
+    embedding (patch embedding, class / register tokens, position embedding), block i at i + 1, the
+    final norm (read by the head at every level) at L = depth + 1. Names as ``model.encoder``'s."""
+    depth = len(model.encoder.blocks)
+    layers = {}
+    for name, _ in model.encoder.named_parameters():
+        if name.startswith("blocks."):
+            layers[name] = int(name.split(".")[1]) + 1
+        elif name.startswith(("norm.", "fc_norm.")):
+            layers[name] = depth + 1
+        else:
+            layers[name] = 0
+    return layers, depth + 1
