@@ -25,6 +25,7 @@ from segadv.config import Config, load_config
 from segadv.data.batch_checks import BatchTooSmall
 from segadv.methods import method_class
 from segadv.plan.dry_run import IterationFails, Plan, dry_run
+from segadv.training.build import trains_on_one_sample
 
 log = logging.getLogger("segadv.plan")
 
@@ -58,10 +59,11 @@ def device_maps(gpus: int, teacher: bool = False) -> list[str]:
 
 def accumulation_choices(cfg: Config) -> list[int]:
     """Micro-batch counts that keep every stream's batch whole and at least 2 samples per micro-batch
-    where G cannot train on one (BatchNorm on batch statistics over the ASPP pooling's 1x1 maps)."""
+    where G cannot train on one (BatchNorm on batch statistics over a 1x1 map: the ASPP pooling's, or
+    the deepest map of small training images: the start's own rule)."""
     sizes = [cfg.data.batch_size, *method_class(cfg.method.name).stream_batch_sizes(cfg).values()]
     common = math.gcd(*sizes)
-    least = 1 if cfg.model.generator.trains_on_one_sample else 2
+    least = 1 if trains_on_one_sample(cfg) else 2
     return [k for k in range(1, common + 1) if common % k == 0 and (k == 1 or min(sizes) // k >= least)]
 
 
