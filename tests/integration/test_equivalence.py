@@ -84,7 +84,10 @@ HARNESS_OVERRIDES = [f"loss.lambda_adv={LAMBDA_ADV}", "optim.generator.name=sgd"
 
 
 def harness_config(*overrides: str):
-    return load_config(None, [*TINY_OVERRIDES, *HARNESS_OVERRIDES, *overrides])
+    tiny = TINY_OVERRIDES
+    if "model.generator.arch=dinov2" in overrides:  # the tiny G's DeepLab keys are not the DINOv2 row's
+        tiny = [o for o in TINY_OVERRIDES if not o.startswith("model.generator.")]
+    return load_config(None, [*tiny, *HARNESS_OVERRIDES, *overrides])
 
 
 def amp(network: str, dtype: str) -> tuple[str, ...]:
@@ -128,8 +131,9 @@ class Case:
 
     @property
     def model_overrides(self) -> tuple[str, ...]:
-        """The networks' own settings: the reference builds the same networks."""
-        return tuple(o for o in self.overrides if o.startswith("model."))
+        """The networks' own settings and the input's size: the reference builds the same networks and
+        draws the same batch (a DINOv2 G takes multiples of its 14 px patch, not the harness's 64 px)."""
+        return tuple(o for o in self.overrides if o.startswith(("model.", "data.synthetic.image_size=")))
 
     def param(self):
         return pytest.param(self, id=self.name, marks=list(self.marks))
@@ -219,6 +223,31 @@ CASES = [
     Case("cuda-deeplabv2-frozen-affine", "g:cuda:0,d:cuda:0", (*DEEPLABV2, FROZEN_AFFINE), marks=CUDA),
     Case("g:0+1,d:1-deeplabv2-frozen", "g:0+1,d:1", (*DEEPLABV2, FROZEN), split_batch=True, marks=CUDA2),
 ]
+# The DINOv2 G (segadv/models/vit: timm's ViT-S/14 cut to 2 blocks, a narrow DPT head) on 42 px
+# inputs (3 x 3 patches; the harness's 64 px is no multiple of 14), under the placements, wrappers and
+# precisions of the DeepLab rows above. It has no BatchNorm, so frozen statistics change nothing for
+# it. channels_last is left out: the encoder's tokens are (B, N, C) sequences, the only 4-d tensors
+# the patch embedding's input and the head's, so the flag has nothing to reorder that matters. Its
+# split over pipeline stages is test_a_dinov2_generator_split_into_stages_matches_the_plain_loop.
+DINOV2 = ("model.generator.arch=dinov2", "model.generator.encoder=vit_small_patch14_dinov2",
+          "model.generator.depth=2", "model.generator.head_features=16",
+          "model.generator.head_out_channels=[8,16,32,64]", "data.synthetic.image_size=42")
+DINOV2_EVERYWHERE = {
+    "cpu", "cpu-dataparallel", "cpu-accumulation-2", "accumulation-4-g-bf16-d-fp16", "cpu-activation-checkpointing",
+    "checkpointing-g-bf16", "checkpointing-accumulation-2", "g-bf16", "both-bf16", "g-fp16", "g-bf16-d-fp16",
+    "dataparallel-bf16",
+    "g:cuda:0,d:cpu", "g:cpu,d:cuda:0", "g:cuda:0,d:cuda:0", "cuda-dataparallel-1gpu", "cuda-g-bf16",
+    "cuda-both-fp16", "g:cpu-bf16,d:cuda:0-fp16", "cuda-checkpointing-g-bf16", "g:1,d:0", "g:0+1,d:1",
+    "g:0+1,d:1-bf16", "g:0+1,d:1-checkpointing"}
+
+
+def dinov2_case(case: Case) -> Case:
+    return Case(f"dinov2-{case.name}", case.device_map, (*DINOV2, *case.overrides), case.split_batch, case.marks)
+
+
+DINOV2_CASES = [dinov2_case(c) for c in CASES if c.name in DINOV2_EVERYWHERE]
+assert len(DINOV2_CASES) == len(DINOV2_EVERYWHERE)
+CASES += DINOV2_CASES
 
 
 # ----------------------------------------------------------------------------------- the reference
@@ -494,6 +523,19 @@ def test_a_generator_split_into_stages_matches_the_plain_float32_loop(device_map
     whole = split_generator_case("g:cpu,d:cpu", "g:cpu,d:cpu", monkeypatch)
     assert_equivalent(HostStagesCase("unsplit"), whole, reference)
     assert all(torch.equal(split.g_update[k], whole.g_update[k]) for k in whole.g_update)  # the same sums
+    assert flat(split.d_update).equal(flat(whole.d_update)) and split.adv_grad.equal(whole.adv_grad)
+
+
+def test_a_dinov2_generator_split_into_stages_matches_the_plain_loop(references, no_tf32):
+    """``g:cpu/cpu,d:cpu`` with the DINOv2 G (segadv/models/vit/split.py: the embedding and block 0 on
+    the first stage, block 1, the norm and the head on the second) trains what the plain loop and
+    the unsplit G train: the same kernels in the same order, so bitwise the unsplit step's."""
+    split = segadv_outcome(HostStagesCase("dinov2-g:cpu/cpu,d:cpu", "g:cpu/cpu,d:cpu", DINOV2))
+    whole = segadv_outcome(HostStagesCase("dinov2-g:cpu,d:cpu", "g:cpu,d:cpu", DINOV2))
+    reference = references(False, dinov2_case(Case("cpu")).model_overrides)
+    print(f"dinov2 g:cpu/cpu,d:cpu: {assert_equivalent(HostStagesCase('split'), split, reference)}")
+    assert_equivalent(HostStagesCase("unsplit"), whole, reference)
+    assert all(torch.equal(split.g_update[k], whole.g_update[k]) for k in whole.g_update)
     assert flat(split.d_update).equal(flat(whole.d_update)) and split.adv_grad.equal(whole.adv_grad)
 
 
@@ -988,6 +1030,13 @@ MT_TEACHER_SETTINGS = {"teacher-bf16": ("semi", "adaptation"), "compile-aot-teac
 MT_CASES = [(setting, c) for setting in MT_SETTINGS for c in CASES if c.name in MT_EVERYWHERE | MT_AMP[setting]] + [
     (setting, c) for setting in MT_SETTINGS for c in (MT_ACCUMULATION, *MT_TEACHER_CASES)
     if setting in MT_TEACHER_SETTINGS.get(c.name, MT_SETTINGS)]
+# The DINOv2 G as student and teacher, with AdvSemiSeg's D on top (every network the method has):
+# the placements, wrappers and precisions above (channels_last left out, as for the one step).
+MT_DINOV2 = [("semi-adv", dinov2_case(c)) for c in (*CASES, MT_ACCUMULATION, *MT_TEACHER_CASES)
+             if c.name in (MT_EVERYWHERE - {"cpu-channels_last"}) | MT_AMP["semi-adv"] |
+             {MT_ACCUMULATION.name, "teacher-bf16", "g:cpu,d:cpu,t:cuda:0", "g:1,d:0,t:0"}]
+assert len(MT_DINOV2) == 14
+MT_CASES += MT_DINOV2
 
 
 def mean_teacher_config(setting: str, *overrides: str):
@@ -997,7 +1046,8 @@ def mean_teacher_config(setting: str, *overrides: str):
 def mt_reference_overrides(case: Case) -> tuple[str, ...]:
     """The case's settings the plain loop reads: the networks', the method's and the accumulation."""
     return tuple(o for o in case.overrides
-                 if o.startswith(("model.", "method.", "train.accumulation_steps=", "data.batch_size=")))
+                 if o.startswith(("model.", "method.", "train.accumulation_steps=", "data.batch_size=",
+                                  "data.synthetic.image_size=")))
 
 
 def make_mt_batches(cfg):

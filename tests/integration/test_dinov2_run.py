@@ -1,0 +1,208 @@
+"""The DINOv2 generator end to end on the CPU, through the command lines: configs/dinov2_tiny.yaml
+with the mean teacher and an adversarial D trains, saves, resumes bitwise into another run dir,
+evaluates and exports to ONNX; a local weight file in timm's layout loads strictly through the
+config, and the files, names and sizes it cannot take are refused (exit 2, the culprit named).
+
+Shrunk by overrides: ViT-S cut to 2 blocks, a narrow DPT head, 42 px images (3 x 3 patches),
+8 samples per domain, batches of 2, 4 steps: about ten seconds a run on one thread.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from segadv.checkpoint import read_checkpoint
+from segadv.cli import eval as eval_cli
+from segadv.cli import export as export_cli
+from segadv.cli import train as train_cli
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SIZE = 42  # a multiple of DINOv2's patch (14)
+DEPTH = 2
+COMMAND = ["--config", "dinov2_tiny", "method.name=mean_teacher", "loss.lambda_adv=0.001",
+           "--device-map", "g:cpu,d:cpu,t:cpu"]
+SMALL = [f"data.synthetic.image_size={SIZE}", f"target_data.synthetic.image_size={SIZE}",
+         "data.synthetic.train_size=8", "target_data.synthetic.train_size=8",
+         "data.synthetic.val_size=4", "target_data.synthetic.val_size=4",
+         "data.batch_size=2", "data.val_batch_size=4", "data.num_workers=0",
+         f"model.generator.depth={DEPTH}", "model.generator.head_features=16",
+         "model.generator.head_out_channels=[8,16,32,64]", "model.discriminator.ndf=8",
+         "train.max_steps=4", "train.eval_every=4", "train.log_every=1", "checkpoint.every=2",
+         "train.deterministic=true", "log.tensorboard=false"]
+NETWORKS = ("generator", "teacher", "discriminator")
+
+
+def train(run_dir: Path, *extra: str, command=COMMAND) -> int:
+    return train_cli.main([*command, "--run-dir", str(run_dir), *SMALL, *extra])
+
+
+def assert_refused(capsys, code: int, *named: str) -> str:
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    for text in named:
+        assert text in err, err[-2000:]
+    return err
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, one_torch_thread):
+    run_dir = tmp_path_factory.mktemp("dinov2") / "full"
+    assert train(run_dir) == 0
+    return run_dir
+
+
+def test_the_tiny_dinov2_mean_teacher_run_trains_saves_and_saves_each_network(full_run):
+    ckpt = read_checkpoint(full_run / "checkpoints" / "last.pt")
+    assert ckpt["step"] == 4
+    assert ckpt["config"]["model"]["generator"]["arch"] == "dinov2"
+    mid = read_checkpoint(full_run / "checkpoints" / "step_2.pt")
+    for net in NETWORKS:
+        assert ckpt[net].keys() == mid[net].keys()
+        moved = [k for k in ckpt[net] if ckpt[net][k].is_floating_point() and not torch.equal(ckpt[net][k], mid[net][k])]
+        assert moved, f"the {net} did not change between steps 2 and 4"
+    blocks = {k.split(".")[2] for k in ckpt["generator"] if k.startswith("encoder.blocks.")}
+    assert blocks == {str(i) for i in range(DEPTH)}
+
+
+def test_a_resume_from_the_mid_run_checkpoint_into_a_new_run_dir_ends_bitwise_where_the_run_ended(full_run, tmp_path):
+    resumed = tmp_path / "resumed"
+    assert train(resumed, "--resume", str(full_run / "checkpoints" / "step_2.pt")) == 0
+    steps = [json.loads(line).get("step") for line in (resumed / "metrics.jsonl").read_text().splitlines()
+             if "train/loss_seg" in line]
+    assert sorted(set(steps)) == [3, 4]  # continued from step 2, not started over
+    ours, theirs = (read_checkpoint(d / "checkpoints" / "last.pt") for d in (resumed, full_run))
+    assert ours["step"] == theirs["step"] == 4
+    for net in NETWORKS:
+        assert ours[net].keys() == theirs[net].keys()
+        differ = [k for k in theirs[net] if not torch.equal(ours[net][k], theirs[net][k])]
+        assert not differ, f"{net}: {len(differ)} tensors differ from the uninterrupted run's, e.g. {differ[:3]}"
+
+
+def test_eval_reads_the_dinov2_run(full_run, capsys):
+    capsys.readouterr()
+    assert eval_cli.main(["--checkpoint", str(full_run), "--device", "cpu", "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert 0.0 <= metrics["mIoU"] <= 1.0 and 0.0 <= metrics["pixel_acc"] <= 1.0
+    final = [json.loads(line) for line in (full_run / "metrics.jsonl").read_text().splitlines()]
+    final = [r for r in final if "val/mIoU" in r][-1]
+    assert metrics["mIoU"] == pytest.approx(final["val/mIoU"], abs=1e-9)
+
+
+def test_the_onnx_export_is_static_verified_and_runs_in_onnxruntime(full_run, tmp_path, caplog):
+    ort = pytest.importorskip("onnxruntime")
+    out = tmp_path / "g.onnx"
+    with caplog.at_level("INFO"):
+        assert export_cli.main(["--checkpoint", str(full_run / "checkpoints" / "last.pt"), "--output", str(out),
+                               "--input-size", str(SIZE), str(SIZE)]) == 0
+    assert f"exported and verified at {SIZE}x{SIZE} only" in caplog.text  # one input size, said so
+    assert json.loads((tmp_path / "g.onnx.json").read_text())["input"]["dynamic_axes"] == []  # static, in the sidecar
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    (inp,) = session.get_inputs()
+    x = np.random.default_rng(0).standard_normal((1, 3, SIZE, SIZE)).astype(np.float32)
+    (logits,) = session.run(None, {inp.name: x})
+    assert logits.shape == (1, 5, SIZE, SIZE) and np.isfinite(logits).all()
+
+
+# ----------------------------------------------------------------------------------- weights
+
+
+@pytest.fixture(scope="module")
+def timm_weights(tmp_path_factory):
+    """A random timm DINOv2 ViT-S/14 at the config's depth, saved as timm's state dict."""
+    import timm
+
+    torch.manual_seed(3)
+    model = timm.create_model("vit_small_patch14_dinov2", pretrained=False, img_size=518, depth=DEPTH)
+    path = tmp_path_factory.mktemp("weights") / "vits14_depth2.pth"
+    state = model.state_dict()
+    torch.save(state, path)
+    return path, state
+
+
+def test_a_local_timm_dinov2_file_loads_strictly_into_the_encoder(timm_weights, tmp_path):
+    """The run's own build (segadv.training.build.build_training, what segadv-train calls) reads the
+    file into G's encoder: every tensor equal to the file's."""
+    from segadv.config import load_config
+    from segadv.parallel import parse_device_map
+    from segadv.parallel.placement import unwrap
+    from segadv.training.build import build_training
+
+    path, state = timm_weights
+    cfg = load_config("dinov2_tiny", ["method.name=mean_teacher", "loss.lambda_adv=0.001", *SMALL,
+                                      f"model.generator.encoder_weights={path}"])
+    cfg.run_dir = str(tmp_path / "run")
+    parts = build_training(cfg, parse_device_map("g:cpu,d:cpu,t:cpu"))
+    encoder = unwrap(parts.g.module).encoder.state_dict()
+    expected = {k: v for k, v in state.items() if not k.startswith("head.")}  # timm's (identity) classifier
+    assert encoder.keys() == expected.keys()
+    differ = [k for k in expected if not torch.equal(encoder[k], expected[k])]
+    assert not differ, f"{len(differ)} encoder tensors differ from the file's, e.g. {differ[:3]}"
+    # and a fresh build without the file does not happen to hold them (the seed is the run's)
+    cfg_plain = load_config("dinov2_tiny", ["method.name=mean_teacher", "loss.lambda_adv=0.001", *SMALL])
+    cfg_plain.run_dir = str(tmp_path / "plain")
+    plain = unwrap(build_training(cfg_plain, parse_device_map("g:cpu,d:cpu,t:cpu")).g.module).encoder.state_dict()
+    assert not torch.equal(plain["blocks.0.attn.qkv.weight"], expected["blocks.0.attn.qkv.weight"])
+
+
+def test_a_file_missing_one_key_is_refused_naming_it(timm_weights, tmp_path, capsys):
+    path, state = timm_weights
+    damaged = tmp_path / "missing.pth"
+    torch.save({k: v for k, v in state.items() if k != "blocks.1.attn.proj.weight"}, damaged)
+    capsys.readouterr()
+    code = train(tmp_path / "run", f"model.generator.encoder_weights={damaged}", "train.max_steps=1")
+    assert_refused(capsys, code, "blocks.1.attn.proj.weight", str(damaged.name))
+    assert not (tmp_path / "run" / "checkpoints" / "last.pt").exists()
+
+
+def test_imagenet_weights_for_dinov2_are_refused_saying_it_reads_a_local_file(tmp_path, capsys):
+    capsys.readouterr()
+    code = train(tmp_path / "run", "model.generator.encoder_weights=imagenet", "train.max_steps=1")
+    assert_refused(capsys, code, "encoder_weights", "local file")
+
+
+@pytest.mark.parametrize("key", ["data.synthetic.image_size", "target_data.synthetic.image_size"])
+def test_an_input_of_520_px_is_refused_naming_the_patch_and_the_key_before_any_step(key, tmp_path, capsys):
+    capsys.readouterr()
+    code = train(tmp_path / "run", f"{key}=520", "train.max_steps=1")
+    assert_refused(capsys, code, "520", "patch size 14", key)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert not metrics.exists() or "train/loss_seg" not in metrics.read_text()  # no step ran
+    assert not list((tmp_path / "run").glob("checkpoints/*.pt"))
+
+
+@pytest.mark.xfail(strict=True, reason="segadv/export/verified.py hands write_export options.dynamic, not the "
+                                       "dynamic it downgraded for a ViT: the graph declares height and width "
+                                       "symbolic (and fails at any other size) while the sidecar says static")
+def test_the_static_onnx_graph_declares_the_size_it_was_traced_at(full_run, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    out = tmp_path / "g.onnx"
+    assert export_cli.main(["--checkpoint", str(full_run / "checkpoints" / "last.pt"), "--output", str(out),
+                            "--input-size", str(SIZE), str(SIZE)]) == 0
+    (inp,) = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_inputs()
+    assert list(inp.shape) == [1, 3, SIZE, SIZE]
+
+
+# ----------------------------------------------------------------------------------- a split G
+
+
+def test_a_dinov2_generator_split_over_two_host_stages_trains_the_unsplit_runs_weights(full_run, tmp_path):
+    """``--device-map g:cpu/cpu,d:cpu`` (segadv/models/vit/split.py: the blocks over two pipeline
+    stages, on the host) runs the unsplit G's kernels in the same order: after 4 steps of the whole
+    run (the teacher's EMA, D, the optimizers) G, the teacher and D equal the ``g:cpu,d:cpu,t:cpu``
+    run's bitwise. (One step against the plain loop: test_equivalence.py's
+    test_a_dinov2_generator_split_into_stages_matches_the_plain_loop.)"""
+    command = [*COMMAND[:-1], "g:cpu/cpu,d:cpu"]
+    assert train(tmp_path / "split", command=command) == 0
+    ours, theirs = (read_checkpoint(d / "checkpoints" / "last.pt") for d in (tmp_path / "split", full_run))
+    assert "generator on cpu/cpu" in (tmp_path / "split" / "train.log").read_text()  # two stages
+    for net in NETWORKS:
+        assert ours[net].keys() == theirs[net].keys()
+        differ = [k for k in theirs[net] if not torch.equal(ours[net][k], theirs[net][k])]
+        assert not differ, f"{net}: {len(differ)} tensors differ from the unsplit run's, e.g. {differ[:3]}"
