@@ -16,8 +16,7 @@ its first instruction (:func:`handling_signals`, entered by ``segadv.errors.cli_
   a hurry: a job's SIGTERM often reaches a rank twice (from the scheduler and from its launcher).
 - **The first signal's answer stands**: once the loop stopped on a signal, a repeat while the
   command ends (the files closing, status.json's last record) is logged and changes nothing, so
-  the exit code and status.json agree; after the command answered, its process keeps answering
-  (:func:`_answered_already`) until it exits. Handlers are swapped with the signals held back
+  the exit code and status.json agree. Handlers are swapped with the signals held back
   (:func:`_held`): no signal meets a moment between two handlers.
 - **While unwinding** from an :class:`Interrupted`, a second signal is only logged, so the
   clean-up it runs is never cut short; a third takes the signal's default action (ends the
@@ -159,18 +158,6 @@ def _held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _answered_already(signum: int, frame: FrameType | None) -> None:
-    """After a command answered a stop signal (its exit code decided, status.json written), while
-    its process exits: a repeat is logged and changes nothing; the handlers found before the
-    command then answer the next one (the default action: the process ends at once)."""
-    log.warning("%s: the command has already stopped; it exits as it said (once more ends the process at once)",
-                signal.Signals(signum).name)
-    _restore(_after_answer.pop("previous", {}))
-
-
-_after_answer: dict[str, dict[int, object]] = {}
-
-
 @contextlib.contextmanager
 def handling_signals() -> Iterator[None]:
     """A command's stop signals answered by :func:`_dispatch` while active (re-entrant); the
@@ -180,7 +167,6 @@ def handling_signals() -> Iterator[None]:
         return
     if _state.installed == 0:
         with _held():
-            _restore(_after_answer.pop("previous", {}))  # a command before this one in the process
             _state.previous = _install()
             _state.reset()
     _state.installed += 1
@@ -190,14 +176,7 @@ def handling_signals() -> Iterator[None]:
         _state.installed -= 1
         if _state.installed == 0:
             with _held():
-                if stopping_signal() is not None:
-                    # Answered a signal: its exit code stands until the process has exited. The
-                    # handlers found come back at the next signal (or the next command).
-                    _after_answer["previous"] = _state.previous
-                    for sig in STOP_SIGNALS:
-                        signal.signal(sig, _answered_already)
-                else:
-                    _restore(_state.previous)
+                _restore(_state.previous)
                 _state.previous = {}
                 _state.reset()
 

@@ -147,7 +147,7 @@ def export_verified(loaded: LoadedGenerator, fmt: str, output: Path, options: Ex
     # A stop signal unwinds (segadv/signals.py, exit 128 + N), so staged() removes its temp file, as on
     # any other exit.
     with interrupted_note(f"nothing was written to {output}"), staged(output) as stage:
-        meta.update(write_export(fmt, exported, example, stage.path, argmax=options.argmax, dynamic=options.dynamic,
+        meta.update(write_export(fmt, exported, example, stage.path, argmax=options.argmax, dynamic=dynamic,
                                  embed=to_json(meta), opset=options.opset))
         run, runtime = make_runner(fmt, stage.path)
         result = verify(run, reference, shapes=shapes, kind=kind, dtype=dtype, class_ids=options.argmax,

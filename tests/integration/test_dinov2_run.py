@@ -177,9 +177,6 @@ def test_an_input_of_520_px_is_refused_naming_the_patch_and_the_key_before_any_s
     assert not list((tmp_path / "run").glob("checkpoints/*.pt"))
 
 
-@pytest.mark.xfail(strict=True, reason="segadv/export/verified.py hands write_export options.dynamic, not the "
-                                       "dynamic it downgraded for a ViT: the graph declares height and width "
-                                       "symbolic (and fails at any other size) while the sidecar says static")
 def test_the_static_onnx_graph_declares_the_size_it_was_traced_at(full_run, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     out = tmp_path / "g.onnx"
