@@ -33,6 +33,7 @@ from segadv.parallel.compile import compile_enabled
 from segadv.parallel.device_map import DeviceMap, parse_device_map
 from segadv.parallel.placement import Misplaced
 from segadv.plan import standin, torch_surfaces
+from segadv.plan.attention import CudaAttention
 from segadv.plan.accounting import DryRunMode, PlacementError, segadv_line
 from segadv.plan.batches import BatchShape, FixedStream, make_batch, stream_shapes, val_size
 from segadv.training.run_data import build_data, evaluate_generator, run_state
@@ -424,7 +425,9 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
         for _, opt in networks(parts):
             as_on_cuda(opt, real)
         batches, panel, held = standin_inputs(cfg, parts)
-        with fake, tracker, as_cuda:
+        attention = CudaAttention(device_type)  # SDPA as CUDA's fused kernels run it (segadv/plan/attention.py)
+        watched = [(net.role, net.bare) for net in parts.every_network()]
+        with fake, tracker, as_cuda, attention, attention.watching(watched):
             batches = {name: _fake(fake, batch) for name, batch in batches.items()}
             panel = None if panel is None else _fake(fake, panel)
             held = tuple(_fake(fake, t) for t in held)  # live for the whole plan, as the loop holds them
@@ -433,6 +436,7 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
             between, host = transfer_totals(tracker)
             evaluation_pass(parts, cfg, tracker, panel, lambda batch: _fake(fake, batch))
             checkpoint_pass(parts, tracker)
+    notes.extend(note for note in [attention.note()] if note)
     return Plan(device_rows(tracker, planned, real, parts), between, host, steps, time.perf_counter() - start, notes, run)
 
 

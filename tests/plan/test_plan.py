@@ -37,7 +37,7 @@ TEACHER = {name for name in SHIPPED
                load_config(CONFIGS_DIR / name))}
 # The configs' own architectures on small crops (a few seconds a dry run; fake tensors cost per op,
 # not per pixel, so this is about the crop's effect on nothing but the figures).
-SMALL_CROP = "[{name: Resize, height: 64, width: 64}]"
+SMALL_CROP = "[{name: Resize, height: 112, width: 112}]"  # a multiple of DeepLab's 16 and DINOv2's patch 14
 
 
 def demo(*overrides):
