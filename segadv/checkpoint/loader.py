@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 from torch import nn
 
 from segadv.checkpoint.io import read_checkpoint
@@ -136,6 +137,12 @@ class WeightValuesError(UserError):
     tensors, or NaN / infinity. Refused (exit 2), naming the first such tensor and the count."""
 
 
+def has_values(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds values to look at: not a meta tensor, nor segadv-plan's stand-ins
+    (fake tensors: shapes and dtypes only, which its checkpoint pass loads)."""
+    return not tensor.is_meta and not is_fake(tensor)
+
+
 def check_weight_values(state: Mapping[str, Any], expected: Mapping[str, torch.Tensor] | None, name: str) -> None:
     """The one check of a file's values before they reach a network (every load of weights:
     checkpoints, ``init.<role>.path``, encoder weights, the references' files, a resume, eval,
@@ -158,7 +165,7 @@ def check_weight_values(state: Mapping[str, Any], expected: Mapping[str, torch.T
         if floating and not (tensor.is_floating_point() or tensor.is_complex()) and \
                 not (expected is None and key.endswith("num_batches_tracked")):
             wrong_type.append(key)
-        elif (tensor.is_floating_point() or tensor.is_complex()) and tensor.numel() and \
+        elif (tensor.is_floating_point() or tensor.is_complex()) and tensor.numel() and has_values(tensor) and \
                 not bool(torch.isfinite(tensor).all()):
             nonfinite.append(key)
     if wrong_type:

@@ -24,7 +24,6 @@ from typing import Any, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 KERNELS = ("flash", "efficient", "math")
 _SIGNATURE = inspect.signature(lambda query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -52,16 +51,34 @@ def cuda_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, att
     return "math"
 
 
-class CudaAttention(TorchFunctionMode):
+class CudaAttention:
     """SDPA on ``device_type`` (the stand-in) run as the kernel CUDA picks (``cuda_kernel``), the
     inputs cast first as CUDA's autocast casts SDPA (lower precision). Counts the kernels per
-    network (``network``, which the plan's forward hooks set) for the plan's note."""
+    network (``network``, which the plan's forward hooks set) for the plan's note.
+
+    Entered, it replaces ``torch.nn.functional.scaled_dot_product_attention`` for the process (the
+    networks look it up at each call), not a thread's function mode: activation checkpointing
+    recomputes a block inside the backward, on autograd's thread, and must run the same kernel as
+    the forward did (a recompute that saved other tensors aborts the backward)."""
 
     def __init__(self, device_type: str) -> None:
-        super().__init__()
         self.device_type = device_type
         self.kernels: dict[str, Counter[str]] = defaultdict(Counter)
         self._networks: list[str] = []
+        self._original: Any = None
+
+    def __enter__(self) -> CudaAttention:
+        self._original = F.scaled_dot_product_attention
+        original = self._original
+
+        def routed(*args: Any, **kwargs: Any) -> Any:
+            return self.__torch_function__(original, (), args, kwargs)
+
+        F.scaled_dot_product_attention = routed
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        F.scaled_dot_product_attention = self._original
 
     @contextlib.contextmanager
     def watching(self, modules: Iterable[tuple[str, torch.nn.Module]]) -> Iterator[None]:
@@ -86,8 +103,6 @@ class CudaAttention(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention:
-            return func(*args, **kwargs)
         call = _SIGNATURE.bind(*args, **kwargs)
         call.apply_defaults()
         a = call.arguments
@@ -98,7 +113,8 @@ class CudaAttention(TorchFunctionMode):
             dtype = torch.get_autocast_dtype(self.device_type)
             query, key, value = (t.to(dtype) for t in (query, key, value))
         kernel = cuda_kernel(query, key, value, a["attn_mask"], a["enable_gqa"])
-        self.kernels[self._networks[-1] if self._networks else "other"][kernel] += 1
+        if self._networks:  # a network's forward (a checkpoint's recompute in the backward is not counted)
+            self.kernels[self._networks[-1]][kernel] += 1
         if kernel == "flash":
             return torch.ops.aten._scaled_dot_product_flash_attention(
                 query, key, value, a["dropout_p"], a["is_causal"], False, scale=a["scale"])[0]

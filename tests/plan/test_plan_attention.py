@@ -53,6 +53,15 @@ def test_the_plan_says_which_kernel_it_assumed_per_network(capsys):
     assert "generator: efficient" in notes[0] and "teacher: efficient" in notes[0]
 
 
+def test_checkpointed_blocks_recompute_with_the_same_kernel(capsys):
+    """Activation checkpointing recomputes each block inside the backward, on autograd's thread:
+    the routing holds there too (a thread's function mode would not, and the recompute's other
+    saved tensors would abort the process), and the recompute is not counted as a second call."""
+    assert main([*TINY, "model.generator.activation_checkpointing=true", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["devices"]["cuda:0"]["peak_bytes"] > 0
+
+
 @pytest.mark.parametrize("dtype, head, expected", [
     (torch.bfloat16, 64, "flash"), (torch.float16, 64, "flash"), (torch.float32, 64, "efficient"),
     (torch.bfloat16, 320, "efficient"), (torch.float32, 6, "math"),
