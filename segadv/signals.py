@@ -93,29 +93,30 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def _repeated(signum: int, doing: str) -> None:
+    """A repeat of a stop signal while the command is already on its way out: logged the first
+    time; the next one takes the signal's default action (the process ends at once)."""
+    name = signal.Signals(signum).name
+    _state.repeats += 1
+    if _state.repeats >= 2:
+        log.warning("%s again: ending at once", name)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    log.warning("%s: %s (once more ends the process at once)", name, doing)
+
+
 def _dispatch(signum: int, frame: FrameType | None) -> None:
     """The one handler of SIGINT, SIGTERM and SIGHUP (module docstring)."""
     name = signal.Signals(signum).name
     if _state.raised is None and _state.stop_signal is not None and not _state.stops:
         # The loop has stopped on a signal and the command is on its way out (the files closing,
         # status.json's last write): the first signal's answer stands, a repeat changes nothing.
-        _state.repeats += 1
-        if _state.repeats >= 2:
-            log.warning("%s again: ending at once", name)
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        log.warning("%s: already stopping on %s, the checkpoint saved; this changes nothing (once more ends the "
-                    "process at once)", name, signal.Signals(_state.stop_signal).name)
+        _repeated(signum, f"already stopping on {signal.Signals(_state.stop_signal).name}, the checkpoint saved; "
+                          "this changes nothing")
         return
     if _state.raised is not None:  # already unwinding: let the clean-up finish
-        _state.repeats += 1
-        if _state.repeats >= 2:
-            log.warning("%s again: ending at once", name)
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        log.warning("%s: already stopping, cleaning up (once more ends the process at once)", name)
+        _repeated(signum, "already stopping, cleaning up")
         return
     if _state.stops:
         _state.stops[-1]._handle(signum)

@@ -38,7 +38,7 @@ from segadv.checkpoint.smp_dir import CONFIG_FILE, WEIGHTS_FILE, check_smp_confi
 from segadv.checkpoint.state import is_segadv_checkpoint
 from segadv.config import Config, config_from_dict, config_to_dict, load_config
 from segadv.config.loading import mapping_over_caps
-from segadv.config.resume import as_the_schema_reads, flatten, short_value
+from segadv.config.resume import as_the_schema_reads, flatten, listed_differences, short_value
 from segadv.errors import UserError
 from segadv.fsutil import file_sha256
 from segadv.models import build_generator_for_weights
@@ -173,12 +173,11 @@ def check_inference_config(saved: Mapping[str, Any], cfg: Config, path: Path, so
               if fixed_by_checkpoint(key) and old.get(key) != new.get(key)]
     if not differ:
         return
-    shown = "; ".join(f"{key}={short_value(now)} ({source}) differs from the checkpoint's {short_value(then)}"
-                      for key, then, now in differ[:6])
-    more = f" (and {len(differ) - 6} more)" if len(differ) > 6 else ""
+    shown = listed_differences(differ, lambda key, then, now: f"{key}={short_value(now)} ({source}) differs from "
+                                                              f"the checkpoint's {short_value(then)}")
     key, then, _ = differ[0]
     raise UserError(
-        f"{shown}{more}: {path}'s G was trained with its own classes, input normalisation and network, "
+        f"{shown}: {path}'s G was trained with its own classes, input normalisation and network, "
         f"and is scored, exported and run with them; leave {key} out (or set {key}={short_value(then)})")
 
 

@@ -18,9 +18,8 @@ import importlib
 from typing import Any, ClassVar, Literal, Mapping, Optional
 
 from pydantic import Field, create_model, field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
-from segadv.config.section import Section
+from segadv.config.section import Section, registered_choice
 
 ARCH_TABLE = "segadv.config.archs"
 DEFAULT_ARCH = "deeplabv3plus"
@@ -87,10 +86,7 @@ class GeneratorConfig(Section):
     @classmethod
     def _registered_arch(cls, name: str) -> str:
         archs = registered_archs()
-        if name not in archs:  # reported as a Literal's mismatch is: the archs it could be
-            *others, last = map(repr, archs)
-            expected = f"{', '.join(others)} or {last}" if others else last
-            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        registered_choice(name, archs)
         if cls is not GeneratorConfig and archs[name].settings is not cls:
             raise ValueError(f"{name} is not the arch of this section ({cls.__name__})")
         return name

@@ -100,12 +100,11 @@ def check_resumed_config(saved: Mapping[str, Any] | None, now: Mapping[str, Any]
     differ = config_differences(as_the_schema_reads(saved), as_the_schema_reads(now), schema_defaults())
     if not differ:
         return
-    shown = "; ".join(f"{key} differs from the checkpoint's ({short_value(old)} then, {short_value(new)} now)"
-                      for key, old, new in differ[:6])
-    more = f" (and {len(differ) - 6} more)" if len(differ) > 6 else ""
+    shown = listed_differences(differ, lambda key, old, new: f"{key} differs from the checkpoint's "
+                                                             f"({short_value(old)} then, {short_value(new)} now)")
     key, old, _ = differ[0]
     raise UserError(
-        f"{shown}{more}: a resume continues the run {checkpoint} was saved by and may change only what "
+        f"{shown}: a resume continues the run {checkpoint} was saved by and may change only what "
         f"docs/checkpoints.md lists (train.max_steps, learning rates, amp, logging, ...); resume with "
         f"{key}={short_value(old)} (without --config a resume uses the run's own config.yaml), or start a new run dir "
         f"from its weights (init.generator.path={checkpoint} init.discriminator.path={checkpoint})")
@@ -172,6 +171,16 @@ def schema_defaults() -> dict[str, Any]:
     from segadv.config.schema import Config
 
     return flatten(config_to_dict(Config()))
+
+
+SHOWN_DIFFERENCES = 6  # keys a refusal names; the rest counted
+
+
+def listed_differences(differ: list, describe) -> str:
+    """The first keys of ``differ`` ((key, then, now) triples) as ``describe`` words each, joined,
+    and how many more there are."""
+    shown = "; ".join(describe(key, then, now) for key, then, now in differ[:SHOWN_DIFFERENCES])
+    return shown + (f" (and {len(differ) - SHOWN_DIFFERENCES} more)" if len(differ) > SHOWN_DIFFERENCES else "")
 
 
 def short_value(value: Any) -> str:

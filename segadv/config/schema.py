@@ -21,7 +21,6 @@ import os
 from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import Field, SerializeAsAny, ValidationInfo, create_model, field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
 # The per-network sections and their entries are the config's like any section; their own modules hold them.
 from segadv.config.generator_section import GeneratorConfig  # noqa: F401
@@ -41,7 +40,7 @@ from segadv.config.network_settings import (  # noqa: F401
     OptimizerConfig,
 )
 from segadv.config.normalization import NORMALIZATIONS, Normalization, resolve as resolve_normalization
-from segadv.config.section import Beta, Count, Probability, Section, Seed, Weight  # noqa: F401
+from segadv.config.section import Beta, Count, Probability, Section, Seed, Weight, registered_choice  # noqa: F401
 
 
 class SyntheticDataConfig(Section):
@@ -215,12 +214,7 @@ class MethodConfig(Section):
     @field_validator("name")
     @classmethod
     def _registered_name(cls, name: str) -> str:
-        methods = registered_methods()
-        if name not in methods:  # reported as a Literal's mismatch is: the names it could be
-            *others, last = map(repr, methods)
-            expected = f"{', '.join(others)} or {last}" if others else last
-            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
-        return name
+        return registered_choice(name, registered_methods())
 
     @model_validator(mode="wrap")
     @classmethod

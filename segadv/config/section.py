@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 
 class Section(BaseModel):
@@ -23,3 +24,13 @@ Count = Annotated[int, Field(gt=0, le=10**9)]  # steps, intervals: positive and 
 Weight = Annotated[float, Field(ge=0, le=1e6)]  # a loss term's weight (0: off)
 Probability = Annotated[float, Field(ge=0, le=1)]
 Beta = Annotated[float, Field(ge=0, lt=1)]
+
+
+def registered_choice(name: str, registered) -> str:
+    """``name`` where it is one of ``registered`` (a registry's names); else the error a Literal's
+    mismatch gives, listing the names it could be (reported by the loader as "expected ...")."""
+    if name not in registered:
+        *others, last = map(repr, registered)
+        expected = f"{', '.join(others)} or {last}" if others else last
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+    return name
