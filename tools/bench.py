@@ -332,7 +332,8 @@ def agreement_worker(calls: int, step_seconds: float) -> None:
     print(spent / calls)
 
 
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+COPY_CALLS = ("cudaMemcpy",)  # cudaMemcpy and cudaMemcpyAsync: a copy from pageable host memory waits
 
 
 def profile_sides(runners: dict[str, object], steps: int, top: int = 25) -> None:
@@ -352,10 +353,12 @@ def profile_sides(runners: dict[str, object], steps: int, top: int = 25) -> None
         ops = sum(c for key, (c, _) in per_op[name].items() if key.startswith("aten::"))
         launches = sum(c for key, (c, _) in per_op[name].items() if "LaunchKernel" in key)
         syncs = sum(c for key, (c, _) in per_op[name].items() if key.startswith(SYNC_CALLS))
+        copies = sum(c for key, (c, _) in per_op[name].items() if key.startswith(COPY_CALLS))
         host_us = sum(us for _, us in per_op[name].values())
         figure(f"profile/{name}/aten_ops_per_step", ops)
         figure(f"profile/{name}/kernel_launches_per_step", launches)
         figure(f"profile/{name}/host_syncs_per_step", syncs, "", ", ".join(SYNC_CALLS))
+        figure(f"profile/{name}/memcpy_calls_per_step", copies, "", "cudaMemcpy, cudaMemcpyAsync")
         figure(f"profile/{name}/host_self_ms_per_step", host_us / 1000, "ms", "profiler overhead included")
     a, b = list(per_op)[:2]
     keys = set(per_op[a]) | set(per_op[b])
