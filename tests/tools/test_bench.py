@@ -72,3 +72,18 @@ def test_compile_figures_for_g_d_and_both_against_eager_and_the_bare_loop(capsys
     assert found["compile/eager/speedup"] == 1
     assert all(found[f"compile/{name}/compile_s"] > 0 for name in ("g", "d", "g+d"))
     assert "graphs compiled during the timed rounds" not in out
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_the_profile_counts_both_sides_operators(capsys):
+    """--profile: per step, each side's operators (the same arithmetic: within a few of each other)
+    and the operators whose host time differs most."""
+    args = ["--no-variants", "--steps", "1", "--rounds", "1", "--warmup", "0", "--profile", "1",
+            "--device-map", "g:cpu,d:cpu", *TINY_OVERRIDES]
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    found = figures(out)
+    ops = {side: found[f"profile/{side}/aten_ops_per_step"] for side in ("segadv", "bare")}
+    assert ops["bare"] > 100 and abs(ops["segadv"] - ops["bare"]) < 0.2 * ops["bare"]
+    assert found["profile/segadv/kernel_launches_per_step"] == 0  # no CUDA here
+    assert "# top 25 operators by host time per step, segadv minus bare" in out
