@@ -37,7 +37,8 @@ TEACHER = {name for name in SHIPPED
                load_config(CONFIGS_DIR / name))}
 # The configs' own architectures on small crops (a few seconds a dry run; fake tensors cost per op,
 # not per pixel, so this is about the crop's effect on nothing but the figures).
-SMALL_CROP = "[{name: Resize, height: 112, width: 112}]"  # a multiple of DeepLab's 16 and DINOv2's patch 14
+SMALL_SIDE = 112  # a multiple of DeepLab's 16 and DINOv2's patch 14
+SMALL_CROP = f"[{{name: Resize, height: {SMALL_SIDE}, width: {SMALL_SIDE}}}]"
 
 
 def demo(*overrides):
@@ -488,7 +489,7 @@ def test_the_confidence_diagnostics_images_are_planned_on_the_host():
     cfg = small("semi.yaml", "device_map=cpu", "data.synthetic.image_size=64")
     with_diag, without = (dry_run(cfg.model_copy(update={"log": cfg.log.model_copy(update={"diagnostic_images": n})}),
                                   steps=1) for n in (16, 0))
-    size = cfg.data.synthetic.image_size
+    size = SMALL_SIDE  # the images come through the training pipeline: SMALL_CROP's Resize
     assert with_diag.devices["cpu"].peak_bytes - without.devices["cpu"].peak_bytes == 16 * (3 * size * size * 4 + size * size * 8)
 
 
