@@ -7,8 +7,11 @@ predicted masks against its ground truth.
 Without ``--config`` the config saved in the checkpoint is used (overrides apply on top); a raw
 state dict needs one; an smp ``save_pretrained`` directory describes G itself
 (segadv/checkpoint/inference.py); a run dir means its best checkpoint
-(segadv/checkpoint/run_checkpoint.py). ``--json``: one object, per-class IoU by class name (null
-for a class neither predicted nor in the ground truth) and the confusion matrix.
+(segadv/checkpoint/run_checkpoint.py). G runs under the autocast its run evaluated it under (the
+config's ``amp.generator``, ``auto`` resolved on the device as training resolves it), so a checkpoint
+scores what its run's evaluations scored; ``amp.generator.enabled=false`` scores in float32.
+``--json``: one object, with the precision, per-class IoU by class name (null for a class neither
+predicted nor in the ground truth) and the confusion matrix.
 
 ``--show-dir DIR`` writes each val image's predicted mask (a palette PNG, as segadv-predict writes
 them: segadv/data/masks.py) and an overlay, under segadv-predict's rules for its --output: no input
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                           "confusion_matrix": {"classes": names, "rows": result.matrix.tolist()}}))
         return 0
     print(f"{line}; val split of {'target_data' if cfg.target_data is not None else 'data'}")
+    if scored.precision is not None:  # G's forward: the run's evaluations ran in the same
+        print(f"precision  {scored.precision.name} ({scored.precision.why})")
     print(f"mIoU       {metrics['mIoU']:.4f}")
     print(f"pixel acc  {metrics['pixel_acc']:.4f}")
     for name, iou in zip(names, metrics["iou"]):

@@ -4,9 +4,11 @@ domain adaptation), or a folder of predicted masks scored against that split's g
 
 from __future__ import annotations
 
+import logging
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -14,11 +16,14 @@ from segadv.errors import UserError
 from segadv.inference.show_dir import (OVERLAY_DIR, SHOWN, ShowDirWriter, check_show_dir, input_files, input_folders,
                                       sample_stems)
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class Scored:
     """One evaluation: its scores (an ``EvalResult``), what the JSON report starts with, the line
-    naming what was scored, the val samples left out, the config and the val data section."""
+    naming what was scored, the val samples left out, the config, the val data section and the
+    precision G ran in."""
 
     result: Any
     header: dict[str, Any]
@@ -26,6 +31,43 @@ class Scored:
     skipped: list[Any]
     cfg: Any
     val_data: Any
+    precision: Precision | None = None  # G's, for a checkpoint (None: predictions scored)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What G's forward computes in when scored: ``name`` (float32, bfloat16 or float16), the config
+    key it comes from, why (that key's value, and how ``auto`` resolved) and the autocast that runs it."""
+
+    name: str
+    key: str  # the amp key it comes from: amp.generator.enabled (amp.teacher.enabled)
+    why: str
+    autocast: Callable[[], AbstractContextManager]
+
+
+def evaluation_precision(cfg: Any, network: str, device: Any) -> Precision:
+    """The autocast training evaluates ``network`` (student or teacher) under: its role's
+    ``amp.<role>`` in ``cfg`` (the teacher's falls back to G's), ``enabled: auto`` resolved on
+    ``device`` by training's own rule (segadv/engine/amp_optimizer.py ``resolve_auto``), so a
+    checkpoint scores as its run's evaluations scored it."""
+    import torch
+
+    from segadv.checkpoint.inference import NETWORKS
+    from segadv.config.roles import setting
+    from segadv.engine.amp_optimizer import resolve_auto
+
+    role = NETWORKS[network]
+    amp = setting(cfg.amp, role)
+    key = f"amp.{role if getattr(cfg.amp, role, None) is not None else 'generator'}.enabled"
+    resolved, why = resolve_auto(amp, (device,))
+    name = resolved.dtype if resolved.enabled else "float32"
+    if amp.is_auto:
+        why = f"{key}: auto -> {'bf16' if resolved.enabled else 'off'} on {device.type} ({why})"
+    else:
+        why = f"{key}: {str(amp.enabled).lower()}" + (f", dtype {amp.dtype}" if amp.enabled else "")
+    dtype = getattr(torch, resolved.dtype)
+    enabled = bool(resolved.enabled)
+    return Precision(name, key, why, lambda: torch.autocast(device.type, dtype=dtype, enabled=enabled))
 
 
 def read_prediction(path: Path, num_classes: int) -> np.ndarray:
@@ -110,6 +152,11 @@ def evaluate_checkpoint(checkpoint_path: str, config: str | None, overrides: Seq
     # The split training measured val/* on: the target's with domain adaptation, else data's.
     val_data = cfg.target_data if cfg.target_data is not None else cfg.data
     val_loader = build_val_loader(val_data, seed=cfg.train.seed, pin_memory=False)  # no train split needed
+    # G's forward as the run's evaluations ran it: a bf16 run scored in float32 scores a little otherwise
+    precision = evaluation_precision(cfg, loaded.network, device_map.generator)
+    log.info("precision: %s (%s)%s", precision.name, precision.why,
+             "" if precision.name == "float32" else
+             f"; {precision.key}=false scores in float32")
     batches, writer = val_loader, None
     if show_dir:
         out_dir, dataset = Path(show_dir), val_loader.dataset
@@ -123,12 +170,14 @@ def evaluate_checkpoint(checkpoint_path: str, config: str | None, overrides: Seq
         make_dir(out_dir / OVERLAY_DIR)
         writer = ShowDirWriter(dataset, stems, out_dir, cfg.data.num_classes, val_data.input_normalization)
         batches = writer.batches()
-    result = evaluate(generator, batches, device_map.generator, cfg.data.num_classes, track=evaluation_progress,
-                      sink=writer)
+    result = evaluate(generator, batches, device_map.generator, cfg.data.num_classes, autocast=precision.autocast,
+                      track=evaluation_progress, sink=writer)
     skipped = left_out(val_loader) + (writer.left_out if writer is not None else [])
     # which of the checkpoint's networks was scored: the student (G) or, --network teacher, its EMA teacher
-    header: dict[str, Any] = {"checkpoint": checkpoint, "step": loaded.step, "network": loaded.network}
+    header: dict[str, Any] = {"checkpoint": checkpoint, "step": loaded.step, "network": loaded.network,
+                              "precision": precision.name}
     if writer is not None:
         header["show_dir"], header["show_dir_written"] = show_dir, writer.written
     step = "" if loaded.step is None else f", step {loaded.step}"
-    return Scored(result, header, f"checkpoint: {checkpoint} ({loaded.kind}{step})", skipped, cfg, val_data)
+    return Scored(result, header, f"checkpoint: {checkpoint} ({loaded.kind}{step})", skipped, cfg, val_data,
+                  precision)
