@@ -82,6 +82,20 @@ def add_config_arguments(parser: argparse.ArgumentParser, help: str) -> None:
                         help="list the shipped configs (names for --config) and exit")
 
 
+# ``--network``'s choices: the keys of segadv/checkpoint/inference.py's NETWORKS (a test holds them
+# equal; this module stays torch-free, so --help answers without torch).
+NETWORK_CHOICES = ("student", "teacher")
+
+
+def add_network_argument(parser: argparse.ArgumentParser) -> None:
+    """``--network student|teacher``, one option for every command that takes a checkpoint's G
+    (segadv-eval, -export, -predict, segadv-ckpt convert): a mean_teacher run's student (the
+    default) or its EMA teacher."""
+    parser.add_argument("--network", choices=NETWORK_CHOICES,
+                        help="of a mean_teacher run's checkpoint: the student (G, default: the network the run "
+                             "scored as val/mIoU) or its EMA teacher")
+
+
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
     """``parser.parse_intermixed_args``; with subcommands (which it does not support), the chosen
     subcommand's own arguments are parsed intermixed."""

@@ -1,12 +1,14 @@
 """segadv-ckpt: look inside a checkpoint, or turn it into a clean generator-only weights file.
 
     segadv-ckpt inspect FILE|DIR|RUN_DIR [--trust-checkpoint]
-    segadv-ckpt convert FILE|DIR (--output OUT [--safetensors] | --smp DIR) [--config FILE] [key=value ...]
+    segadv-ckpt convert FILE|DIR (--output OUT [--safetensors] | --smp DIR) [--network student|teacher]
+                        [--config FILE] [key=value ...]
 
 ``inspect RUN_DIR`` inspects the run's best checkpoint (segadv/checkpoint/run_checkpoint.py).
 ``convert`` loads G through the one inference loader (segadv/checkpoint/inference.py), so it takes
-what segadv-eval and segadv-export take. ``--smp DIR`` writes smp's ``save_pretrained`` format,
-which ``smp.from_pretrained(DIR)`` opens (segadv/checkpoint/smp_dir.py).
+what segadv-eval and segadv-export take, ``--network`` included (a mean_teacher run's student,
+the default, or its EMA teacher: the same option, segadv/cli/args.py). ``--smp DIR`` writes smp's
+``save_pretrained`` format, which ``smp.from_pretrained(DIR)`` opens (segadv/checkpoint/smp_dir.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
+from segadv.cli.args import (HelpFormatter, add_config_arguments, add_network_argument, docs_epilog, parse_args,
+                             path_argument)
 from segadv.errors import UserError, cli_entry
 from segadv.fsutil import (atomic_write_bytes, check_output, check_output_dir, check_parent, file_sha256, make_dir,
                            output_file, refuse_overwriting)
@@ -26,6 +29,8 @@ from segadv.fsutil import (atomic_write_bytes, check_output, check_output_dir, c
 # segadv.checkpoint and torch are imported where a command runs: --help answers without them.
 
 log = logging.getLogger("segadv.cli.ckpt")
+
+TEACHER_KEY = "teacher"  # a mean_teacher run's EMA teacher in its checkpoint (docs/checkpoints.md)
 
 
 def detect_format(obj: Mapping[str, Any]) -> str:
@@ -62,6 +67,7 @@ def wrapper_prefixes(keys: list[str]) -> Counter[str]:
 
 
 def inspect(path: str, trusted: bool) -> str:
+    import torch
     import yaml
 
     from segadv.checkpoint.io import read_verified
@@ -101,15 +107,23 @@ def inspect(path: str, trusted: bool) -> str:
         lines.append(f"{'':<10} looks like {describe_weights(flat)}")
         if location == "top level":
             break  # a bare state dict holds one network
+    teacher = obj.get(TEACHER_KEY) if is_segadv_checkpoint(obj) else None
+    if isinstance(teacher, Mapping) and teacher:
+        tensors = [v for v in teacher.values() if isinstance(v, torch.Tensor)]
+        params = sum(v.numel() for v in tensors)
+        lines.append(f"{'teacher:':<10} ['{TEACHER_KEY}']: {len(tensors)} tensors, {params:,} values; the mean "
+                     "teacher's EMA of the generator (segadv-eval/-export/-predict/convert --network teacher)")
     if isinstance(obj.get("config"), dict):
         lines.append("config:")
         lines.append(yaml.safe_dump(obj["config"], sort_keys=False).rstrip().replace("\n", "\n  ").join(["  ", ""]))
     return "\n".join(lines)
 
 
-def convert(path: str, output: str, as_safetensors: bool, config: str | None, overrides: list[str], trusted: bool) -> str:
+def convert(path: str, output: str, as_safetensors: bool, config: str | None, overrides: list[str], trusted: bool,
+            network: str | None = None) -> str:
     """Load the generator strictly into a fresh model, then save its bare state dict (sealed with
-    its sha256, segadv/checkpoint/integrity.py)."""
+    its sha256, segadv/checkpoint/integrity.py). ``network``: a mean_teacher checkpoint's student
+    (None: the default) or its teacher; a checkpoint without a teacher asked for one is a UserError."""
     from segadv.checkpoint.inference import load_generator, read_files
     from segadv.checkpoint.integrity import seal_safetensors
     from segadv.checkpoint.io import checkpoint_bytes
@@ -119,7 +133,7 @@ def convert(path: str, output: str, as_safetensors: bool, config: str | None, ov
     output = str(output_file(output, "--output"))  # a device, FIFO or socket: refused before the load
     check_parent(output)  # a folder that is a file: refused before the load (a missing one is made)
     refuse_overwriting([("--output", output)], read_files(path, config, name="the checkpoint"))
-    loaded = load_generator(path, config, overrides, trusted=trusted)
+    loaded = load_generator(path, config, overrides, trusted=trusted, network=network)
     cfg = loaded.cfg
     state = {k: v.contiguous() for k, v in loaded.model.state_dict().items()}
     if as_safetensors:
@@ -127,16 +141,17 @@ def convert(path: str, output: str, as_safetensors: bool, config: str | None, ov
 
         data = seal_safetensors(safetensors_bytes(state, metadata={
             "source": Path(path).name, "arch": cfg.model.generator.arch, "encoder": cfg.model.generator.encoder,
-            "num_classes": str(cfg.data.num_classes)}))
+            "num_classes": str(cfg.data.num_classes), **({"network": loaded.network} if network else {})}))
     else:
         data = checkpoint_bytes(state)
     make_dir(Path(output).parent)
     atomic_write_bytes(output, data)
-    return f"wrote {output}: generator only, {len(state)} tensors, no wrapper prefixes"
+    which = "generator only" if network is None else f"the {loaded.network}'s weights only"
+    return f"wrote {output}: {which}, {len(state)} tensors, no wrapper prefixes"
 
 
 def convert_to_smp(path: str, directory: str, config: str | None, overrides: list[str], trusted: bool,
-                   overwrite: bool = False) -> str:
+                   overwrite: bool = False, network: str | None = None) -> str:
     """Load the generator strictly into a fresh model, then write it as an smp directory. Like
     segadv-predict's --output, a folder holding files convert did not write is refused without
     ``overwrite``; an input never is replaced."""
@@ -155,7 +170,7 @@ def convert_to_smp(path: str, directory: str, config: str | None, overrides: lis
         raise UserError(f"--smp {directory} holds files segadv-ckpt convert did not write ({shown}); smp's "
                         f"save_pretrained writes {', '.join(SAVE_PRETRAINED_FILES)} there: choose an empty or new "
                         "folder, or pass --overwrite")
-    loaded = load_generator(path, config, overrides, trusted=trusted)
+    loaded = load_generator(path, config, overrides, trusted=trusted, network=network)
     count = save_smp_dir(loaded.model, Path(directory))
     return f"wrote {directory}: {type(loaded.model).__name__} for smp.from_pretrained, {count} tensors"
 
@@ -178,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="write --smp into a folder holding files convert did not write (inputs are never "
                            "replaced)")
     p_convert.add_argument("--safetensors", action="store_true", help="write safetensors instead of torch.save")
+    add_network_argument(p_convert)
     add_config_arguments(p_convert, "says which generator the file holds (raw state dicts)")
     p_convert.add_argument("overrides", nargs="*", metavar="key=value",
                            help="dotted config overrides of the generator's config")
@@ -198,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.safetensors:
             raise UserError("--safetensors applies to --output; --smp always writes model.safetensors")
         print(convert_to_smp(args.file, args.smp, args.config, args.overrides, args.trust_checkpoint,
-                             overwrite=args.overwrite))
+                             overwrite=args.overwrite, network=args.network))
     else:
-        print(convert(args.file, args.output, args.safetensors, args.config, args.overrides, args.trust_checkpoint))
+        print(convert(args.file, args.output, args.safetensors, args.config, args.overrides, args.trust_checkpoint,
+                      network=args.network))
     return 0
 
 

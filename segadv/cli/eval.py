@@ -27,7 +27,8 @@ import json
 import sys
 from pathlib import Path
 
-from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
+from segadv.cli.args import (HelpFormatter, add_config_arguments, add_network_argument, docs_epilog, parse_args,
+                             path_argument)
 from segadv.errors import UserError, cli_entry
 from segadv.inference.show_dir import OVERLAY_DIR
 
@@ -52,9 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "is still never replaced)")
     parser.add_argument("--device", help="cpu, cuda:N or N (default: cuda:0 if available, else cpu)")
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
-    parser.add_argument("--network", choices=("student", "teacher"),
-                        help="of a mean_teacher run's checkpoint: the student (G, default: the network the run scored "
-                             "as val/mIoU) or its EMA teacher")
+    add_network_argument(parser)
     parser.add_argument("--trust-checkpoint", action="store_true", help="allow pickled code (off: weights only)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted config overrides, e.g. data.root=/data/VOC2012 "

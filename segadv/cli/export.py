@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, fraction, parse_args, path_argument, tolerance
+from segadv.cli.args import (HelpFormatter, add_config_arguments, add_network_argument, docs_epilog, fraction,
+                             parse_args, path_argument, tolerance)
 from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.export.settings import FORMATS, resolve_format, tolerances
@@ -53,9 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="least argmax agreement for --with-argmax exports (default 0.999 float32, 0.99 float16)")
     p.add_argument("--verify-size", nargs=2, type=int, action="append", metavar=("H", "W"),
                    help="a verification size (repeat; default: the input size and a larger non-square one)")
-    p.add_argument("--network", choices=("student", "teacher"),
-                   help="of a mean_teacher run's checkpoint: the student (G, default: the network the run scored as "
-                        "val/mIoU) or its EMA teacher")
+    add_network_argument(p)
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow a checkpoint that needs arbitrary pickled code (only for a file you trust)")
     p.add_argument("overrides", nargs="*", metavar="key=value",

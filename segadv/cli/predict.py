@@ -37,7 +37,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
+from segadv.cli.args import (HelpFormatter, add_config_arguments, add_network_argument, docs_epilog, parse_args,
+                             path_argument)
 from segadv.errors import UserError, cli_entry
 from segadv.inference.backends import CheckpointBackend, open_model
 from segadv.inference.inputs import SHOWN, find_images, scan_inputs, unreadable_error
@@ -81,9 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="write into an --output folder holding files segadv-predict did not write (inputs are "
                    "never replaced)")
-    p.add_argument("--network", choices=("student", "teacher"),
-                   help="of a mean_teacher run's checkpoint: the student (G, default: the network the run scored as "
-                        "val/mIoU) or its EMA teacher")
+    add_network_argument(p)
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow a checkpoint that needs arbitrary pickled code (only for a file you trust)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides (--checkpoint only; the keys: segadv-train --help-config)")

@@ -36,7 +36,7 @@ from segadv.plan import standin, torch_surfaces
 from segadv.plan.attention import CudaAttention
 from segadv.plan.accounting import DryRunMode, PlacementError, segadv_line
 from segadv.plan.batches import BatchShape, FixedStream, make_batch, stream_shapes, val_size
-from segadv.training.run_data import build_data, evaluate_generator, run_state
+from segadv.training.run_data import build_data, evaluate_generator, evaluate_teacher, run_state
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +342,7 @@ def evaluation_pass(parts: Training, cfg: Config, tracker: DryRunMode, panel: to
         try:
             evaluate_generator(cfg, parts, val_loader(), num_samples=cfg.log.num_images,
                                proxies=type(parts.method).reads_unlabeled(cfg))
+            evaluate_teacher(cfg, parts, val_loader())  # a mean teacher's val/mIoU_teacher, on its device
             if panel is not None:
                 parts.method.panel(panel)
         except ValueError as err:

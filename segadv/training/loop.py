@@ -24,7 +24,7 @@ from segadv.training import preflight, run_dir as rundir
 from segadv.training.build import Training
 from segadv.training.lock import RunDirLock
 from segadv.training.process import run_log, seed_everything
-from segadv.training.run_data import RunData, evaluate_generator
+from segadv.training.run_data import RunData, evaluate_generator, evaluate_teacher
 from segadv.training.session import RunOptions, RunSite, Session, open_session
 
 
@@ -154,11 +154,17 @@ def interrupted_start(err: Interrupted, run_dir: Path, resumed: rundir.ResumePoi
 def evaluate_all(cfg: Config, parts: Training, data: RunData, reporter: Reporter, step: int) -> dict[str, object]:
     """Every evaluation due at ``step``, each reported as it ends: val (its metrics returned, with
     its label-free scores as ``proxies`` where the method reads unlabeled or target images), the
-    method's panel and diagnostics, the source's val split."""
+    teacher's val mIoU where the run has one (``val/mIoU_teacher``), the method's panel and
+    diagnostics, the source's val split."""
     train_seconds = reporter.elapsed()
     val = evaluate_generator(cfg, parts, data.val_loader, num_samples=cfg.log.num_images, track=reporter.track,
                              proxies=type(parts.method).reads_unlabeled(cfg))
     metrics = reporter.evaluation(step, val, data.val_loader, train_seconds=train_seconds)
+    teacher = evaluate_teacher(cfg, parts, data.val_loader, track=reporter.track)
+    if teacher is not None:  # the mean teacher's EMA teacher beside the student's val/mIoU
+        score = teacher.metrics["mIoU"]
+        reporter.writer.scalars(step, {"val/mIoU_teacher": score})
+        reporter.progress.write(f"step {step}: val mIoU of the teacher {score:.4f} (val/mIoU is the student's)")
     reporter.diagnostics(step, data.panel_images, data.diagnostic)
     if data.source_val_loader is not None:
         source = evaluate_generator(cfg, parts, data.source_val_loader, track=reporter.track)

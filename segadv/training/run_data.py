@@ -117,6 +117,19 @@ def generator_for_evaluation(parts: Training) -> nn.Module:
     return for_inference(parts.g.module)
 
 
+def evaluate_teacher(cfg: Config, parts: Training, loader: Iterable,
+                     track: Callable[[Iterable], Iterable] | None = None) -> EvalResult | None:
+    """The run's teacher (the mean teacher's EMA of G, the ``teacher`` role) on one val split, as
+    ``segadv-eval --network teacher`` scores it from a checkpoint (eval mode: its own running
+    statistics), on its own device under its own autocast; None where the run has no teacher. Each
+    rank holds its own copy (no DDP wrapper) and scores its shard; the counts are summed."""
+    teacher = parts.network("teacher")
+    if teacher is None:
+        return None
+    return evaluate(for_inference(teacher.module), loader, teacher.device, cfg.data.num_classes,
+                    autocast=teacher.autocast, track=track)
+
+
 def evaluate_generator(cfg: Config, parts: Training, loader: Iterable, num_samples: int = 0,
                        track: Callable[[Iterable], Iterable] | None = None, proxies: bool = False) -> EvalResult:
     """G on one val split, on G's device under G's autocast (``num_samples`` input/truth/prediction

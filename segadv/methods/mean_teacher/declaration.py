@@ -132,6 +132,21 @@ class MeanTeacherSpec(Method):
         if not cls.adapts(cfg) and cls.settings(cfg).target_batch_size is not None:
             raise UserError("method.mean_teacher.target_batch_size: this run has no target_data (semi-supervised); "
                             "the unlabeled batch is method.mean_teacher.unlabeled_batch_size")
+        cls.check_batches_match(cfg)
+
+    @classmethod
+    def check_batches_match(cls, cfg: Config) -> None:
+        """Each labeled/source image is mixed with one unlabeled/target image (``mixing.mix``), so
+        the two streams' batches must be equal: a mismatch is refused here, at the start, naming both
+        keys, not at the first step once the run dir is written."""
+        labeled, unlabeled = ADAPTATION_STREAMS if cls.adapts(cfg) else SEMI_STREAMS
+        sizes = cls.stream_batch_sizes(cfg)
+        if sizes[labeled.name] != sizes[unlabeled.name]:
+            raise UserError(
+                f"{unlabeled.batch_size_key}={sizes[unlabeled.name]} differs from {labeled.batch_size_key}="
+                f"{sizes[labeled.name]}: the mean teacher mixes each {labeled.name} image with one {unlabeled.name} "
+                f"image, so the two batches must be equal; set {unlabeled.batch_size_key} to "
+                f"{sizes[labeled.name]} or null (null: {labeled.batch_size_key})")
 
     @classmethod
     def setup(cls, cfg: Config) -> MeanTeacherSetup:
