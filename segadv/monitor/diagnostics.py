@@ -270,7 +270,8 @@ class DHealthDetector:
         if condition == WINS:
             cause, trend = self.cause(), self.g_trend()
             bound = band.overpowers_loss if cause == "overpowers" else band.wins_loss
-            g = "" if trend is None else f"; G's {G_LOSS} {trend[0]:.4f} over the window's first half, {trend[1]:.4f} over its second"
+            g = ("" if trend is None else
+                 f"; G's {G_LOSS} {trend[0]:.4f} over the window's first half, {trend[1]:.4f} over its second")
             text = (f"D wins outright: {name} below {bound * scale:g}{f' ({summed})' if summed else ''} "
                     f"{window}{g}: D tells G's maps from real ones almost surely, so G's adversarial terms carry little "
                     "signal and a confidence-masked self-training loss passes few pixels. ")
@@ -283,8 +284,8 @@ class DHealthDetector:
                          "D's lead. Act: raise G's learning rate (optim.generator.lr) or its adversarial weight "
                          "(loss.lambda_adv) so G pushes back")
             else:
-                text += (f"Likely cause: D learns much faster than G (without G's {G_LOSS} over the window the watch cannot "
-                         "tell which side to slow): "
+                text += (f"Likely cause: D learns much faster than G (without G's {G_LOSS} over the window "
+                         "the watch cannot tell which side to slow): "
                          "lower D's learning rate (optim.discriminator.lr), or raise G's (optim.generator.lr) or its "
                          "adversarial weight (loss.lambda_adv)")
         else:
@@ -331,7 +332,8 @@ class DHealthWatch:
     def for_run(cls, cfg: "Config", method: type, announce: bool = True) -> "DHealthWatch":
         """The watch of a run of ``cfg`` with the method class ``method`` (its ``d_losses`` and
         ``d_loss_scale``)."""
-        return cls(HealthBand.from_config(cfg.log, cfg.loss.adv_warmup_steps), tuple(getattr(method, "d_losses", ())), d_loss_scale(cfg, method),
+        band = HealthBand.from_config(cfg.log, cfg.loss.adv_warmup_steps)
+        return cls(band, tuple(getattr(method, "d_losses", ())), d_loss_scale(cfg, method),
                    stop=cfg.train.on_discriminator_collapse == "stop", announce=announce)
 
     def update(self, step: int, logged: Mapping[str, float]) -> list[HealthEvent]:
