@@ -328,6 +328,10 @@ class LogConfig(Section):
         description="\"D wins outright\": D's loss below this at d_wins_steps consecutive log steps; null: not checked")
     d_wins_steps: int = Field(
         10, ge=1, le=10**6, description="the window: consecutive log steps out of D's band before a warning (either condition)")
+    d_overpowers_loss: Optional[float] = Field(
+        0.02, gt=0, le=100,
+        description="\"D wins outright\" warns where D's loss stays below this over the window (D overpowers G: act on D's lr) "
+                    "or G's loss_seg did not fall over it (act on G's lr, loss.lambda_adv); null: only the latter")
     d_collapse_loss: Optional[float] = Field(
         0.69, gt=0, le=100,
         description="\"D collapsed\": D's loss at or above this (chance ln 2 = 0.693) at d_wins_steps consecutive log "

@@ -83,7 +83,9 @@ STATE_VALUES = {None: 0.0, WINS: 1.0, COLLAPSED: -1.0}  # health/d_state: in the
 CHANCE = math.log(2)  # the references' loss_D (the mean of the two halves) of a D that says 0.5 everywhere
 # D's accuracies beside its loss, as the methods log them: (on real, on fake) and their words.
 ACCURACY_PAIRS = (("d_acc_real", "d_acc_fake", "real", "fake"), ("d_acc_source", "d_acc_target", "source", "target"))
-HEALTH_KEYS = "log.d_wins_loss, log.d_collapse_loss, log.d_collapse_accuracy, log.d_wins_steps"
+HEALTH_KEYS = "log.d_wins_loss, log.d_overpowers_loss, log.d_collapse_loss, log.d_collapse_accuracy, log.d_wins_steps"
+G_LOSS = "loss_seg"  # G's segmentation loss, whose trend over the window says whether G still learns
+G_LEARNS = 0.02  # G learns: the mean of its loss over the window's later half at least 2% below the earlier half's
 
 
 @dataclass(frozen=True)
@@ -92,16 +94,23 @@ class HealthBand:
     and fake maps): its loss at least ``wins_loss`` (None: not checked) and, once it has been below
     ``collapse_loss``, not back at or above it while the mean of D's accuracies on real and fake is
     at most ``collapse_accuracy`` (None: not checked). ``window`` consecutive log steps out of it
-    make a warning. The ``log`` section's keys (docs/training.md, "D's health")."""
+    make a warning. Below ``wins_loss``, the window warns only where D overpowers G (every loss
+    in it below ``overpowers_loss``) or G's segmentation loss did not fall over it: D ahead of a G
+    that still learns is a lead G can close. ``start``: log steps up to this one (G's adversarial
+    term off, loss.adv_warmup_steps) do not count towards "D wins outright". The ``log`` section's
+    keys (docs/training.md, "D's health")."""
 
     wins_loss: Optional[float] = 0.2
     collapse_loss: Optional[float] = 0.69
     collapse_accuracy: float = 0.55
     window: int = 10
+    overpowers_loss: Optional[float] = 0.02
+    start: int = 0
 
     @classmethod
-    def from_config(cls, cfg: LogConfig) -> "HealthBand":
-        return cls(cfg.d_wins_loss, cfg.d_collapse_loss, cfg.d_collapse_accuracy, cfg.d_wins_steps)
+    def from_config(cls, cfg: LogConfig, adv_warmup_steps: int = 0) -> "HealthBand":
+        return cls(cfg.d_wins_loss, cfg.d_collapse_loss, cfg.d_collapse_accuracy, cfg.d_wins_steps,
+                   cfg.d_overpowers_loss, adv_warmup_steps)
 
     @property
     def checked(self) -> bool:
@@ -159,13 +168,14 @@ class DHealthDetector:
                 return real + self.suffix, fake + self.suffix, real_word, fake_word
         return None
 
-    def condition(self, loss: float, accuracy: Optional[tuple[float, float]]) -> Optional[str]:
-        """Which side of the band one log step's values are on (None: in it)."""
+    def condition(self, step: int, loss: float, accuracy: Optional[tuple[float, float]]) -> Optional[str]:
+        """Which side of the band one log step's values are on (None: in it, or below it before
+        ``band.start``, while G's adversarial term is off and G cannot push back)."""
         band, scale = self.band, self.scale
         if band.collapse_loss is not None and loss < band.collapse_loss * scale:
             self.told_apart = True
         if band.wins_loss is not None and loss < band.wins_loss * scale:
-            return WINS
+            return WINS if step > band.start else None
         if (band.collapse_loss is not None and self.told_apart and loss >= band.collapse_loss * scale
                 and (accuracy is None or (accuracy[0] + accuracy[1]) / 2 <= band.collapse_accuracy)):
             return COLLAPSED
@@ -182,7 +192,9 @@ class DHealthDetector:
         if not all(math.isfinite(value) for value in values.values()):  # the guard reports it
             self._streak.clear()
             return None
-        now = self.condition(loss, (values[names[0]], values[names[1]]) if names else None)
+        now = self.condition(step, loss, (values[names[0]], values[names[1]]) if names else None)
+        # The window's entries also carry G's segmentation loss (its trend: cause()); events do not.
+        entry = {**values, G_LOSS: logged[G_LOSS]} if G_LOSS in logged and math.isfinite(logged[G_LOSS]) else values
         if self.state is not None:
             if now == self.state:
                 return None
@@ -191,7 +203,7 @@ class DHealthDetector:
                                 f"{where}: {self.name} {loss:.4f} at step {step} "
                                 f"({CONDITIONS[self.state]} since step {self.since})", back=True)
             self.state = self.since = None
-            self._start(now, step, values)
+            self._start(now, step, entry)
             if self.announce:
                 log.info("%s", event.message)
             return event
@@ -200,8 +212,11 @@ class DHealthDetector:
             return None
         if self._streak_condition != now:
             self._streak.clear()
-        self._start(now, step, values)
+        self._start(now, step, entry)
         if len(self._streak) < self.band.window:
+            return None
+        if now == WINS and self.cause() is None:  # D ahead of a G that learns: slide the window on
+            self._streak.pop(0)
             return None
         self.state, self.since = now, self._streak[0][0]
         event = HealthEvent(now, self.name, step, self.since, values, self.warning(now, names))
@@ -217,6 +232,28 @@ class DHealthDetector:
             self._streak_condition = condition
             self._streak.append((step, values))
 
+    def g_trend(self) -> Optional[tuple[float, float]]:
+        """The mean of G's segmentation loss over the window's earlier and later halves, or None
+        where a log step of the window lacks it."""
+        losses = [values.get(G_LOSS) for _, values in self._streak]
+        if len(losses) < 2 or any(loss is None for loss in losses):
+            return None
+        half = len(losses) // 2
+        return sum(losses[:half]) / half, sum(losses[-half:]) / half
+
+    def cause(self) -> Optional[str]:
+        """Why a full window below the band is worth a warning: "overpowers" (every D loss in it
+        below ``band.overpowers_loss``), "g_stalled" (G's segmentation loss did not fall by
+        ``G_LEARNS`` over it), "unknown" (the run logs no such loss beside D's), or None: G still
+        learns, so D's lead is one G can close."""
+        bound = self.band.overpowers_loss
+        if bound is not None and all(values[self.name] < bound * self.scale for _, values in self._streak):
+            return "overpowers"
+        trend = self.g_trend()
+        if trend is None:
+            return "unknown"
+        return None if trend[1] <= trend[0] * (1 - G_LEARNS) else "g_stalled"
+
     def warning(self, condition: str, names: Optional[tuple[str, str, str, str]]) -> str:
         """The warning line: the values over the window, the bound, the likely cause and the keys."""
         band, scale, name = self.band, self.scale, self.name
@@ -231,18 +268,34 @@ class DHealthDetector:
                   f"max {max(losses):.4f}, now {losses[-1]:.4f}{accuracy})")
         summed = f"{scale:g} x the key's: {name} sums D's two halves" if scale != 1 else ""
         if condition == WINS:
-            text = (f"D wins outright: {name} below {band.wins_loss * scale:g}{f' ({summed})' if summed else ''} "
-                    f"{window}: D tells G's maps from real ones almost surely, so G's adversarial terms carry little "
-                    "signal and a confidence-masked self-training loss passes few pixels. Likely cause: D learns much "
-                    "faster than G (D's learning rate too high for G's, or G's adversarial weight too small to push "
-                    "back)")
+            cause, trend = self.cause(), self.g_trend()
+            bound = band.overpowers_loss if cause == "overpowers" else band.wins_loss
+            g = ("" if trend is None else
+                 f"; G's {G_LOSS} {trend[0]:.4f} over the window's first half, {trend[1]:.4f} over its second")
+            text = (f"D wins outright: {name} below {bound * scale:g}{f' ({summed})' if summed else ''} "
+                    f"{window}{g}: D tells G's maps from real ones almost surely, so G's adversarial terms carry little "
+                    "signal and a confidence-masked self-training loss passes few pixels. ")
+            if cause == "overpowers":
+                text += ("Likely cause: D overpowers G: its loss near 0 saturates its logits, D's own gradient "
+                         "vanishes and G's adversarial term, driven by those logits, can swamp G's segmentation loss. "
+                         "Act: lower D's learning rate (optim.discriminator.lr)")
+            elif cause == "g_stalled":
+                text += (f"Likely cause: G does not learn ({G_LOSS} did not fall over the window), so nothing closes "
+                         "D's lead. Act: raise G's learning rate (optim.generator.lr) or its adversarial weight "
+                         "(loss.lambda_adv) so G pushes back")
+            else:
+                text += (f"Likely cause: D learns much faster than G (without G's {G_LOSS} over the window "
+                         "the watch cannot tell which side to slow): "
+                         "lower D's learning rate (optim.discriminator.lr), or raise G's (optim.generator.lr) or its "
+                         "adversarial weight (loss.lambda_adv)")
         else:
             accuracies = ("" if names is None else
                           f", D's accuracies at chance (their mean at most {band.collapse_accuracy:g}),")
             text = (f"D collapsed: {name} at or above {band.collapse_loss * scale:g} (chance {CHANCE * scale:.3f}"
                     f"{f'; {summed}' if summed else ''}){accuracies} {window}: D no longer tells G's maps from real "
                     "ones, so G's adversarial terms carry no signal. Likely cause: D stuck at a constant output after "
-                    "too large a step (D's learning rate, an fp16 overflow) or G's maps pushed where D cannot follow")
+                    "too large a step (D's learning rate, an fp16 overflow) or G's maps pushed where D cannot follow. "
+                    "Act: lower D's learning rate (optim.discriminator.lr)")
         stop = "; stopping the run (train.on_discriminator_collapse: stop)" if self.stop else ""
         return f"{text}. The band: {HEALTH_KEYS} (docs/training.md, \"D's health\"){stop}."
 
@@ -279,7 +332,8 @@ class DHealthWatch:
     def for_run(cls, cfg: "Config", method: type, announce: bool = True) -> "DHealthWatch":
         """The watch of a run of ``cfg`` with the method class ``method`` (its ``d_losses`` and
         ``d_loss_scale``)."""
-        return cls(HealthBand.from_config(cfg.log), tuple(getattr(method, "d_losses", ())), d_loss_scale(cfg, method),
+        band = HealthBand.from_config(cfg.log, cfg.loss.adv_warmup_steps)
+        return cls(band, tuple(getattr(method, "d_losses", ())), d_loss_scale(cfg, method),
                    stop=cfg.train.on_discriminator_collapse == "stop", announce=announce)
 
     def update(self, step: int, logged: Mapping[str, float]) -> list[HealthEvent]:

@@ -178,6 +178,74 @@ def test_histogram_goes_to_tensorboard(tmp_path):
     NullWriter(tmp_path).histogram(5, "d/confidence_unlabeled", values)
 
 
+# The demo (`make demo`: configs/default.yaml, the supervised method, loss.adv_warmup_steps 100,
+# log every 25 steps) as it ran: (step, loss_seg, loss_d), loss_d the sum of D's two halves. D
+# leads G from step 100 to 525 (loss_d 0.10-0.38, below the doubled 0.4) while G's loss_seg falls
+# from 0.42 to 0.18 and val mIoU rises from 0.28 to 0.67; then G closes the lead.
+DEMO = [
+    (25, 0.7073, 1.3760), (50, 0.4901, 1.3097), (75, 0.4676, 0.8975), (100, 0.4246, 0.3185), (125, 0.3737,
+    0.1517), (150, 0.3213, 0.1425), (175, 0.2874, 0.1534), (200, 0.2929, 0.1660), (225, 0.2781, 0.1041), (250,
+    0.2507, 0.1873), (275, 0.2394, 0.1559), (300, 0.2326, 0.2347), (325, 0.2402, 0.1960), (350, 0.2361, 0.1434),
+    (375, 0.2266, 0.2977), (400, 0.2071, 0.2527), (425, 0.2001, 0.2695), (450, 0.2007, 0.2539), (475, 0.1778,
+    0.3231), (500, 0.1678, 0.3800), (525, 0.1812, 0.3364), (550, 0.1543, 0.4274), (575, 0.1587, 0.3504), (600,
+    0.1543, 0.3983), (625, 0.1520, 0.3803), (650, 0.1337, 0.5019), (675, 0.1391, 0.4408), (700, 0.1336, 0.4851),
+    (725, 0.1278, 0.5765), (750, 0.1284, 0.5962), (775, 0.1204, 0.6254), (800, 0.1144, 0.6268), (825, 0.1287,
+    0.6103), (850, 0.1079, 0.6258), (875, 0.1083, 0.6604), (900, 0.0970, 0.6180), (925, 0.0939, 0.7139), (950,
+    0.1084, 0.6312), (975, 0.1089, 0.6244), (1000, 0.1080, 0.5621), (1025, 0.0944, 0.6815), (1050, 0.0881,
+    0.6452), (1075, 0.0934, 0.6454), (1100, 0.0963, 0.6213), (1125, 0.0929, 0.6929), (1150, 0.0818, 0.6924),
+    (1175, 0.0834, 0.6930), (1200, 0.0845, 0.6833)]
+
+
+def demo_detector(**band):
+    return DHealthDetector(HealthBand(**{"start": 100, **band}), "loss_d", scale=2.0)
+
+
+def feed_seg(detector, rows):
+    return [event for step, seg, loss in rows if (event := detector.update(step, {"loss_seg": seg, "loss_d": loss}))]
+
+
+def test_the_demo_does_not_warn_about_itself_though_d_leads_below_the_band(caplog):
+    below = [step for step, _, loss in DEMO if step > 100 and loss < 0.4]
+    assert below[:17] == list(range(125, 550, 25))  # 17 log steps in a row: the old rule warned at 350
+    with caplog.at_level(logging.INFO, logger=HEALTH_LOGGER):
+        assert feed_seg(demo_detector(), DEMO) == []
+    assert caplog.records == []
+
+
+def test_d_ahead_of_a_g_that_stopped_learning_warns_naming_g_lr_and_lambda_adv(caplog):
+    """The demo's D losses with G's loss_seg flat at 0.3 from step 100: the first full window
+    after the warm-up (steps 125-350) warns, and names G's knobs, not D's."""
+    stalled = [(step, seg if step <= 100 else 0.3 + 0.01 * (step // 25 % 2), loss) for step, seg, loss in DEMO]
+    with caplog.at_level(logging.WARNING, logger=HEALTH_LOGGER):
+        [warning, back] = feed_seg(demo_detector(), stalled)
+    assert (warning.condition, warning.since, warning.step, back.step, back.back) == ("wins", 125, 350, 550, True)
+    assert warning.message.startswith("D wins outright: loss_d below 0.4 (2 x the key's: loss_d sums D's two halves) "
+                                      "at 10 consecutive log steps (steps 125-350;")
+    assert "G's loss_seg 0.3060 over the window's first half, 0.3040 over its second" in warning.message
+    assert "Act: raise G's learning rate (optim.generator.lr) or its adversarial weight (loss.lambda_adv)" \
+        in warning.message
+    assert "optim.discriminator.lr" not in warning.message
+    assert warning.values == {"loss_d": 0.1434}  # the event keeps D's values; G's loss only decides the cause
+
+
+def test_d_near_zero_overpowers_g_and_warns_naming_d_lr_even_while_g_learns():
+    rows = [(step, 2.0 - 0.1 * step, 0.001) for step in range(1, 5)]
+    [warning] = feed_seg(DHealthDetector(HealthBand(window=3)), rows)
+    assert warning.step == 3 and warning.message.startswith("D wins outright: loss_d below 0.02 at 3 consecutive")
+    assert "D overpowers G" in warning.message
+    assert "Act: lower D's learning rate (optim.discriminator.lr)" in warning.message
+    assert "optim.generator.lr" not in warning.message
+    # Off (null): the same D, with G learning, is a lead G can close.
+    assert feed_seg(DHealthDetector(HealthBand(window=3, overpowers_loss=None)), rows) == []
+
+
+def test_no_d_wins_count_before_g_adversarial_term_starts():
+    """Before loss.adv_warmup_steps, G ignores D and cannot push back: D's lead does not count."""
+    rows = [(step, 1.0, 0.0) for step in range(10, 110, 10)]
+    detector = DHealthDetector(HealthBand(window=3, start=60))
+    assert [event.since for event in feed_seg(detector, rows)] == [70]  # 70, 80, 90: the first window after 60
+
+
 # ------------------------------------------------------------------------- in a run
 
 
@@ -187,10 +255,11 @@ def read_metrics(run_dir):
 
 @pytest.mark.parametrize("d_wins_loss", ["100", "null"])
 def test_a_run_warns_once_per_d_that_wins_with_the_numbers(tmp_path, caplog, d_wins_loss):
-    """Multi-level AdaptSegNet logs loss_d and loss_d_aux; a bound above any BCE loss makes both Ds
-    "win" from the first log step: one warning each once log.d_wins_steps log steps are in."""
+    """Multi-level AdaptSegNet logs loss_d and loss_d_aux; bounds above any BCE loss make both Ds
+    "win" and "overpower" from the first log step: one warning each once log.d_wins_steps log steps
+    are in, whatever G's loss does."""
     cfg = load_config(None, [*UDA_OVERRIDES, "train.log_every=1", f"log.d_wins_loss={d_wins_loss}",
-                             "log.d_wins_steps=2", "log.tensorboard=false"])
+                             "log.d_overpowers_loss=100", "log.d_wins_steps=2", "log.tensorboard=false"])
     cfg.run_dir, cfg.device_map = str(tmp_path / "run"), "cpu"
     with caplog.at_level(logging.WARNING, logger="segadv.monitor.diagnostics"):
         train(cfg)
@@ -206,7 +275,8 @@ def test_a_run_warns_once_per_d_that_wins_with_the_numbers(tmp_path, caplog, d_w
         expected.append(f"D wins outright: {name} below 100 at 2 consecutive log steps (steps 1-2; "
                         f"min {min(first, second):.4f}, max {max(first, second):.4f}, now {second:.4f}; "
                         f"D's accuracy on source {source:.3f}, on target {target:.3f})")
-    assert [w.split(": D tells")[0] for w in warnings] == expected
+    assert [w.split("; G's loss_seg")[0] for w in warnings] == expected
+    assert all("Act: lower D's learning rate (optim.discriminator.lr)" in w for w in warnings)
     states = [(r["health/d_state"], r["health/d_state_aux"]) for _, r in sorted(logged.items())]
     assert states == [(0.0, 0.0)] + [(1.0, 1.0)] * (len(states) - 1)  # from the warning on
 

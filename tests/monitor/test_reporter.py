@@ -152,7 +152,7 @@ def test_the_d_health_watch_reads_the_method_d_losses(cfg, tmp_path, caplog):
     assert d_loss_names(cfg, Method()) == method_class("adaptsegnet").d_losses == ("loss_d", "loss_d_aux")
     assert method_class("minent").d_losses == ()  # no D, nothing to watch
     assert d_loss_names(cfg, DeclaringMethod()) == ("loss_critic",)
-    cfg.log.d_wins_loss, cfg.log.d_wins_steps = 0.1, 2
+    cfg.log.d_wins_loss, cfg.log.d_wins_steps, cfg.log.d_overpowers_loss = 0.1, 2, None  # no loss_seg: warns
     with caplog.at_level(logging.WARNING, logger="segadv.monitor.diagnostics"), \
             reporter_for(cfg, tmp_path, method=DeclaringMethod()) as reporter:
         reporter.begin(0, None)
@@ -180,6 +180,7 @@ def test_only_rank_0_writes_and_warns_but_every_rank_decides_on_d_health(cfg, tm
 
 def test_d_leaving_its_band_goes_to_the_metrics_tensorboard_and_status(cfg, tmp_path, caplog):
     cfg.log.d_wins_loss, cfg.log.d_wins_steps, cfg.train.log_every = 0.1, 2, 1
+    cfg.log.d_overpowers_loss = None  # no loss_seg logged: the watch cannot tell the cause and warns at 0.1
     cfg.log.tensorboard = True
     with caplog.at_level(logging.WARNING, logger="segadv.monitor.diagnostics"), \
             reporter_for(cfg, tmp_path) as reporter:

@@ -44,6 +44,15 @@ def logged(run_dir):
     return [r for r in records if "train/loss_d" in r]
 
 
+def test_the_tiny_run_at_d_default_learning_rate_does_not_warn(tmp_path, caplog):
+    """The same run with D at its default learning rate: D stays near chance, nothing warns."""
+    cfg = health_cfg(tmp_path / "run", "optim.discriminator.lr=0.0001", "train.max_steps=30")
+    with caplog.at_level(logging.INFO):
+        train(cfg)
+    assert warnings(caplog) == []
+    assert {r["health/d_state"] for r in logged(tmp_path / "run")} == {0.0}
+
+
 def test_a_d_that_wins_outright_is_warned_about_and_stops_the_run_when_asked(tmp_path, caplog):
     run_dir = tmp_path / "run"
     with caplog.at_level(logging.INFO):
@@ -53,9 +62,10 @@ def test_a_d_that_wins_outright_is_warned_about_and_stops_the_run_when_asked(tmp
     [warning] = warnings(caplog)
     stop = result.step
     assert WINDOW <= stop <= 8 < MAX_STEPS
-    assert warning.startswith(f"D wins outright: loss_d below 0.4 (2 x the key's: loss_d sums D's two halves) at "
+    assert warning.startswith(f"D wins outright: loss_d below 0.04 (2 x the key's: loss_d sums D's two halves) at "
                               f"{WINDOW} consecutive log steps (steps {stop - WINDOW + 1}-{stop}; min ")
-    assert "D's accuracy on real 1.000, on fake 1.000" in warning and "Likely cause: D learns much faster" in warning
+    assert "D's accuracy on real 1.000, on fake 1.000" in warning and "Likely cause: D overpowers G" in warning
+    assert "Act: lower D's learning rate (optim.discriminator.lr)" in warning
     assert warning.endswith(f"stopping the run ({STOP}).")
 
     # Stopped cleanly at that step, with a checkpoint and the reason in status.json.
