@@ -46,6 +46,10 @@ class GeneratorArch:
     # (built G) -> ({parameter name: layer 0..L}, L): the backbone's layers for optim.generator.layer_decay
     # (0 the embedding, L the last); None: its encoder has no numbered layers
     encoder_layers: Optional[Ref] = None
+    # (settings, num_classes, in_channels) -> the nn.Module evaluation, export and segadv-ckpt build,
+    # where it is another class than the trained one (the DeepLab
+    # rows': smp's plain one, which TorchScript can script); None: ``builder``'s
+    inference_builder: Optional[Ref] = None
 
 
 def resolve(ref: Ref) -> Any:
@@ -93,12 +97,14 @@ def generator_arch(name: str) -> GeneratorArch:
 
 
 register_arch(GeneratorArch("deeplabv3", DeepLabV3Config, "segadv.models.generator:DEEPLABV3", DEEPLAB_BLOCKS, backbone="encoder",
-                            smp_class="DeepLabV3", smp_config_keys=SMP_CONFIG_KEYS))
+                            smp_class="DeepLabV3", smp_config_keys=SMP_CONFIG_KEYS,
+                            inference_builder="segadv.models.generator:DEEPLABV3_INFERENCE"))
 register_arch(GeneratorArch("deeplabv3plus", DeepLabV3PlusConfig, "segadv.models.generator:DEEPLABV3PLUS",
                             DEEPLAB_BLOCKS,
-                            backbone="encoder", smp_class="DeepLabV3Plus", smp_config_keys=SMP_CONFIG_KEYS))
+                            backbone="encoder", smp_class="DeepLabV3Plus", smp_config_keys=SMP_CONFIG_KEYS,
+                            inference_builder="segadv.models.generator:DEEPLABV3PLUS_INFERENCE"))
 register_arch(GeneratorArch("deeplabv2", DeepLabV2Config, "segadv.models.generator:DEEPLABV2", DEEPLAB_BLOCKS,
-                            backbone="encoder"))
+                            backbone="encoder", inference_builder="segadv.models.generator:DEEPLABV2_INFERENCE"))
 register_arch(GeneratorArch("dinov2", DinoV2Config, "segadv.models.vit.builder:build_dinov2",
                             "segadv.models.vit.builder:checkpoint_units", backbone="encoder",
                             encoder_weights_loader="segadv.models.vit.builder:load_weights",

@@ -25,6 +25,7 @@ from segadv.monitor.profile import PhaseTimer, transfer_device
 from segadv.parallel.placement import to_device
 
 if TYPE_CHECKING:
+    from segadv.data.streams import Stream
     from segadv.methods.supervised.declaration import SupervisedSetup
 
 
@@ -158,6 +159,30 @@ def optimizer_step(phases: PhaseTimer, net: Network) -> None:
     """The network's optimizer step (skipped on inf/nan gradients), scale update, LR step."""
     with phases.phase("optimizer", net.device):
         net.opt.step()
+
+
+def semi_supervised_discriminator_update(phases: PhaseTimer, g: Network, d: Network, gt: Stream,
+                                         probs_l: torch.Tensor, labels_l: torch.Tensor, probs_u: torch.Tensor, *,
+                                         num_classes: int, ignore_index: int) -> torch.Tensor:
+    """D on top of a self-training method, as AdvSemiSeg trains it: G's labeled maps ``probs_l``
+    (on G's device; their ``labels_l`` mark the valid pixels) and unlabeled maps ``probs_u`` (on
+    D's device) as fake, the ``gt`` stream's one-hot labels as real, each half weighted 1/2, one
+    forward and backward, D's step. Returns D's detached loss."""
+    d.module.train()
+    probs_l_d = hand_over(phases, probs_l, g, d)
+    _, labels_gt = gt.next()  # only its labels: D's real maps
+    (labels_gt, labels_l_d) = copy_in(phases, d.device, labels_gt, labels_l)
+    with phases.phase("d_fwd_bwd", d.device):
+        valid_gt = labels_gt != ignore_index
+        valid_l = labels_l_d != ignore_index
+        real = one_hot_labels(labels_gt, num_classes, valid_gt)
+        fake = torch.cat([probs_l_d, probs_u])
+        valid_fake = torch.cat([valid_l, torch.ones_like(valid_l[:1]).expand(len(probs_u), -1, -1)])
+    loss_d, _ = discriminator_backward(phases, d, [DiscriminatorBatch(fake, GROUND_TRUTH_REAL.fake, valid_fake),
+                                                   DiscriminatorBatch(real, GROUND_TRUTH_REAL.real, valid_gt)],
+                                       weight=0.5)
+    optimizer_step(phases, d)
+    return loss_d
 
 
 # ---------------------------------------------------------------------------- methods

@@ -19,6 +19,7 @@ from segadv.methods.domain_adaptation.declaration import AdaptSegNetSpec, Advent
 from segadv.methods.mean_teacher.declaration import MeanTeacherSpec
 from segadv.methods.s4gan.declaration import S4GanSpec
 from segadv.methods.supervised.declaration import SupervisedSpec
+from segadv.methods.unimatch.declaration import UniMatchSpec
 
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (
     SupervisedSpec,
@@ -28,6 +29,7 @@ METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (
     AdventSpec,
     MinEntSpec,
     MeanTeacherSpec,
+    UniMatchSpec,
 )}
 
 

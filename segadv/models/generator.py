@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -23,6 +23,7 @@ from segadv.config.deeplab import DeepLabConfig
 from segadv.config.schema import GeneratorConfig
 from segadv.errors import UserError
 from segadv.models.deeplabv2 import ASPP_V2_RATES, DeepLabV2
+from segadv.models.features import FeatureScalingMixin
 from segadv.models.norm import apply_norm
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,22 @@ class DeepLabV3PlusAux(AuxOutputMixin, smp.DeepLabV3Plus):
     pass
 
 
+# The trained G without the aux head: the inference class plus the feature-scaling keywords
+# (segadv/models/features.py). Evaluation and export build the plain class, which TorchScript
+# can script (the mixin's ``super().forward`` it cannot).
+class DeepLabV3Trained(FeatureScalingMixin, smp.DeepLabV3):
+    pass
+
+
+class DeepLabV3PlusTrained(FeatureScalingMixin, smp.DeepLabV3Plus):
+    pass
+
+
+class DeepLabV2Trained(FeatureScalingMixin, DeepLabV2):
+    def decode_features(self, features: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return self.main_logits(features, x)
+
+
 class DeepLabV2Aux(AuxOutputMixin, DeepLabV2):
     """AdaptSegNet's ``DeeplabMulti``: the aux classifier is DeepLab-v2's own, on layer3, and both
     outputs are upsampled as DeepLab-v2's (``align_corners=True``, the references' ``interp`` on
@@ -121,11 +138,16 @@ AUX_HEAD_PREFIX = "aux_head."
 AUX_HEAD_WIDTH = 128
 
 
-def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
+def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3, *,
+                    inference: bool = False) -> nn.Module:
     """Build G with its arch's builder (its row in segadv/config/archs.py), then set how its
     BatchNorm trains (``model.generator.norm``). The built G carries its arch's name, by which
-    activation checkpointing and the optimizer's groups find its row."""
-    model = resolve(generator_arch(cfg.arch).builder)(cfg, num_classes, in_channels)
+    activation checkpointing and the optimizer's groups find its row. ``inference``: G to load
+    weights into and predict with: its row's ``inference_builder`` where it has one (no training-only
+    forward keywords, segadv/models/features.py)."""
+    row = generator_arch(cfg.arch)
+    builder = row.inference_builder if inference and row.inference_builder is not None else row.builder
+    model = resolve(builder)(cfg, num_classes, in_channels)
     setattr(model, ARCH_ATTRIBUTE, cfg.arch)
     # Last: a builder's probes need every trainable parameter to take a gradient.
     count = apply_norm(model, cfg.norm)
@@ -144,24 +166,33 @@ class DeepLabBuilder:
     model: type[nn.Module]
     with_aux: type[nn.Module]
     head_settings: Callable[[DeepLabConfig], dict[str, Any]]
+    trained: type[nn.Module]  # ``model`` with the feature-scaling keywords: the trained G without an aux head
+    inference: bool = False  # build ``model`` (evaluation, export), not a trained class
 
     def __call__(self, cfg: DeepLabConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
-        return build_deeplab(self, cfg, num_classes, in_channels)
+        return build_deeplab(self, cfg, num_classes, in_channels, inference=self.inference)
 
 
-DEEPLABV3 = DeepLabBuilder(smp.DeepLabV3, DeepLabV3Aux, aspp_settings)
-DEEPLABV3PLUS = DeepLabBuilder(smp.DeepLabV3Plus, DeepLabV3PlusAux, aspp_settings)
-DEEPLABV2 = DeepLabBuilder(DeepLabV2, DeepLabV2Aux, aspp_v2_settings)
+DEEPLABV3 = DeepLabBuilder(smp.DeepLabV3, DeepLabV3Aux, aspp_settings, DeepLabV3Trained)
+DEEPLABV3PLUS = DeepLabBuilder(smp.DeepLabV3Plus, DeepLabV3PlusAux, aspp_settings, DeepLabV3PlusTrained)
+DEEPLABV2 = DeepLabBuilder(DeepLabV2, DeepLabV2Aux, aspp_v2_settings, DeepLabV2Trained)
+# The rows' inference builders (GeneratorArch.inference_builder): the plain classes.
+DEEPLABV3_INFERENCE = replace(DEEPLABV3, inference=True)
+DEEPLABV3PLUS_INFERENCE = replace(DEEPLABV3PLUS, inference=True)
+DEEPLABV2_INFERENCE = replace(DEEPLABV2, inference=True)
 
 
-def build_deeplab(arch: DeepLabBuilder, cfg: DeepLabConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
+def build_deeplab(arch: DeepLabBuilder, cfg: DeepLabConfig, num_classes: int, in_channels: int = 3, *,
+                  inference: bool = False) -> nn.Module:
     """A DeepLab G; ``cfg.encoder_weights`` may name smp weights ("imagenet"), fetched here, or a
     local file, which this leaves to the caller: ``segadv.checkpoint.load_encoder_weights`` (called
-    where the run is assembled, segadv/training/build.py) loads it into the built G."""
+    where the run is assembled, segadv/training/build.py) loads it into the built G. ``inference``:
+    the plain class (evaluation, export), else the trained one (its aux head, or the feature-scaling
+    keywords)."""
     smp_weights = None if local_encoder_weights(cfg) is not None else cfg.encoder_weights
     if smp_weights is not None:
         check_weights_reachable(cfg.encoder, smp_weights)  # an offline machine: said before any retry
-    cls = arch.with_aux if cfg.aux_head else arch.model
+    cls = arch.with_aux if cfg.aux_head else (arch.model if inference else arch.trained)
     try:
         model = cls(
             encoder_name=cfg.encoder,
@@ -250,7 +281,7 @@ def build_generator_for_weights(cfg: GeneratorConfig, num_classes: int) -> nn.Mo
     the training-only aux head is left out (the loader skips its keys), and BatchNorm is plain
     (in eval mode ``model.generator.norm`` changes nothing; the model stays the class it names)."""
     return build_generator(cfg.model_copy(update={"encoder_weights": None, "aux_head": False, "norm": "train"}),
-                           num_classes)
+                           num_classes, inference=True)
 
 
 # How long the one probe of the weights' host may take before the machine counts as offline.

@@ -117,6 +117,9 @@ class DryRunMode(TorchDispatchMode):
         # Floating-point operations per device (torch's FlopCounterMode formulas: convolutions and
         # matrix products, forward and backward, a checkpoint's recompute included) of the last iteration.
         self.flops: dict[torch.device, int] = defaultdict(int)
+        # Images entering a trained G's forward while autograd records (whose activations are kept
+        # for a backward), on each device G spans, of the last iteration.
+        self.gradient_images: dict[torch.device, int] = defaultdict(int)
         self._phase = "build"
         self._step: int | None = None  # the iteration running
         self._enforce = False
@@ -136,12 +139,21 @@ class DryRunMode(TorchDispatchMode):
         finally:
             self._phase, self._enforce = outer
 
+    def count_gradient_images(self, images: torch.Tensor, devices: Iterable[torch.device]) -> None:
+        """A trained G's forward on ``images`` (N, C, H, W) inside an iteration: with autograd
+        recording, its N images carry a gradient on each of G's ``devices`` (a split G's stages
+        each keep their part of the activations)."""
+        if self._step is not None and torch.is_grad_enabled():
+            for device in devices:
+                self.gradient_images[device] += int(images.shape[0])
+
     @contextlib.contextmanager
     def iteration(self, step: int) -> Iterator[None]:
         """The method's iteration at ``step``: the ``iterations`` phase, with this iteration's own
         transfers and operations counted."""
         self.transfers.clear()
         self.flops.clear()
+        self.gradient_images.clear()
         self._step = step
         try:
             with self.phase("iterations"):

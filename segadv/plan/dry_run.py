@@ -61,6 +61,12 @@ class DevicePlan:
     measured_peak_bytes: int | None = None  # --measure: the real tensors' peak
     allocator_peak_bytes: int | None = None  # --measure: the allocator's own peak
     flops_per_iteration: int = 0  # the last planned iteration's (convolutions, matmuls; recompute included)
+    # Of the last planned iteration: images through a trained G's forward with autograd recording
+    # (their activations kept for a backward), on each device G spans, and that in labeled
+    # batches (data.batch_size): 1 for supervised training, UniMatch V2's 3 (the labeled batch and
+    # two strong views), V1's 4 (the weak view beside them; its perturbed copy is decoded in the same pass).
+    gradient_images_per_iteration: int = 0
+    gradient_batches_per_iteration: float = 0.0
 
 
 @dataclass
@@ -228,6 +234,11 @@ def accounting(parts: Training, tracker: DryRunMode) -> Iterator[None]:
                      "optimizer")
 
     handles.append(register_optimizer_step_post_hook(state_filed))
+    for net in parts.networks():
+        if net.role == "generator":
+            spans = {p.device for p in net.bare.parameters()}
+            handles.append(net.bare.register_forward_pre_hook(
+                lambda module, args, spans=spans: tracker.count_gradient_images(args[0], spans)))
     try:
         yield
     finally:
@@ -381,7 +392,8 @@ def transfer_totals(tracker: DryRunMode) -> tuple[int, int]:
     return between, host
 
 
-def device_rows(tracker: DryRunMode, planned: DeviceMap, real: DeviceMap, parts: Training) -> dict[str, DevicePlan]:
+def device_rows(tracker: DryRunMode, planned: DeviceMap, real: DeviceMap, parts: Training,
+                batch: int) -> dict[str, DevicePlan]:
     """One row per device a trained network is placed on (each stage's of a split one): a device
     the map names for a role the method does not train (MinEnt's d) holds nothing, and is left out."""
     used = {device for role in parts.roles for stage in parts.device_map.stages_of(role.name) for device in stage}
@@ -394,7 +406,9 @@ def device_rows(tracker: DryRunMode, planned: DeviceMap, real: DeviceMap, parts:
         peak, peak_step = memory.training_peak()
         rows[str(shown)] = DevicePlan(str(shown), most("params"), most("grads"), most("optimizer"), most("other"),
                                       peak, peak_step, memory.peaks["evaluation"], memory.peaks["checkpoint"],
-                                      flops_per_iteration=tracker.flops[device])
+                                      flops_per_iteration=tracker.flops[device],
+                                      gradient_images_per_iteration=tracker.gradient_images[device],
+                                      gradient_batches_per_iteration=tracker.gradient_images[device] / batch)
     return rows
 
 
@@ -438,7 +452,7 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
             evaluation_pass(parts, cfg, tracker, panel, lambda batch: _fake(fake, batch))
             checkpoint_pass(parts, tracker)
     notes.extend(note for note in [attention.note()] if note)
-    return Plan(device_rows(tracker, planned, real, parts), between, host, steps, time.perf_counter() - start, notes, run)
+    return Plan(device_rows(tracker, planned, real, parts, cfg.data.batch_size), between, host, steps, time.perf_counter() - start, notes, run)
 
 
 def _fake(mode: Any, batch: Any) -> Any:

@@ -79,6 +79,10 @@ def plan_table(plan: Plan, budget: int | None) -> str:
     lines.append(ALLOWANCE_TEXT)
     lines.append(f"between devices per iteration: {plan.transfer_bytes_per_iteration / MiB:.1f} MiB; "
                  f"host to devices: {plan.host_to_device_bytes_per_iteration / MiB:.1f} MiB")
+    carrying = [f"{name} {row.gradient_images_per_iteration} ({row.gradient_batches_per_iteration:g} labeled batches)"
+                for name, row in plan.devices.items() if row.gradient_images_per_iteration]
+    if carrying:
+        lines.append(f"images through G with a gradient per iteration: {', '.join(carrying)}")
     lines.extend(f"note: {note}" for note in plan.notes)
     return "\n".join(lines)
 

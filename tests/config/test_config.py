@@ -150,7 +150,8 @@ def test_missing_base_names_both_files(tmp_path: Path) -> None:
 SHIPPED = ["adaptsegnet_gta5_cityscapes", "adaptsegnet_gta5_cityscapes_reference", "advent_gta5_cityscapes",
            "advent_gta5_cityscapes_reference", "advsemiseg_voc", "advsemiseg_voc_reference", "cityscapes",
            "dacs_gta5_cityscapes", "default", "dinov2_tiny", "folder", "gta5", "mean_teacher_dinov2_gta5_cityscapes",
-           "mean_teacher_dinov2_voc", "mean_teacher_voc", "pretext", "s4gan_voc", "s4gan_voc_reference", "semi", "synthetic", "uda", "voc"]
+           "mean_teacher_dinov2_voc", "mean_teacher_voc", "pretext", "s4gan_voc", "s4gan_voc_reference", "semi", "synthetic", "uda", "unimatch_v2_dinov2_cityscapes",
+           "unimatch_v2_dinov2_voc", "unimatch_voc", "voc"]
 
 
 def test_configs_dir_is_the_checkouts_configs() -> None:
@@ -363,8 +364,8 @@ def test_dump_then_load_is_equal(tmp_path: Path, empty: Path) -> None:
 def test_method_section_errors_name_the_key(empty: Path) -> None:
     msg = load_error(empty, ("method.name=advsemi", "method.advsemiseg.semi_strat=3", "method.advsemisg.x=1",
                              "method.s4gan.threshold=2"))
-    assert ("method.name: expected 'supervised', 'advsemiseg', 's4gan', 'adaptsegnet', 'advent', 'minent' or "
-            "'mean_teacher', got str 'advsemi'") in msg
+    assert ("method.name: expected 'supervised', 'advsemiseg', 's4gan', 'adaptsegnet', 'advent', 'minent', "
+            "'mean_teacher' or 'unimatch', got str 'advsemi'") in msg
     assert "method.advsemiseg.semi_strat: unknown key; did you mean 'method.advsemiseg.semi_start'?" in msg
     assert "method.advsemisg: unknown key; did you mean 'method.advsemiseg'?" in msg
     assert "method.s4gan.threshold: must be less than or equal to 1" in msg
@@ -376,7 +377,8 @@ def test_every_methods_section_is_kept_and_survives_a_round_trip(tmp_path: Path,
     cfg = load_config(empty, ["method.name=advent", "method.advent.target_batch_size=3",
                               "method.advsemiseg.semi_start=7"])
     data = config_to_dict(cfg)
-    assert set(data["method"]) == {"name", "advsemiseg", "s4gan", "adaptsegnet", "advent", "minent", "mean_teacher"}
+    assert set(data["method"]) == {"name", "advsemiseg", "s4gan", "adaptsegnet", "advent", "minent", "mean_teacher",
+                                   "unimatch"}
     assert cfg.method.advent.target_batch_size == 3 and cfg.method.advsemiseg.semi_start == 7
     assert config_from_dict(data) == cfg
     assert pickle.loads(pickle.dumps(cfg)) == cfg  # segadv-plan --measure hands it to a spawned process

@@ -153,7 +153,7 @@ def test_its_section_is_validated_as_a_built_in_section_is(toy, tmp_path, capsys
 
 
 def test_an_unregistered_name_lists_the_registered_ones(toy):
-    with pytest.raises(UserError, match=r"method\.name: expected 'supervised', .*'minent', 'mean_teacher' or 'toy', got str 'toyy'"):
+    with pytest.raises(UserError, match=r"method\.name: expected 'supervised', .*'minent', 'mean_teacher', 'unimatch' or 'toy', got str 'toyy'"):
         load_config(None, ["method.name=toyy"])
     with pytest.raises(KeyError, match="unknown method 'toyy'; methods: supervised, .*, toy"):
         method_class("toyy")

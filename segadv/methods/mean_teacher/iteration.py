@@ -31,10 +31,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from segadv.data.resumable import derived_seed
 from segadv.data.streams import Stream
-from segadv.engine.losses import one_hot_labels
 from segadv.engine.network import Network
 from segadv.errors import UserError
 from segadv.methods import mixing
+from segadv.methods.method_rng import MixingRNG, this_rank
 from segadv.methods.adversarial import (
     GROUND_TRUTH_REAL,
     SOURCE_REAL,
@@ -47,6 +47,7 @@ from segadv.methods.adversarial import (
     hand_over,
     optimizer_step,
     realness,
+    semi_supervised_discriminator_update,
 )
 from segadv.methods.mean_teacher.declaration import MeanTeacherSetup, MeanTeacherSpec
 from segadv.methods.schedule import Schedule
@@ -68,27 +69,6 @@ def set_teacher_mode(module: torch.nn.Module, batchnorm: str) -> None:
         for m in module.modules():
             if isinstance(m, _BatchNorm):
                 m.train()
-
-
-class MixingRNG:
-    """The mixing generator as a Stateful: every rank's state (a list by rank under DDP, as the
-    rank RNGs: ``state_dict`` gathers, so every rank calls it), this rank's restored."""
-
-    restores_generator = True  # segadv-plan saves it but cannot restore it (a fake state has no values)
-
-    def __init__(self, generator: torch.Generator, rank: int) -> None:
-        self.generator = generator
-        self.rank = rank
-
-    def state_dict(self) -> Any:
-        return distributed.gather_objects(self.generator.get_state())
-
-    def load_state_dict(self, state: Any) -> None:
-        self.generator.set_state(state[self.rank] if isinstance(state, list) else state)
-
-
-def this_rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
 
 
 class MeanTeacher(MeanTeacherSpec):
@@ -255,25 +235,14 @@ class MeanTeacher(MeanTeacherSpec):
         target maps fake, each its own forward and backward); each half weighted 1/2. Returns D's
         detached loss."""
         d = self.d
-        d.module.train()
-        probs_l_d = hand_over(self.phases, probs_l, self.g, d)
         if self.adapts:
+            d.module.train()
+            probs_l_d = hand_over(self.phases, probs_l, self.g, d)
             loss_source, _ = discriminator_backward(self.phases, d, [DiscriminatorBatch(probs_l_d, self.d_labels.real)],
                                                     weight=0.5)
             loss_target, _ = discriminator_backward(self.phases, d, [DiscriminatorBatch(probs_u, self.d_labels.fake)],
                                                     weight=0.5)
             optimizer_step(self.phases, d)
             return loss_source + loss_target
-        _, labels_gt = streams["gt"].next()  # only its labels: D's real maps
-        (labels_gt, labels_l_d) = copy_in(self.phases, d.device, labels_gt, labels_l)
-        with self.phases.phase("d_fwd_bwd", d.device):
-            valid_gt = labels_gt != self.ignore_index
-            valid_l = labels_l_d != self.ignore_index
-            real = one_hot_labels(labels_gt, self.num_classes, valid_gt)
-            fake = torch.cat([probs_l_d, probs_u])
-            valid_fake = torch.cat([valid_l, torch.ones_like(valid_l[:1]).expand(len(probs_u), -1, -1)])
-        loss_d, _ = discriminator_backward(self.phases, d, [DiscriminatorBatch(fake, self.d_labels.fake, valid_fake),
-                                                            DiscriminatorBatch(real, self.d_labels.real, valid_gt)],
-                                           weight=0.5)
-        optimizer_step(self.phases, d)
-        return loss_d
+        return semi_supervised_discriminator_update(self.phases, self.g, d, streams["gt"], probs_l, labels_l, probs_u,
+                                                    num_classes=self.num_classes, ignore_index=self.ignore_index)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from segadv.errors import UserError
+from segadv.models.features import scale_features
 from segadv.models.vit.encoder import (PATCH, PRETRAINED_IMG_SIZE, check_input_size, check_layers, create_encoder,
                                        default_layers, embed, encoder_size, patch_tokens, set_attention)
 from segadv.models.vit.split import Placement, split_blocks
@@ -184,7 +185,17 @@ class DinoV2DPT(nn.Module):
         activation memory: the attention and the 4x-wide MLP) and the head."""
         return [f"encoder.blocks.{i}" for i in range(len(self.encoder.blocks))] + ["head"]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def feature_channels(self) -> tuple[int, ...]:
+        """The channels of the token maps the head reads, in the order ``feature_scales`` takes them
+        (segadv/models/features.py)."""
+        return (int(self.encoder.embed_dim),) * len(self.layers)
+
+    def forward(self, x: torch.Tensor, feature_scales: Sequence[torch.Tensor] | None = None,
+                with_unperturbed: bool = False) -> Any:
+        """The logits at ``x``'s size; with ``feature_scales``, the head reads each token map
+        times its (B, C) scale (UniMatch V2's complementary dropout, on the normed patch tokens as
+        its DPT), with ``with_unperturbed`` beside the unscaled maps in one batch, returning
+        ``(clean, perturbed)`` (segadv/models/features.py)."""
         height, width = x.shape[-2:]
         if not torch.jit.is_tracing():
             check_input_size(int(height), int(width), self.input_name)
@@ -199,5 +210,9 @@ class DinoV2DPT(nn.Module):
             tokens = block(tokens)
             if i in wanted:
                 taken[i] = tokens if placement is None else tokens.to(placement.head)
-        logits = self.head([patch_tokens(vit, taken[i]) for i in self.layers], grid)
-        return F.interpolate(logits, size=(height, width), mode="bilinear", align_corners=True)
+        features = [patch_tokens(vit, taken[i]) for i in self.layers]
+        if feature_scales is not None:
+            features = scale_features(features, feature_scales, with_unperturbed=with_unperturbed)
+        logits = self.head(features, grid)
+        logits = F.interpolate(logits, size=(height, width), mode="bilinear", align_corners=True)
+        return logits.chunk(2) if feature_scales is not None and with_unperturbed else logits

@@ -1,0 +1,306 @@
+"""UniMatch and UniMatch V2: their networks and streams by variant, each loss term and the update
+held to a transcription of the references' loops (LiheYoung/UniMatch unimatch.py, LiheYoung/
+UniMatch-V2 unimatch_v2.py) on a fixed batch with the random draws made equal, the views' draws,
+V2's EMA teacher (buffers included), D on top, and an exact resume with the views' RNG."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from segadv.checkpoint import read_checkpoint
+from segadv.checkpoint.state import tensors_in
+from segadv.config import load_config
+from segadv.methods import registry
+from segadv.methods.unimatch import iteration as um_iteration
+from segadv.methods.unimatch import views
+from segadv.parallel import parse_device_map
+from segadv.training.build import build_training, start_copies
+from segadv.training.loop import train
+
+from conftest import TINY_OVERRIDES
+from helpers import FixedStream, batch, resume_cfg
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+V1 = [*TINY_OVERRIDES, "method.name=unimatch", "method.unimatch.variant=v1"]
+V2 = [*TINY_OVERRIDES, "method.name=unimatch"]  # v2: the default
+# Plain SGD: one step moves each parameter by -lr * its gradient, which the transcription computes.
+SGD = ["optim.generator={name: sgd, lr: 0.1, momentum: 0.0, weight_decay: 0.0, poly_power: 0.0}",
+       "method.unimatch.confidence=0.22"]  # a random-init G is rarely 0.95 sure (5 classes): let most pixels pass
+
+
+def built(overrides, device_map="cpu"):
+    cfg = load_config(None, overrides)
+    parts = build_training(cfg, parse_device_map(device_map))
+    start_copies(parts)
+    return cfg, parts
+
+
+def fixed_streams(cfg, parts):
+    images, labels = batch(cfg, 2, 0)
+    streams = {"labeled": FixedStream((images, labels)), "unlabeled": FixedStream(batch(cfg, 2, 1)[0]),
+               "unlabeled_mix": FixedStream(batch(cfg, 2, 2)[0]), "gt": FixedStream(batch(cfg, 2, 3))}
+    names = [spec.name for spec in type(parts.method).data_streams(cfg)]
+    return {name: streams[name] for name in names}
+
+
+class Draws:
+    """Records what the iteration drew from its generator (strong views, boxes, feature scales),
+    so the transcription uses the same numbers."""
+
+    def __init__(self, monkeypatch):
+        self.strong, self.boxes, self.scales = [], [], []
+        for name, store in (("strong_view", self.strong), ("cutmix_boxes", self.boxes),
+                            ("dropout_scales", self.scales), ("complementary_scales", self.scales)):
+            real = getattr(views, name)
+
+            def spy(*args, _real=real, _store=store, **kwargs):
+                out = _real(*args, **kwargs)
+                _store.append(out)
+                return out
+
+            monkeypatch.setattr(views, name, spy)
+
+
+def scaled_forward(model, x, masks, need_fp):
+    """The references' G with feature perturbation: V1's ``model(x, need_fp=True)`` (decodes the
+    features and their dropped copy together, deeplabv3plus.py 38-46), V2's ``comp_drop`` (the
+    features times the masks, dpt.py 95-115); on smp's DeepLabV3+: encoder, decoder, head."""
+    feats = model.encoder(x)
+    if need_fp:
+        feats = [torch.cat((f, f * m[:, :, None, None])) for f, m in zip(feats, masks)]
+        return model.segmentation_head(model.decoder(feats)).chunk(2)
+    feats = [f * m[:, :, None, None] for f, m in zip(feats, masks)]
+    return model.segmentation_head(model.decoder(feats))
+
+
+def reference_v1(model, streams, draws, conf_thresh):
+    """unimatch.py 106-161 on one batch, the data pipeline's random draws replaced by ``draws``."""
+    img_x, mask_x = streams["labeled"].batch
+    img_u_w, img_u_w_mix = streams["unlabeled"].batch, streams["unlabeled_mix"].batch
+    img_u_s1, img_u_s2, img_u_s1_mix, img_u_s2_mix = (s.clone() for s in draws.strong)
+    cutmix_box1, cutmix_box2 = (b.long() for b in draws.boxes)
+    ignore_mask = torch.zeros_like(mask_x)  # no padding in the unlabeled crops
+    ignore_mask_mix = torch.zeros_like(mask_x)
+    criterion_l = torch.nn.CrossEntropyLoss(ignore_index=255)
+    criterion_u = torch.nn.CrossEntropyLoss(reduction="none")
+    with torch.no_grad():
+        model.eval()
+        pred_u_w_mix = model(img_u_w_mix).detach()
+        conf_u_w_mix = pred_u_w_mix.softmax(dim=1).max(dim=1)[0]
+        mask_u_w_mix = pred_u_w_mix.argmax(dim=1)
+    img_u_s1[cutmix_box1.unsqueeze(1).expand(img_u_s1.shape) == 1] = \
+        img_u_s1_mix[cutmix_box1.unsqueeze(1).expand(img_u_s1.shape) == 1]
+    img_u_s2[cutmix_box2.unsqueeze(1).expand(img_u_s2.shape) == 1] = \
+        img_u_s2_mix[cutmix_box2.unsqueeze(1).expand(img_u_s2.shape) == 1]
+    model.train()
+    num_lb, num_ulb = img_x.shape[0], img_u_w.shape[0]
+    preds, preds_fp = scaled_forward(model, torch.cat((img_x, img_u_w)), draws.scales[0], need_fp=True)
+    pred_x, pred_u_w = preds.split([num_lb, num_ulb])
+    pred_u_w_fp = preds_fp[num_lb:]
+    pred_u_s1, pred_u_s2 = model(torch.cat((img_u_s1, img_u_s2))).chunk(2)
+    pred_u_w = pred_u_w.detach()
+    conf_u_w = pred_u_w.softmax(dim=1).max(dim=1)[0]
+    mask_u_w = pred_u_w.argmax(dim=1)
+    mask_u_w_cutmixed1, conf_u_w_cutmixed1, ignore_mask_cutmixed1 = mask_u_w.clone(), conf_u_w.clone(), ignore_mask.clone()
+    mask_u_w_cutmixed2, conf_u_w_cutmixed2, ignore_mask_cutmixed2 = mask_u_w.clone(), conf_u_w.clone(), ignore_mask.clone()
+    mask_u_w_cutmixed1[cutmix_box1 == 1] = mask_u_w_mix[cutmix_box1 == 1]
+    conf_u_w_cutmixed1[cutmix_box1 == 1] = conf_u_w_mix[cutmix_box1 == 1]
+    ignore_mask_cutmixed1[cutmix_box1 == 1] = ignore_mask_mix[cutmix_box1 == 1]
+    mask_u_w_cutmixed2[cutmix_box2 == 1] = mask_u_w_mix[cutmix_box2 == 1]
+    conf_u_w_cutmixed2[cutmix_box2 == 1] = conf_u_w_mix[cutmix_box2 == 1]
+    ignore_mask_cutmixed2[cutmix_box2 == 1] = ignore_mask_mix[cutmix_box2 == 1]
+    loss_x = criterion_l(pred_x, mask_x)
+    loss_u_s1 = criterion_u(pred_u_s1, mask_u_w_cutmixed1)
+    loss_u_s1 = loss_u_s1 * ((conf_u_w_cutmixed1 >= conf_thresh) & (ignore_mask_cutmixed1 != 255))
+    loss_u_s1 = torch.sum(loss_u_s1) / torch.sum(ignore_mask_cutmixed1 != 255).item()
+    loss_u_s2 = criterion_u(pred_u_s2, mask_u_w_cutmixed2)
+    loss_u_s2 = loss_u_s2 * ((conf_u_w_cutmixed2 >= conf_thresh) & (ignore_mask_cutmixed2 != 255))
+    loss_u_s2 = torch.sum(loss_u_s2) / torch.sum(ignore_mask_cutmixed2 != 255).item()
+    loss_u_w_fp = criterion_u(pred_u_w_fp, mask_u_w)
+    loss_u_w_fp = loss_u_w_fp * ((conf_u_w >= conf_thresh) & (ignore_mask != 255))
+    loss_u_w_fp = torch.sum(loss_u_w_fp) / torch.sum(ignore_mask != 255).item()
+    loss = (loss_x + loss_u_s1 * 0.25 + loss_u_s2 * 0.25 + loss_u_w_fp * 0.5) / 2.0
+    loss.backward()
+    mask_ratio = ((conf_u_w >= conf_thresh) & (ignore_mask != 255)).sum().item() / (ignore_mask != 255).sum().item()
+    return {"loss_seg": loss_x, "loss_strong": (loss_u_s1 + loss_u_s2) / 2.0, "loss_fp": loss_u_w_fp,
+            "pseudo_confidence": mask_ratio}
+
+
+def reference_v2(model, model_ema, streams, draws, conf_thresh):
+    """unimatch_v2.py 152-190 on one batch, the data pipeline's and dpt.py's draws replaced by ``draws``."""
+    img_x, mask_x = streams["labeled"].batch
+    img_u_w = streams["unlabeled"].batch
+    img_u_s1, img_u_s2 = (s.clone() for s in draws.strong)
+    cutmix_box1, cutmix_box2 = (b.long() for b in draws.boxes)
+    ignore_mask = torch.zeros_like(mask_x)
+    criterion_l = torch.nn.CrossEntropyLoss(ignore_index=255)
+    criterion_u = torch.nn.CrossEntropyLoss(reduction="none")
+    model_ema.eval()
+    with torch.no_grad():
+        pred_u_w = model_ema(img_u_w).detach()
+        conf_u_w = pred_u_w.softmax(dim=1).max(dim=1)[0]
+        mask_u_w = pred_u_w.argmax(dim=1)
+    img_u_s1[cutmix_box1.unsqueeze(1).expand(img_u_s1.shape) == 1] = \
+        img_u_s1.flip(0)[cutmix_box1.unsqueeze(1).expand(img_u_s1.shape) == 1]
+    img_u_s2[cutmix_box2.unsqueeze(1).expand(img_u_s2.shape) == 1] = \
+        img_u_s2.flip(0)[cutmix_box2.unsqueeze(1).expand(img_u_s2.shape) == 1]
+    model.train()
+    pred_x = model(img_x)
+    pred_u_s1, pred_u_s2 = scaled_forward(model, torch.cat((img_u_s1, img_u_s2)), draws.scales[0],
+                                          need_fp=False).chunk(2)
+    mask_u_w_cutmixed1, conf_u_w_cutmixed1, ignore_mask_cutmixed1 = mask_u_w.clone(), conf_u_w.clone(), ignore_mask.clone()
+    mask_u_w_cutmixed2, conf_u_w_cutmixed2, ignore_mask_cutmixed2 = mask_u_w.clone(), conf_u_w.clone(), ignore_mask.clone()
+    mask_u_w_cutmixed1[cutmix_box1 == 1] = mask_u_w.flip(0)[cutmix_box1 == 1]
+    conf_u_w_cutmixed1[cutmix_box1 == 1] = conf_u_w.flip(0)[cutmix_box1 == 1]
+    ignore_mask_cutmixed1[cutmix_box1 == 1] = ignore_mask.flip(0)[cutmix_box1 == 1]
+    mask_u_w_cutmixed2[cutmix_box2 == 1] = mask_u_w.flip(0)[cutmix_box2 == 1]
+    conf_u_w_cutmixed2[cutmix_box2 == 1] = conf_u_w.flip(0)[cutmix_box2 == 1]
+    ignore_mask_cutmixed2[cutmix_box2 == 1] = ignore_mask.flip(0)[cutmix_box2 == 1]
+    loss_x = criterion_l(pred_x, mask_x)
+    loss_u_s1 = criterion_u(pred_u_s1, mask_u_w_cutmixed1)
+    loss_u_s1 = loss_u_s1 * ((conf_u_w_cutmixed1 >= conf_thresh) & (ignore_mask_cutmixed1 != 255))
+    loss_u_s1 = loss_u_s1.sum() / (ignore_mask_cutmixed1 != 255).sum().item()
+    loss_u_s2 = criterion_u(pred_u_s2, mask_u_w_cutmixed2)
+    loss_u_s2 = loss_u_s2 * ((conf_u_w_cutmixed2 >= conf_thresh) & (ignore_mask_cutmixed2 != 255))
+    loss_u_s2 = loss_u_s2.sum() / (ignore_mask_cutmixed2 != 255).sum().item()
+    loss_u_s = (loss_u_s1 + loss_u_s2) / 2.0
+    loss = (loss_x + loss_u_s) / 2.0
+    loss.backward()
+    mask_ratio = ((conf_u_w >= conf_thresh) & (ignore_mask != 255)).sum().item() / (ignore_mask != 255).sum()
+    return {"loss_seg": loss_x, "loss_strong": loss_u_s, "pseudo_confidence": mask_ratio}
+
+
+@pytest.mark.parametrize("variant", ["v1", "v2"])
+def test_each_loss_term_and_the_step_match_a_transcription_of_the_reference(variant, monkeypatch):
+    cfg, parts = built([*(V1 if variant == "v1" else V2), *SGD])
+    g = parts.g.bare
+    model = copy.deepcopy(g)  # the reference's model: G's weights and BatchNorm statistics now
+    model_ema = copy.deepcopy(parts.network("teacher").bare) if variant == "v2" else None
+    before = {name: p.detach().clone() for name, p in g.named_parameters()}
+    streams = fixed_streams(cfg, parts)
+    draws = Draws(monkeypatch)
+    torch.manual_seed(7)  # smp's ASPP dropout draws from the global RNG: the same draws on both sides
+    losses = parts.method(streams, 0)
+    assert len(draws.strong) == (4 if variant == "v1" else 2) and len(draws.boxes) == 2 and len(draws.scales) == 1
+
+    torch.manual_seed(7)
+    threshold = cfg.method.unimatch.confidence
+    if variant == "v1":
+        expected = reference_v1(model, streams, draws, threshold)
+    else:
+        expected = reference_v2(model, model_ema, streams, draws, threshold)
+    for name, value in expected.items():
+        assert float(losses[name]) == pytest.approx(float(torch.as_tensor(value).detach()), rel=1e-5, abs=1e-6), name
+    assert float(losses["loss_strong"]) > 0 and float(losses["pseudo_confidence"]) > 0  # the terms are live
+    lr = cfg.optim.generator.lr
+    for name, p in model.named_parameters():  # one SGD step on the reference's total loss
+        moved = g.get_parameter(name).detach() - before[name]
+        torch.testing.assert_close(moved, -lr * p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    for name, buffer in model.named_buffers():  # the same BatchNorm statistics: the same forwards in order
+        torch.testing.assert_close(g.get_buffer(name), buffer, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("overrides, networks, streams", [
+    (V1, ("generator",), ("labeled", "unlabeled", "unlabeled_mix")),
+    (V2, ("generator", "teacher"), ("labeled", "unlabeled")),
+    ([*V1, "loss.lambda_adv=0.01"], ("generator", "discriminator"), ("labeled", "unlabeled", "unlabeled_mix", "gt")),
+    ([*V2, "loss.lambda_adv=0.01"], ("generator", "teacher", "discriminator"), ("labeled", "unlabeled", "gt")),
+])
+def test_networks_and_streams_by_variant(overrides, networks, streams):
+    cfg = load_config(None, overrides)
+    cls = registry.method_class("unimatch")
+    assert cls.networks(cfg) == networks  # no D with lambda_adv 0 (null: unimatch's 0), no teacher in v1
+    assert tuple(spec.name for spec in cls.data_streams(cfg)) == streams
+
+
+def test_v2s_teacher_is_the_ema_of_g_parameters_and_buffers():
+    cfg, parts = built([*V2, "method.unimatch.ema_decay=0.5"])
+    streams = fixed_streams(cfg, parts)
+    teacher, g = parts.network("teacher").bare, parts.g.bare
+    for step in range(3):
+        before = {name: t.detach().clone() for name, t in teacher.state_dict().items()}
+        parts.method(streams, step)
+        decay = min(1 - 1 / (step + 1), 0.5)
+        student = g.state_dict()
+        for name, tensor in teacher.state_dict().items():
+            if tensor.is_floating_point():
+                torch.testing.assert_close(tensor, decay * before[name] + (1 - decay) * student[name], msg=name)
+    running = [name for name, t in teacher.named_buffers() if "running_mean" in name]
+    assert running and not torch.equal(teacher.get_buffer(running[0]), torch.zeros_like(teacher.get_buffer(running[0])))
+
+
+def test_v2s_teacher_labels_in_eval_mode_and_the_views_paste_the_reversed_batch(monkeypatch):
+    cfg, parts = built(V2)
+    streams = fixed_streams(cfg, parts)
+    draws = Draws(monkeypatch)
+    teacher = copy.deepcopy(parts.network("teacher").bare).eval()
+    with torch.no_grad():
+        expected = teacher(streams["unlabeled"].batch).argmax(dim=1)
+    seen = {}
+    real = um_iteration.paste
+
+    def spy(box, inside, outside):
+        if not outside.is_floating_point():
+            seen["pseudo"], seen["inside"] = outside.clone(), inside.clone()
+        return real(box, inside, outside)
+
+    monkeypatch.setattr(um_iteration, "paste", spy)
+    parts.method(streams, 0)
+    assert torch.equal(seen["pseudo"], expected) and torch.equal(seen["inside"], expected.flip(0))
+    first, second = draws.scales[0][0].chunk(2)  # complementary: each channel in one view or kept whole
+    assert torch.all((first + second == 2) | ((first == 1) & (second == 1)))
+    assert set(first.unique().tolist()) <= {0.0, 1.0, 2.0}
+
+
+def test_the_views_draws():
+    gen = torch.Generator().manual_seed(0)
+    boxes = views.cutmix_boxes(400, (20, 30), gen, torch.device("cpu"))
+    share = boxes.flatten(1).float().mean(dim=1)
+    assert 0.4 < float((share > 0).float().mean()) < 0.6  # a box half the time
+    # at most 0.4 of the image; the sides' truncation to whole pixels can take a box below 0.02
+    assert float(share.max()) <= 0.4 + 1e-6 and float(share[share > 0].min()) > 0
+    scales = views.dropout_scales(64, [8, 16], gen, torch.device("cpu"))
+    assert [tuple(s.shape) for s in scales] == [(64, 8), (64, 16)]
+    assert set(scales[0].unique().tolist()) == {0.0, 2.0}
+    pairs = views.complementary_scales(8, [4, 4, 6], gen, torch.device("cpu"))
+    assert pairs[0] is pairs[1] and pairs[2].shape == (16, 6)
+    whole = (pairs[0][:8] == 1).all(dim=1)
+    assert int(whole.sum()) == 4  # int(8 * (1 - 0.5)) pairs keep every channel
+    images = torch.randn(6, 3, 16, 16)
+    strong = views.strong_view(images, gen, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    assert strong.shape == images.shape and not torch.equal(strong, images)
+
+
+def test_d_on_top_trains_d_on_the_weak_view_maps():
+    for overrides in (V1, V2):
+        cfg, parts = built([*overrides, "loss.lambda_adv=0.01"])
+        d = parts.d.bare
+        before = [p.detach().clone() for p in d.parameters()]
+        losses = parts.method(fixed_streams(cfg, parts), 0)
+        assert {"loss_adv", "loss_d"} <= set(losses)
+        assert any(not torch.equal(a, p) for a, p in zip(before, d.parameters()))
+
+
+@pytest.mark.parametrize("variant", ["v1", "v2"])
+def test_resume_is_bitwise_from_a_mid_run_checkpoint_into_a_new_run_dir(tmp_path, variant):
+    extra = ["method.name=unimatch", f"method.unimatch.variant={variant}", "method.unimatch.confidence=0.3",
+             "data.labeled_fraction=0.5", "loss.lambda_adv=0.01"]
+    full = train(resume_cfg(tmp_path, "full", *extra))
+    saved = read_checkpoint(tmp_path / "full" / "checkpoints" / "last.pt")
+    assert "mixing_rng" in saved and "discriminator" in saved and ("teacher" in saved) == (variant == "v2")
+    train(resume_cfg(tmp_path, "split", *extra), stop_at=4)
+    second = train(resume_cfg(tmp_path, "resumed", *extra), resume=str(tmp_path / "split" / "checkpoints" / "last.pt"))
+    assert second.step == 6
+    resumed = read_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")
+    compared = 0
+    for key in saved:
+        if key in ("config", "segadv_version", "format", "format_version", "rng"):
+            continue
+        for a, b in zip(tensors_in(saved[key]), tensors_in(resumed[key]), strict=True):
+            assert torch.equal(a, b), key
+            compared += 1
+    assert compared > 100
