@@ -313,7 +313,8 @@ class CheckpointConfig(Section):
 
 class LogConfig(Section):
     tensorboard: bool = Field(True, description="write TensorBoard events in the run dir")
-    num_images: int = Field(4, ge=0, le=64, description="val samples shown as image panels at each evaluation (0: none)")
+    num_images: int = Field(4, ge=0, le=64, description="images per panel at each evaluation: val samples, the "
+                            "method's panel, its last training batch (train/mixed_batch); 0: those panels off")
     # Only for a method with a panel on a pool whose masks exist (the synthetic data's).
     diagnostic_images: int = Field(
         16, ge=0, le=4096,

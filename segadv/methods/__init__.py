@@ -8,7 +8,7 @@ iterations) and returns its detached losses. Methods get the trained networks as
 (``segadv.methods.adversarial``). ``segadv.methods.registry`` maps ``method.name`` to the class.
 """
 
-from segadv.methods.base import Method, PanelMaps
+from segadv.methods.base import Method, PanelMaps, TrainingViews
 from segadv.methods.registry import METHODS, method_class, register_method
 
-__all__ = ["METHODS", "Method", "PanelMaps", "method_class", "register_method"]
+__all__ = ["METHODS", "Method", "PanelMaps", "TrainingViews", "method_class", "register_method"]

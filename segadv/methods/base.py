@@ -1,6 +1,6 @@
 """What a method is: what it declares about itself before any network exists (its name, its config
 section, its streams, whether G's loss passes through a D, its config checks) and what the loop
-asks of it every iteration (``__call__``, its ``schedule``, an optional image panel).
+asks of it every iteration (``__call__``, its ``schedule``, optional image panels: ``panel``, ``training_views``).
 
 The declarations are class attributes and class methods, read from the config alone: the config,
 build.py, the loaders and segadv-plan ask the method's class
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional
 
 from segadv.config.schema import Section
@@ -55,6 +55,34 @@ class PanelMaps:
     preds: torch.Tensor  # (N,H,W) G's argmax
     confidence: torch.Tensor  # (N,H,W) D's sigmoid output in [0, 1]
     pseudo_labels: torch.Tensor  # (N,H,W) ids, ignore where not confident
+
+
+MIXED_BATCH_TAG = "train/mixed_batch"
+
+
+@dataclass(frozen=True)
+class TrainingViews:
+    """A self-training method's last training batch as its iteration built it, for TensorBoard's
+    ``tag`` panel (segadv/monitor/images.py ``training_views_panel``): the strongly augmented
+    images G was trained on, the labels its loss read and each pixel's weight in that loss. The
+    tensors are the iteration's own, detached, on whichever device computed them: the reporter
+    takes the first ``log.num_images`` (:meth:`first`) and copies them to the host (:meth:`to_host`)
+    only when it draws the panel, at an evaluation, so the step makes no copy and no host sync."""
+
+    images: torch.Tensor  # (N,3,H,W) normalised, as G saw them (after the strong augmentation)
+    labels: torch.Tensor  # (N,H,W) class ids the loss read, ``data.ignore_index`` where it read none
+    weight: torch.Tensor  # (N,H,W) each pixel's weight in the loss, in [0, 1] (the confidence)
+    tag: str = MIXED_BATCH_TAG
+    titles: tuple[str, str, str] = ("mixed input", "mixed label", "confidence")  # the panel's columns
+
+    def first(self, n: int) -> TrainingViews:
+        """The first ``n`` images (views: nothing is copied)."""
+        return replace(self, images=self.images[:n], labels=self.labels[:n], weight=self.weight[:n])
+
+    def to_host(self) -> TrainingViews:
+        """The same views on the CPU (blocking copies: the panel reads them at once)."""
+        return replace(self, images=self.images.detach().cpu(), labels=self.labels.detach().cpu(),
+                       weight=self.weight.detach().cpu())
 
 
 class Method(ABC):
@@ -254,4 +282,12 @@ class Method(ABC):
 
     def panel(self, images: torch.Tensor) -> Optional[PanelMaps]:
         """Its view of ``images`` (from ``panel_stream``) for TensorBoard; None: it has none."""
+        return None
+
+    def training_views(self) -> Optional[TrainingViews]:
+        """Its last training batch as its iteration built it (a self-training method's mixed or
+        strongly augmented images, their labels and the pixels' weights), for TensorBoard's panel at
+        each evaluation. The iteration keeps references to tensors it computed anyway (detached; no
+        extra forward, no copy, no host read in the step); the reporter copies what it draws. None:
+        it has none (the default), or no iteration ran yet in this process."""
         return None

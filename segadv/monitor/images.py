@@ -1,5 +1,6 @@
-"""Image panels for TensorBoard: input, ground truth and prediction side by side, each column
-titled, with the classes' colours named below (Pillow's ImageDraw and its built-in font)."""
+"""Image panels for TensorBoard: input, ground truth and prediction side by side (a method's own
+panels and its last training batch likewise), each column titled, with the classes' colours named
+below (Pillow's ImageDraw and its built-in font)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ PADDING, PAD_VALUE = 2, 128
 _BACKGROUND, _TEXT = (32, 32, 32), (235, 235, 235)
 _LINE = 14  # px per line of Pillow's built-in font, with its gap
 _SWATCH = 10
+HEAT_LOW, HEAT_HIGH = (20, 30, 70), (250, 220, 60)  # a heat map's 0 and 1: readable on the dark background
 
 
 def colorize(mask: torch.Tensor, palette: np.ndarray) -> torch.Tensor:
@@ -68,6 +70,39 @@ def confidence_panel(maps, palette: np.ndarray, normalization: Normalization,
     grid = make_grid(torch.stack(tiles), nrow=4, padding=PADDING, pad_value=PAD_VALUE)
     return annotate(grid, ["input", "prediction", "D confidence", "pseudo labels"], tiles[0].shape[-1],
                     legend(palette, class_names, ignore=True, ignore_name="below threshold"))
+
+
+def heat_map(values: torch.Tensor) -> torch.Tensor:
+    """(H,W) values in [0, 1] -> (3,H,W) uint8 from dark blue (0) to bright yellow (1), the confusion
+    matrix's scale: white stays free for ignored pixels."""
+    share = values.float().clamp(0, 1)[None]
+    low, high = (torch.tensor(c, dtype=torch.float32).view(3, 1, 1) for c in (HEAT_LOW, HEAT_HIGH))
+    return (low + (high - low) * share).round().to(torch.uint8)
+
+
+def heat_colour(share: float) -> tuple[int, int, int]:
+    """The heat map's colour of one value in [0, 1]."""
+    red, green, blue = (int(round(a + (b - a) * share)) for a, b in zip(HEAT_LOW, HEAT_HIGH))
+    return red, green, blue
+
+
+def training_views_panel(views, palette: np.ndarray, normalization: Normalization,
+                         class_names: Sequence[str] = ()) -> torch.Tensor:
+    """A method's last training batch (``TrainingViews``, on the CPU), one row per image: the input
+    as G saw it | the labels its loss read (ignored pixels white) | each pixel's weight in the loss
+    as a heat map (dark blue 0 to yellow 1; white where the label is ignored, which the loss skips
+    whatever its weight), as a (3,H,W) uint8 grid, the columns titled ``views.titles``, with the
+    classes' and the weight's legend below."""
+    tiles = []
+    for image, label, weight in zip(views.images, views.labels, views.weight):
+        ids = label.long()
+        heat = heat_map(weight)
+        ignored = (ids < 0) | (ids >= len(palette))
+        heat[:, ignored] = torch.tensor(IGNORE_COLOUR, dtype=torch.uint8)[:, None]
+        tiles += [denormalize(image, normalization), colorize(ids, palette), heat]
+    grid = make_grid(torch.stack(tiles), nrow=3, padding=PADDING, pad_value=PAD_VALUE)
+    scale = [(heat_colour(share), f"weight {share:g}") for share in (0.0, 0.5, 1.0)]
+    return annotate(grid, list(views.titles), tiles[0].shape[-1], legend(palette, class_names, ignore=True) + scale)
 
 
 def legend(palette: np.ndarray, class_names: Sequence[str], ignore: bool = False,
@@ -154,8 +189,7 @@ def confusion_panel(matrix, class_names: Sequence[str] = ()) -> torch.Tensor:
             if share != share:  # NaN: no ground truth in this row
                 colour, text = _NO_TRUTH, ""
             else:
-                # dark blue (none of the row) to bright yellow (all of it): readable on the dark background
-                colour = tuple(int(round(a + (b - a) * share)) for a, b in zip((20, 30, 70), (250, 220, 60)))
+                colour = heat_colour(share)  # dark blue (none of the row) to bright yellow (all of it)
                 text = f"{share * 100:.0f}"
             draw.rectangle([x, y, x + _CELL - 2, y + _CELL - 2], fill=colour)
             if text:

@@ -20,7 +20,7 @@ import torch
 from segadv.config import Config
 from segadv.data.palette import palette
 from segadv.monitor.diagnostics import DHealthWatch, HealthEvent, confidence_quality
-from segadv.monitor.images import confidence_panel, confusion_panel, segmentation_panel
+from segadv.monitor.images import confidence_panel, confusion_panel, segmentation_panel, training_views_panel
 from segadv.monitor.meters import LossAverager, StepTimer
 from segadv.monitor.profile import (PhaseTimer, RunClock, RunProfile, format_profile, peak_memory_gib,
                                     profile_scalars)
@@ -37,7 +37,7 @@ T = TypeVar("T")
 class Parts(Protocol):
     """What the reporter reads of a run's parts (segadv/training/build.py's ``Training``)."""
 
-    method: Any  # its ``panel(images)``, ``panel_stream`` and its class's ``d_losses``
+    method: Any  # its ``panel(images)``, ``panel_stream``, ``training_views()`` and its class's ``d_losses``
     phases: PhaseTimer
     device_map: Any  # ``generator`` (where the ranks' losses are averaged) and ``devices``
 
@@ -213,13 +213,30 @@ class Reporter:
 
     def diagnostics(self, step: int, panel_images: torch.Tensor | None,
                     diagnostic: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-        """At an evaluation: the method's panel of ``panel_images`` with D's confidence histogram,
-        and D's confidence quality on the ``diagnostic`` images against their masks (either None:
-        not logged)."""
+        """At an evaluation: the method's last training batch (:meth:`training_views`), its panel of
+        ``panel_images`` with D's confidence histogram, and D's confidence quality on the
+        ``diagnostic`` images against their masks (either None: not logged)."""
+        self.training_views(step)
         if panel_images is not None:
             self._method_panel(step, panel_images)
         if diagnostic is not None:
             self._confidence_quality(step, *diagnostic)
+
+    def training_views(self, step: int) -> None:
+        """The method's last training batch as its iteration built it (``Method.training_views``:
+        a self-training method's mixed images, their labels and the loss's pixel weights), its first
+        ``log.num_images`` drawn as one panel under the views' tag (``train/mixed_batch``). Rank 0
+        only, with TensorBoard on: the views are copied to the host here, never in the step."""
+        cfg = self.cfg
+        if not (self.is_main and cfg.log.tensorboard and cfg.log.num_images):
+            return
+        views = self.parts.method.training_views()
+        if views is None:
+            return
+        views = views.first(cfg.log.num_images).to_host()
+        panel = training_views_panel(views, palette(cfg.data.num_classes), cfg.data.input_normalization,
+                                     class_names_for(cfg))
+        self.writer.image(step, views.tag, panel)
 
     def _method_panel(self, step: int, images: torch.Tensor) -> None:
         """The method's panel and, from the same maps, the histogram of D's confidence at every

@@ -37,7 +37,7 @@ class NoHostReads(TorchFunctionMode):
 
 
 def exempt_optimizer_steps(parts, mode: NoHostReads) -> None:
-    for opt in (parts.g.opt.optimizer, parts.d.opt.optimizer):
+    for opt in (net.opt.optimizer for net in (parts.g, parts.d) if net is not None):  # the mean teacher: no D
         opt.register_step_pre_hook(lambda *a: setattr(mode, "paused", True))
         opt.register_step_post_hook(lambda *a: setattr(mode, "paused", False))
 
@@ -139,6 +139,11 @@ def syncs_within(events, span_name: str) -> list[str]:
 
 def semi_iterations(overrides, bfloat16):
     """Two iterations of a semi-supervised method on fixed streams, under NoHostReads; their last output."""
+    return semi_run(overrides, bfloat16)[1]
+
+
+def semi_run(overrides, bfloat16):
+    """``semi_iterations``: the run's parts and the last output."""
     cfg = load_config(None, [*TINY_OVERRIDES, *overrides])
     cfg.amp.generator.enabled = cfg.amp.discriminator.enabled = bfloat16
     parts = build_training(cfg, parse_device_map("cpu"))
@@ -150,7 +155,7 @@ def semi_iterations(overrides, bfloat16):
     with mode:
         for step in range(2):
             out = parts.step(streams, step=step)
-    return out
+    return parts, out
 
 
 @pytest.mark.parametrize("bfloat16", [False, True], ids=["float32", "bfloat16"])
@@ -175,3 +180,37 @@ def test_s4gan_iteration_reads_nothing_on_the_host(bfloat16):
                            "method.s4gan.threshold=0.0"], bfloat16)
     assert set(out) >= {"loss_fm", "loss_st", "st_image_ratio", "d_acc_real", "d_acc_fake"}
     assert out["st_image_ratio"].item() == 1.0 and out["loss_st"].item() > 0
+
+
+@pytest.mark.parametrize("bfloat16", [False, True], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("extra", [[], ["loss.lambda_adv=0.01"]], ids=["no-d", "d-on-top"])
+def test_mean_teacher_iteration_reads_nothing_and_keeps_its_mixed_batch_by_reference(bfloat16, extra, monkeypatch):
+    """The mean teacher's step (the teacher's pseudo labels, the mix, the confidence weight, the
+    EMA, D on top) reads nothing on the host, and the mixed batch it offers TensorBoard
+    (``training_views``) is the tensors its loss read, not a copy: the step pays nothing for the
+    panel, which is drawn (and copied to the host) only at an evaluation."""
+    from segadv.methods import mixing
+    from segadv.methods.mean_teacher.iteration import MeanTeacher
+
+    read, student_inputs = [], []
+    real_loss, real_student = mixing.pixel_weighted_cross_entropy, MeanTeacher.student
+
+    def loss(logits, labels, weight, ignore_index):
+        read.append((labels, weight))
+        return real_loss(logits, labels, weight, ignore_index)
+
+    def student(self, images):
+        student_inputs.append(images)
+        return real_student(self, images)
+
+    monkeypatch.setattr(mixing, "pixel_weighted_cross_entropy", loss)
+    monkeypatch.setattr(MeanTeacher, "student", student)
+    parts, out = semi_run(["method.name=mean_teacher", *extra], bfloat16)
+    assert set(out) >= {"loss_seg", "loss_unsup", "pseudo_confidence"}
+    with NoHostReads():
+        views = parts.method.training_views()
+    labels, weight = read[-1]
+    mixed = student_inputs[-1]  # the last forward of the step: the mixed images
+    for kept, used in ((views.images, mixed), (views.labels, labels), (views.weight, weight)):
+        assert kept.data_ptr() == used.data_ptr() and kept.shape == used.shape and not kept.requires_grad
+    assert views.tag == "train/mixed_batch" and views.labels.dtype == torch.long

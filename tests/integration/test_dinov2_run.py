@@ -194,9 +194,16 @@ def test_a_dinov2_generator_split_over_two_host_stages_trains_the_unsplit_runs_w
     stages, on the host) runs the unsplit G's kernels in the same order: after 4 steps of the whole
     run (the teacher's EMA, D, the optimizers) G, the teacher and D equal the ``g:cpu,d:cpu,t:cpu``
     run's bitwise. (One step against the plain loop: test_equivalence.py's
-    test_a_dinov2_generator_split_into_stages_matches_the_plain_loop.)"""
+    test_a_dinov2_generator_split_into_stages_matches_the_plain_loop.) With TensorBoard on, the
+    split run draws its last mixed batch (on G's first stage's device) and trains the same."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     command = [*COMMAND[:-1], "g:cpu/cpu,d:cpu"]
-    assert train(tmp_path / "split", command=command) == 0
+    assert train(tmp_path / "split", "log.tensorboard=true", command=command) == 0
+    events = EventAccumulator(str(tmp_path / "split" / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    [panel] = events.Images("train/mixed_batch")
+    assert panel.step == 4 and panel.width == 3 * (SIZE + 2) + 2
     ours, theirs = (read_checkpoint(d / "checkpoints" / "last.pt") for d in (tmp_path / "split", full_run))
     assert "generator on cpu/cpu" in (tmp_path / "split" / "train.log").read_text()  # two stages
     for net in NETWORKS:

@@ -113,6 +113,32 @@ def test_the_teachers_val_score_is_logged_beside_val_miou_at_each_evaluation(run
     assert [e.value for e in events.Scalars("val/mIoU_teacher")] == pytest.approx([logged[1], logged[2]])
 
 
+# ---------------------------------------------------------------- 2b: the mixed batch's panel
+
+def test_the_mixed_batch_is_drawn_at_each_evaluation(runs):
+    """``train/mixed_batch``: the last step's mixed images, their labels and the loss's pixel weights,
+    one row per image (the batch of 2 under log.num_images=2), drawn as the panel function draws
+    them (so the same size), at each evaluation."""
+    from segadv.config.normalization import resolve as resolve_normalization
+    from segadv.data.palette import palette
+    from segadv.methods.base import TrainingViews
+    from segadv.monitor.images import training_views_panel
+
+    mt, _ = runs
+    events = EventAccumulator(str(mt / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    assert "train/mixed_batch" in events.Tags()["images"]
+    logged = events.Images("train/mixed_batch")
+    assert [e.step for e in logged] == [1, 2]
+    size = 64  # data.synthetic.image_size
+    views = TrainingViews(torch.zeros(2, 3, size, size), torch.zeros(2, size, size, dtype=torch.long),
+                          torch.zeros(2, size, size))
+    names = ["background", "circle", "square", "triangle", "ring"]  # the synthetic data's classes
+    expected = training_views_panel(views, palette(5), resolve_normalization("imagenet", [0.5] * 3, [0.5] * 3), names)
+    assert all((e.width, e.height) == (expected.shape[2], expected.shape[1]) for e in logged)
+    assert {name for name in events.Tags()["images"] if name.startswith("train/")} == {"train/mixed_batch"}
+
+
 # ---------------------------------------------------------------- 3: unequal batches refused at the start
 
 @pytest.mark.parametrize("setting, key", [

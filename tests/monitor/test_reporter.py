@@ -260,6 +260,61 @@ def test_the_diagnostics_are_the_method_panel_and_d_confidence_quality(cfg, tmp_
     assert quality["diag/d_mask_pass"] == 0.5 and math.isnan(quality["diag/d_confidence_auroc"])  # G never wrong
 
 
+class SelfTraining(Method):
+    """A method offering its last training batch (``Method.training_views``), counting the asks."""
+
+    def __init__(self, views=None) -> None:
+        super().__init__()
+        self.views, self.asked = views, 0
+
+    def training_views(self):
+        self.asked += 1
+        return self.views
+
+
+@pytest.mark.parametrize("is_main, tensorboard, num_images, drawn", [
+    (True, True, 2, True),
+    (False, True, 2, False),  # only rank 0 logs: the others never ask
+    (True, False, 2, False),  # nothing would be written
+    (True, True, 0, False),  # log.num_images: 0, no image panels
+])
+def test_the_methods_last_training_batch_is_drawn_by_rank_0_at_an_evaluation(cfg, tmp_path, is_main, tensorboard,
+                                                                               num_images, drawn):
+    from segadv.data import class_names
+    from segadv.data.palette import palette
+    from segadv.methods.base import TrainingViews
+    from segadv.monitor.images import training_views_panel
+
+    cfg.log.tensorboard, cfg.log.num_images = tensorboard, num_images
+    labels = torch.ones(3, 8, 8, dtype=torch.long)
+    views = TrainingViews(torch.zeros(3, 3, 8, 8), labels, torch.rand(3, 8, 8), tag="train/strong_view",
+                          titles=("strong view", "pseudo label", "mask"))
+    method = SelfTraining(views)
+    images = []
+    with reporter_for(cfg, tmp_path, method=method, is_main=is_main) as reporter:
+        reporter.writer.image = lambda step, tag, image: images.append((step, tag, image))
+        reporter.begin(0, None)
+        reporter.diagnostics(4, None, None)
+    assert method.asked == int(drawn)
+    if drawn:  # the first log.num_images of the batch, under the views' own tag and titles
+        expected = training_views_panel(views.first(2), palette(cfg.data.num_classes), cfg.data.input_normalization,
+                                        class_names(cfg.data))
+        [(step, tag, image)] = images
+        assert step == 4 and tag == "train/strong_view" and torch.equal(image, expected)
+    else:
+        assert images == []
+
+
+def test_a_method_without_training_views_draws_nothing(cfg, tmp_path):
+    cfg.log.tensorboard = True
+    method, images = SelfTraining(None), []  # Method.training_views's default, or no iteration yet
+    with reporter_for(cfg, tmp_path, method=method) as reporter:
+        reporter.writer.image = lambda step, tag, image: images.append(tag)
+        reporter.begin(0, None)
+        reporter.diagnostics(4, None, None)
+    assert method.asked == 1 and images == []
+
+
 def test_the_end_logs_the_profile_and_records_the_step_reached(cfg, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="segadv.training.loop")
     record = RunRecord(tmp_path, cfg.train.max_steps)

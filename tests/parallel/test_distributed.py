@@ -202,6 +202,23 @@ def test_cli_ddp_advsemiseg_shards_and_checkpoints_its_three_streams(tmp_path):
     assert last["train/loss_semi"] > 0 and 0 <= last["train/semi_pixel_ratio"] <= 1
 
 
+def test_cli_ddp_mean_teacher_draws_its_mixed_batch_once_per_evaluation(tmp_path):
+    """The mean teacher under DDP (gloo, 2 ranks): rank 0 alone draws the ``train/mixed_batch``
+    panel (its own shard's mixed images, 2 rows), into the run's one event file, at each evaluation;
+    every rank keeps its views without a collective, so neither waits for the other."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "ddp-mt"
+    run(train_cli(run_dir, "train.max_steps=3", "method.name=mean_teacher", "data.labeled_fraction=0.5",
+                  "--nproc-per-node", "2"))
+    assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    [panel] = events.Images("train/mixed_batch")
+    assert panel.step == 3 and panel.width == 3 * (64 + 2) + 2  # three columns of data.synthetic.image_size
+    assert panel.height > 2 * (64 + 2) + 2  # two rows, the titles and the legend
+
+
 def test_cli_ddp_multi_level_adaptation_wraps_each_of_three_networks(tmp_path):
     """AdaptSegNet multi-level under DDP (gloo, 2 ranks): G, D and D_aux each in their own DDP;
     source and target streams sharded and checkpointed; best.pt written once."""

@@ -18,7 +18,9 @@ or AdaptSegNet's (source maps real, target maps fake), each half weighted 1/2.
 Each forward of G is followed by its own backward (DDP expects one backward per forward; the
 gradients add up and one step follows), as the adaptation methods do. The mixing draws come from
 the method's own ``torch.Generator`` (seeded from ``train.seed`` and the rank, saved with the run).
-Nothing reads a tensor on the host: the confidence weight stays a device tensor.
+Nothing reads a tensor on the host: the confidence weight stays a device tensor. The last mixed
+batch (its image, labels and pixel weights) is kept by reference for TensorBoard's
+``train/mixed_batch`` panel (``training_views``), copied to the host only when it is drawn.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from segadv.methods.adversarial import (
     realness,
     semi_supervised_discriminator_update,
 )
+from segadv.methods.base import TrainingViews
 from segadv.methods.mean_teacher.declaration import MeanTeacherSetup, MeanTeacherSpec
 from segadv.methods.schedule import Schedule
 from segadv.monitor.profile import PhaseTimer
@@ -100,6 +103,8 @@ class MeanTeacher(MeanTeacherSpec):
         if settings.teacher_batchnorm == "running":
             for index, module in enumerate((teacher.bare, g.bare)):
                 self.ema_pairs[index] += [b for b in module.buffers() if b.is_floating_point()]
+        # The last mixed batch (image, labels, pixel weights) as the loss read it: references, no copy.
+        self.mixed_batch: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
     def discriminator_realness(self, images: torch.Tensor, logits: torch.Tensor) -> Optional[torch.Tensor]:
         """D's probability that the student's softmax maps are real (ground truth; in adaptation the
@@ -111,8 +116,19 @@ class MeanTeacher(MeanTeacherSpec):
     def checkpoint_state(self) -> Mapping[str, Any]:
         return {"mixing_rng": MixingRNG(self.generator, self.rank)}
 
+    def training_views(self) -> Optional[TrainingViews]:
+        """The last mixed batch: the strongly augmented mixed images, their labels (the labeled/source
+        pixels pasted, the teacher's pseudo labels elsewhere) and the loss's pixel weights (1 on the
+        pasted pixels, the confidence weight elsewhere), detached on G's device; None before the
+        first iteration (``Method.training_views``)."""
+        if self.mixed_batch is None:
+            return None
+        images, labels, weight = self.mixed_batch
+        return TrainingViews(images.detach(), labels.detach(), weight.detach())
+
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
         g, d, s, phase = self.g, self.d, self.settings, self.phases.phase
+        self.mixed_batch = None  # the last batch's, let go before this one's tensors are made
         adversarial = self.schedule.active("adversarial", step)
         images_l, labels_l = streams[self.labeled].next()
         unlabeled = streams[self.unlabeled].next()  # images only: the unlabeled/target labels are never read
@@ -151,6 +167,7 @@ class MeanTeacher(MeanTeacherSpec):
             pseudo_weight = self.pseudo_weight(confidence)
             pixel_weight = mixing.dacs_mixed_pixel_weight(mask, pseudo_weight)  # 1 on the pasted labeled pixels
         losses["pseudo_confidence"] = pseudo_weight.mean()
+        self.mixed_batch = (mixed, mixed_labels, pixel_weight)
 
         if adversarial:  # the student on the unmixed unlabeled/target images, D frozen
             with phase("g_fwd_bwd", g.device):
