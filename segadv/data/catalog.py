@@ -33,16 +33,24 @@ class Catalog:
 
     @classmethod
     def open(cls, data: DataConfig, target: Optional[DataConfig] = None) -> "Catalog":
-        check_config(data)
-        source = list_source(data)
-        if target is None:
-            return cls(source)
-        check_config(target)
-        if target.input_normalization != data.input_normalization:  # one G sees both domains
-            raise UserError(f"target_data.normalization: the target's images reach G as the source's do; "
-                            f"data has {data.normalization} ({data.input_normalization.formula}), target_data "
-                            f"{target.normalization}")
-        return cls(source, list_target(target))
+        source = _source(data)
+        return cls(source) if target is None else cls(source, _target(data, target))
+
+    @staticmethod
+    def problems(data: DataConfig, target: Optional[DataConfig] = None) -> list[tuple[str, str]]:
+        """What :meth:`open` would refuse, each section checked and listed apart (a missing
+        ``data.root`` and a missing ``target_data`` root both named): ``(section, message)``
+        pairs, none when both list."""
+        checks = [("data", lambda: _source(data))]
+        if target is not None:
+            checks.append(("target_data", lambda: _target(data, target)))
+        found = []
+        for section, check in checks:
+            try:
+                check()
+            except UserError as err:
+                found.append((section, str(err)))
+        return found
 
     @classmethod
     def for_streams(cls, data: DataConfig, target: Optional[DataConfig], streams: Sequence[StreamSpec],
@@ -56,6 +64,20 @@ class Catalog:
     @property
     def data(self) -> DataConfig:
         return self.source.cfg
+
+
+def _source(data: DataConfig) -> Listed:
+    check_config(data)
+    return list_source(data)
+
+
+def _target(data: DataConfig, target: DataConfig) -> Listed:
+    check_config(target)
+    if target.input_normalization != data.input_normalization:  # one G sees both domains
+        raise UserError(f"target_data.normalization: the target's images reach G as the source's do; "
+                        f"data has {data.normalization} ({data.input_normalization.formula}), target_data "
+                        f"{target.normalization}")
+    return list_target(target)
 
 
 def listed_pools(catalog: Catalog) -> dict[str, Optional[Pool]]:

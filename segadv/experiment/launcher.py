@@ -2,8 +2,10 @@
 
 A run whose ``status.json`` says ``finished`` is never repeated (a run whose row has changed since
 is kept, with a warning naming what changed: delete its directory to run it again); any other run
-dir continues with ``--resume auto``. Every run's config is loaded before the first one starts
-(:func:`check_runs`): a typo in the last row is found before the first has trained.
+dir continues with ``--resume auto``. Every run's config is loaded before the first one starts,
+and the files and data each run still to run reads are checked as its trainer's start checks them
+(:func:`check_runs`, for ``--dry-run`` too): a typo in the last row, or a warm start's checkpoint
+not made yet, is found before the first run has trained.
 
 The trainer runs in a process group of its own, and SIGINT, SIGTERM and SIGHUP sent to
 ``segadv-experiment`` are passed on to it: it stops at its next step and saves a checkpoint, the
@@ -16,8 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import math
+import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -25,9 +30,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
-from segadv.config import config_to_dict, load_config
+from segadv.config import Config, config_to_dict, load_config
 from segadv.config.resume import flatten, with_method_defaults
 from segadv.errors import UserError
 from segadv.experiment.grid import Grid, Row
@@ -60,6 +65,11 @@ class RunSpec:
     def label(self) -> str:
         return f"{self.row.name}, seed {self.seed}"
 
+    def config(self) -> Config:
+        """The config its trainer runs: the row's config file and its overrides, loaded as
+        ``segadv-train --config FILE OVERRIDES...`` loads them (a UserError where they do not load)."""
+        return load_config(self.row.config, self.overrides)
+
     def command(self) -> list[str]:
         command = [sys.executable, "-m", "segadv.cli.train", "--config", self.row.config, "--run-dir", str(self.run_dir),
                    *self.overrides]
@@ -72,7 +82,7 @@ class RunSpec:
         """What differs between the config the run ran with (its config.yaml) and the one its row
         gives now; None: nothing."""
         try:
-            wanted = flatten(with_method_defaults(config_to_dict(load_config(self.row.config, self.overrides))))
+            wanted = flatten(with_method_defaults(config_to_dict(self.config())))
         except UserError as err:
             return f"its row no longer loads ({err})"
         ran = read_run_config(self.run_dir)
@@ -88,21 +98,90 @@ def _same(a: object, b: object) -> bool:
 
 
 def check_runs(specs: Sequence[RunSpec], grid_name: str) -> None:
-    """Before the first run: every row's config loads with its overrides, the common ones and its
-    seed (the seeds themselves are range-checked by the grid), or a UserError naming each row that
-    does not, so that nothing trains before a later row's mistake is found."""
-    problems, checked = [], set()
+    """Before the first run, for ``segadv-experiment run`` and its ``--dry-run`` alike: every row's
+    config loads with its overrides, the common ones and its seed (the seeds themselves are
+    range-checked by the grid), and every file and folder a run still to run reads is there, as its
+    trainer's start checks them (:func:`missing_inputs`). Otherwise one UserError names each row
+    that does not load and each problem with the rows that have it, so that nothing trains before
+    a later row's mistake is found."""
+    configs: dict[str, Config] = {}
+    broken: dict[str, UserError] = {}
     for spec in specs:
-        if spec.row.name in checked:
+        if spec.row.name in configs or spec.row.name in broken:
             continue
-        checked.add(spec.row.name)
         try:
-            load_config(spec.row.config, spec.overrides)
+            configs[spec.row.name] = spec.config()
         except UserError as err:
-            problems.append(f"row {spec.row.name!r}: {err}")
-    if problems:
-        raise UserError(f"grid {grid_name}: {len(problems)} row(s) do not load, so no run was started:\n"
-                        + "\n".join(problems))
+            broken[spec.row.name] = err
+    missing = missing_inputs([spec for spec in specs if spec.row.name in configs], configs)
+    if not broken and not missing:
+        log.info("checked: %d row(s) load, and the files and data their runs still to run read are there",
+                 len(configs))
+        return
+    said = ([f"{len(broken)} row(s) do not load"] if broken else []) + (
+        [f"{len(missing)} problem(s) with the files and data the runs read"] if missing else [])
+    every = list(dict.fromkeys(spec.row.name for spec in specs))
+    to_run = [name for name in every if any(not spec.finished() for spec in specs if spec.row.name == name)]
+    lines = [f"row {name!r}: {err}" for name, err in broken.items()] + [
+        f"{_rows_text(rows, every, to_run)}: {message}" for message, rows in missing.items()]
+    raise UserError(f"grid {grid_name}: {' and '.join(said)}, so no run was started:\n" + "\n".join(lines))
+
+
+def _rows_text(rows: Sequence[str], every: Sequence[str], to_run: Sequence[str]) -> str:
+    """``row 'a'``, ``rows 'a', 'b'``, ``every row (7)``, ``every row still to run (5)``."""
+    if len(rows) > 1 and list(rows) == list(to_run):
+        return f"every row ({len(rows)})" if list(rows) == list(every) else f"every row still to run ({len(rows)})"
+    return ("row " if len(rows) == 1 else "rows ") + ", ".join(map(repr, rows))
+
+
+def missing_inputs(specs: Sequence[RunSpec], configs: Mapping[str, Config]) -> dict[str, list[str]]:
+    """What the trainer's start would refuse in the files and data each row's config names
+    (segadv/training/preflight.py: warm starts ``init.<role>.path``, a local
+    ``model.generator.encoder_weights``; ``data`` and ``target_data`` listed), for the rows with a
+    run still to run (``configs``: by row name, as :meth:`RunSpec.config` loads them): each problem
+    (its message, naming the key and the path) -> the rows that have it, in the grid's order. A
+    file that lies in the run dir of a run still to run before the row's (a checkpoint an earlier
+    row writes) is not missing."""
+    from segadv.methods import method_class
+    from segadv.training.preflight import missing_data, missing_files
+
+    found: dict[str, list[str]] = {}
+    data_checked: dict[str, list] = {}  # rows often share their data: each section pair listed once
+    earlier: list[Path] = []  # the run dirs of the rows before
+    for row_specs in _by_row(specs):
+        row, cfg = row_specs[0].row, configs[row_specs[0].row.name]
+        if not all(spec.finished() for spec in row_specs):
+            problems = []
+            for problem in missing_files(cfg, None, method_class(cfg.method.name)):
+                writer = _written_by(problem.path, earlier)
+                if writer is not None:
+                    log.info("row %r: %s is not there yet; a run before it writes it (%s)", row.name, problem.path,
+                             writer)
+                    continue
+                problems.append(problem.message)
+            data_key = json.dumps([config_to_dict(cfg)[key] for key in ("data", "target_data")], sort_keys=True,
+                                  default=str)
+            if data_key not in data_checked:
+                data_checked[data_key] = [problem.message for problem in missing_data(cfg)]
+            for message in problems + data_checked[data_key]:
+                found.setdefault(message, []).append(row.name)
+        earlier += [spec.run_dir for spec in row_specs if not spec.finished()]
+    return found
+
+
+def _by_row(specs: Sequence[RunSpec]) -> list[list[RunSpec]]:
+    rows: dict[str, list[RunSpec]] = {}
+    for spec in specs:
+        rows.setdefault(spec.row.name, []).append(spec)
+    return list(rows.values())
+
+
+def _written_by(path: Optional[str], run_dirs: Sequence[Path]) -> Optional[Path]:
+    """The run dir among ``run_dirs`` that ``path`` lies in, if any."""
+    if path is None or not path.strip():
+        return None
+    where = Path(os.path.abspath(os.path.expanduser(path)))
+    return next((run_dir for run_dir in run_dirs if where.is_relative_to(Path(os.path.abspath(run_dir)))), None)
 
 
 # The signals a run is stopped by; each is passed on to the trainer (module docstring).
@@ -184,7 +263,7 @@ def log_tail(run_dir: Path, lines: int = 20) -> str:
 
 def dry_run_line(spec: RunSpec) -> str:
     if not spec.finished():
-        return " ".join(spec.command())
+        return shlex.join(spec.command())  # quoted as a shell needs it: a line to paste
     changed = spec.changed()
     return f"done (but {changed})" if changed else "done"
 
@@ -200,7 +279,7 @@ def run_one(spec: RunSpec) -> bool:
         return True
     command = spec.command()
     make_dir(spec.run_dir)
-    log.info("run: %s: %s", spec.label, " ".join(command))
+    log.info("run: %s: %s", spec.label, shlex.join(command))
     code, interrupted = launch(command, spec.run_dir / LOG_FILE)
     if interrupted is not None:
         log.warning("interrupted: %s (exit %d); run again to continue it", spec.label, code)

@@ -2,7 +2,10 @@
 pretrained weights, reading checkpoints): the method against the model and the data, the files
 the config names (``init.*``, a local ``model.generator.encoder_weights``, ``--resume PATH``),
 and the data: each section checked against itself, its splits listed (no file opened) and each
-stream's batch against its pool. A mistake in any of them is one UserError naming the key, before
+stream's batch against its pool. The files and the data listed are also checked for every row of a
+grid before its first run (``segadv-experiment run``, segadv/experiment/launcher.py
+``missing_inputs``), through :func:`missing_files` and :func:`missing_data`, which name every
+problem rather than the first. A mistake in any of them is one UserError naming the key, before
 a download's retries or a network's build: ``segadv-train --config voc data.root=/nonexistent``
 answers at once. The data so listed, the ``Catalog``, is handed on to the data builders
 (segadv/training/run_data.py), which read on from it, as the checks of the config for its build
@@ -49,20 +52,63 @@ def check_start(cfg: Config, resume: str | None, device_map: "DeviceMap", world_
 
 def check_files(cfg: Config, resume: str | None, method: "type[Method]") -> None:
     """The weights files the config names for the networks ``method`` trains, and ``--resume
-    PATH``, exist."""
-    from segadv.models.generator import local_encoder_weights
-
-    local_encoder_weights(cfg.model.generator)  # a path that does not exist is a UserError naming the key
+    PATH``, exist: a UserError naming each that does not."""
     trained = method.networks(cfg)
     for role in type(cfg.init).model_fields:
         if role not in trained and getattr(cfg.init, role) is not None:
             log.info("init.%s: not used (the %s method trains %s)", role, method.name, ", ".join(trained))
-    for role in trained:
+    missing = missing_files(cfg, resume, method)
+    if missing:
+        raise UserError("; ".join(problem.message for problem in missing))
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A file or folder a start reads that is not there (or cannot be read)."""
+
+    key: str  # the config key or option that names it
+    message: str  # the start's error: the key, what is wrong and the path
+    path: str | None = None  # the one file the key names, as the config gives it (None: a data section's)
+
+
+def missing_files(cfg: Config, resume: str | None, method: "type[Method]") -> list[Missing]:
+    """Each weights file the config names for the networks ``method`` trains (``init.<role>.path``,
+    a local ``model.generator.encoder_weights``) and ``--resume PATH`` that does not exist, all of
+    them (:func:`check_files` and ``segadv-experiment``'s check of a grid)."""
+    found = []
+    weights = cfg.model.generator.encoder_weights
+    if weights is not None:  # (the models' module brings torch: only where there is a file to look for)
+        from segadv.models.generator import local_encoder_weights
+
+        try:
+            local_encoder_weights(cfg.model.generator)  # a named set (imagenet) is no file
+        except UserError as err:
+            found.append(Missing("model.generator.encoder_weights", str(err), weights))
+    for role in method.networks(cfg):
         source = getattr(cfg.init, role, None)
-        if source is not None and not user_path(source.path, f"init.{role}.path").exists():
-            raise UserError(f"init.{role}.path: checkpoint not found: {source.path}")
+        if source is None:
+            continue
+        key = f"init.{role}.path"
+        try:
+            exists = user_path(source.path, key).exists()
+        except UserError as err:  # an empty path
+            found.append(Missing(key, str(err), source.path))
+            continue
+        if not exists:
+            found.append(Missing(key, f"{key}: checkpoint not found: {source.path}", source.path))
     if resume not in (None, "auto") and not user_path(resume, "--resume").is_file():
-        raise UserError(f"--resume {resume}: no such checkpoint file (--resume auto finds the newest in the run dir)")
+        found.append(Missing("--resume", f"--resume {resume}: no such checkpoint file (--resume auto finds the "
+                                         "newest in the run dir)", resume))
+    return found
+
+
+def missing_data(cfg: Config) -> list[Missing]:
+    """What listing ``data`` and ``target_data`` meets (a root, a folder its layout reads or a list
+    file missing, a key that does not fit the kind), each section listed apart so that a problem
+    in each is named: the checks of :func:`check_data`'s catalog, without the batches."""
+    from segadv.data.catalog import Catalog
+
+    return [Missing(key, message) for key, message in Catalog.problems(cfg.data, cfg.target_data)]
 
 
 def check_data(cfg: Config, method: "type[Method]", world_size: int) -> "Catalog":

@@ -2,6 +2,7 @@
 status.json, tabulated with statistics against a baseline row."""
 
 import json
+import shlex
 import signal
 from pathlib import Path
 
@@ -85,13 +86,14 @@ def test_grid_runs_tabulates_and_never_repeats_a_finished_run(tmp_path, monkeypa
 
 
 def test_a_failed_run_is_named_and_the_others_still_finish(tmp_path, caplog):
-    # A failure only the run meets (the config loads; its init file is missing when it starts).
+    # A failure only the run meets (the config loads and its init file is there, but holds no weights).
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
     rows = [{"name": "broken", "config": str(ROOT / "configs" / "default.yaml"),
-             "overrides": ["init.generator.path=nowhere.pt"]}, ROWS[1]]
+             "overrides": [f"init.generator.path={tmp_path / 'garbage.pt'}"]}, ROWS[1]]
     grid = write_grid(tmp_path / "grid.yaml", rows, seeds=[0])
     with caplog.at_level("ERROR"):
         assert run_cli(grid, "--out", tmp_path / "out") == 1
-    assert "broken (seed 0)" in caplog.text and "init.generator.path" in caplog.text
+    assert "broken (seed 0)" in caplog.text and "garbage.pt is truncated or corrupt" in caplog.text
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [r["n"] for r in results["rows"]] == [0, 1]
 
@@ -186,8 +188,14 @@ def test_the_shipped_grid_is_valid(monkeypatch):
 
 def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys):
     """``semi`` is configs/experiments/semi.yaml, whose rows name the shipped config ``semi``: a
-    dry run from a directory without configs/ lists the commands; --list-grids names the grids."""
+    dry run from a directory without configs/ lists the commands once the pretext checkpoint its
+    warm rows start from is there (before, it names it); --list-grids names the grids."""
     monkeypatch.chdir(tmp_path)
+    assert run_cli("semi", "--dry-run", "--out", tmp_path / "out") == 2
+    assert "init.generator.path: checkpoint not found: runs/pretext/checkpoints/last.pt" in capsys.readouterr().err
+    checkpoint = tmp_path / "runs" / "pretext" / "checkpoints" / "last.pt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"")
     assert run_cli("semi", "--dry-run", "--out", tmp_path / "out") == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 29 and all(" -m segadv.cli.train --config semi --run-dir " in line for line in lines)
@@ -282,7 +290,7 @@ def test_ctrl_c_lets_the_run_save_a_checkpoint_then_exits_130(tmp_path, monkeypa
     monkeypatch.setattr(launcher, "run_trainer", lambda *a, **k: pytest.fail("nothing may run"))
     capsys.readouterr()
     assert run_cli(grid, "--out", out, "--dry-run") == 0  # not done: the next run resumes it
-    assert "a, seed 0: " + " ".join(launcher.RunSpec.of(load_grid(grid), load_grid(grid).rows[0], 0, out).command()) \
+    assert "a, seed 0: " + shlex.join(launcher.RunSpec.of(load_grid(grid), load_grid(grid).rows[0], 0, out).command()) \
         in capsys.readouterr().out
 
 

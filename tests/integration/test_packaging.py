@@ -145,6 +145,9 @@ def test_installed_wheel_trains_from_an_empty_directory(wheel: Path, tmp_path: P
     experiments = Path(__file__).resolve().parents[2] / "configs" / "experiments"
     shipped_grids = sorted(path.stem for path in experiments.glob("*.yaml"))
     assert [line.split()[0] for line in grids] == shipped_grids
+    pretext = empty / "runs" / "pretext" / "checkpoints" / "last.pt"  # the checkpoint its warm rows start from
+    pretext.parent.mkdir(parents=True)
+    pretext.write_bytes(b"")
     commands = run([experiment, "run", "semi", "--dry-run"], cwd=empty).stdout.splitlines()
     assert len(commands) == 29 and all(" -m segadv.cli.train --config semi --run-dir " in line for line in commands)
     table = json.loads(run([experiment, "table", default_runs[0], "runs/semi", "--json"], cwd=empty).stdout)
