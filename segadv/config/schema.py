@@ -305,6 +305,10 @@ class CheckpointConfig(Section):
     every: Count = Field(1000, description="write step_<N>.pt and last.pt every this many steps (and at the end)")
     keep_last: Optional[int] = Field(
         None, ge=1, le=10**6, description="keep only the newest K step_<N>.pt files (null: all); last.pt is always kept")
+    keep_best: Optional[int] = Field(
+        None, ge=1, le=10**6,
+        description="also keep the K best evaluations by best_by as best_step_<N>_<score>_<value>.pt (null: only "
+                    "best.pt, the single best, which stays either way)")
     best_by: Literal[BEST_BY] = Field(  # type: ignore[valid-type]
         "val/mIoU", description="the score best.pt is chosen by: val/mIoU (the val labels; in adaptation the "
                                 "target's) or a label-free proxy/* score, each in its direction (entropy: lowest; "

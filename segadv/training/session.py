@@ -83,7 +83,7 @@ def open_session(cfg: Config, site: RunSite, record: RunRecord, options: RunOpti
     clock = RunClock()  # the run's time, checkpointed, so that a resume continues it
     checkpoints = CheckpointManager(site.run_dir, run_state(parts, data.streams, clock), every=cfg.checkpoint.every,
                                     keep_last=cfg.checkpoint.keep_last, config=config_to_dict(cfg), env=site.env,
-                                    best_by=cfg.checkpoint.best_by)
+                                    best_by=cfg.checkpoint.best_by, keep_best=cfg.checkpoint.keep_best)
     step = start_checkpoints(cfg, checkpoints, options)
     guard = NonFiniteGuard(cfg.train.on_nonfinite, checkpoints, site.device_map.generator)
     with ExitStack() as stack:
