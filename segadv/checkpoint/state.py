@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 FORMAT = "segadv"
 FORMAT_VERSION = 1
 # Entries a checkpoint written before them lacks, each loaded as "none yet" (a run's record of its
-# best, its latest evaluation, its clock, keep_best's ranking).
-OPTIONAL = ("rng", "best", "evaluation", "clock", "best_kept")
+# best, its latest evaluation, its clock, keep_best's ranking, train.early_stop's count).
+OPTIONAL = ("rng", "best", "evaluation", "clock", "best_kept", "early_stop")
 
 
 class Stateful(Protocol):
