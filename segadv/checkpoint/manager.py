@@ -3,7 +3,9 @@ abandoned future (torchtitan's CheckpointManager, for segadv's files).
 
 Layout under ``RUN/checkpoints/``: ``last.pt`` (always the newest), ``step_<N>.pt`` every
 ``checkpoint.every`` steps (the newest ``keep_last`` kept), ``best.pt`` + ``best.json`` (the best
-evaluation), ``abandoned/`` (checkpoints of a future a rewind abandoned). Every file is written
+evaluation), with ``checkpoint.keep_best: K`` the K best evaluations as
+``best_step_<N>_<score>_<value>.pt`` (:func:`ranked_name`), ``abandoned/`` (checkpoints of a
+future a rewind abandoned). Every file is written
 atomically, so a crash at any moment leaves the previous complete checkpoint in place; retention
 deletes only after the new file is complete. A state with a NaN or an infinity is never written
 (:class:`Diverged`), so every checkpoint here is finite and retention never removes the newest
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 ABANDONED_DIR = "abandoned"
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+RANKED_FILE = re.compile(r"^best_step_(\d+)_[A-Za-z_]+_-?\d+\.\d+\.pt$")  # checkpoint.keep_best's (ranked_name)
 BEST_RECORD = "best.json"
 MIB = 2**20
 
@@ -45,8 +48,12 @@ MIB = 2**20
 class CheckpointManager:
     """``states``: the run's stateful parts by checkpoint key; the manager adds its own two,
     ``step`` and ``best`` (the best evaluation so far by ``best_by``, ``{"mIoU", "step"}``, with
-    ``"by"`` and ``"score"`` when chosen by a label-free score, so a resumed run keeps ``best.pt`` honest). ``config``: the run's config as a dict,
-    saved with every checkpoint. ``best_by``: ``checkpoint.best_by`` (val/mIoU or a proxy/* score)."""
+    ``"by"`` and ``"score"`` when chosen by a label-free score, so a resumed run keeps ``best.pt`` honest),
+    and with ``keep_best`` a third, ``best_kept``: the ranking of the kept ``best_step_*`` files
+    (:attr:`kept`). ``config``: the run's config as a dict, saved with every checkpoint.
+    ``best_by``: ``checkpoint.best_by`` (val/mIoU or a proxy/* score). ``keep_best``:
+    ``checkpoint.keep_best``, how many of the best evaluations keep a file of their own (None: none,
+    only best.pt)."""
 
     def __init__(
         self,
@@ -58,11 +65,13 @@ class CheckpointManager:
         config: dict[str, Any] | None = None,
         env: DistEnv = DistEnv(),
         best_by: str = "val/mIoU",
+        keep_best: int | None = None,
     ) -> None:
         self.directory = run_dir / "checkpoints"
         self.best_by = best_by  # checkpoint.best_by: the score best.pt is chosen by
         self.every = every
         self.keep_last = keep_last
+        self.keep_best = keep_best
         self.config = config or {}
         self.env = env
         self.step = 0
@@ -70,8 +79,12 @@ class CheckpointManager:
         # The latest evaluation, {"step", "mIoU", "pixel_acc"}: what a finished run reports when resumed.
         self.evaluation: dict[str, Any] | None = None
         self.last_complete: tuple[Path, int] | None = None  # the newest complete checkpoint, its step
+        # checkpoint.keep_best's ranking: {"by": best_by, "files": [{"step", "score", "mIoU", "file"}, ...]},
+        # best first. Only files this run wrote here are listed, so only they are ever removed.
+        self.kept: dict[str, Any] | None = None if keep_best is None else {"by": best_by, "files": []}
+        self.unlisted: list[str] = []  # files the ranking left out, removed after the next checkpoint
         self.states = {"step": Attribute(self, "step"), **(states or {}), "best": Attribute(self, "best"),
-                       "evaluation": Attribute(self, "evaluation")}
+                       "evaluation": Attribute(self, "evaluation"), "best_kept": Attribute(self, "kept")}
 
     @property
     def last_path(self) -> Path:
@@ -107,7 +120,31 @@ class CheckpointManager:
             log.warning("best.pt (val mIoU %.4f at step %d) is gone (abandoned or removed): the next evaluation "
                         "writes a new one", self.best["mIoU"], self.best["step"])
             self.best = None
+        self.kept = self.resumed_ranking(self.kept)
         return self.step
+
+    def resumed_ranking(self, kept: Any) -> dict[str, Any] | None:
+        """The ``best_step_*`` ranking a run goes on with: the checkpoint's (None in a checkpoint
+        written without keep_best), less the files no longer here (abandoned, removed by a later
+        future, or never in this run dir: a checkpoint of another run). A ranking by another
+        score, or keep_best turned off, leaves the files where they are and ranks afresh (or not)."""
+        kept = kept if isinstance(kept, dict) else {}
+        files = [e for e in kept.get("files", []) if listed(e)] if isinstance(kept.get("files"), list) else []
+        if self.keep_best is None:
+            if files:
+                log.info("checkpoint.keep_best is off: %s stay as they are, no longer ranked",
+                         ", ".join(e["file"] for e in files))
+            return None
+        if files and kept.get("by") != self.best_by:
+            log.warning("%s were ranked by %s, this run ranks by %s (checkpoint.best_by): they stay as they are and "
+                        "the ranking starts over", ", ".join(e["file"] for e in files), kept.get("by"), self.best_by)
+            files = []
+        here = [e for e in files if (self.directory / e["file"]).is_file()]
+        gone = [e["file"] for e in files if e not in here]
+        if gone:
+            log.warning("%s, ranked among the best by the checkpoint resumed from, %s not in %s (abandoned or "
+                        "removed): ranked without", ", ".join(gone), "is" if len(gone) == 1 else "are", self.directory)
+        return {"by": self.best_by, "files": here}
 
     def load(self, resume: str, trusted: bool = False) -> Path | None:
         """Restore every state from ``resume`` ("auto" or a path); returns the file it came from
@@ -165,11 +202,12 @@ class CheckpointManager:
 
     def _too_small(self, size: int, max_steps: int) -> str | None:
         """``size``: one checkpoint's expected bytes. Kept: ``keep_last`` step files (all of them
-        without it), last.pt, best.pt, and a temp file while one is written; the checkpoint files
-        here already count as room (they are kept or replaced)."""
+        without it), last.pt, best.pt, ``keep_best`` best_step files, and a temp file while one is
+        written; the checkpoint files here already count as room (they are kept or replaced)."""
         step_files = self.keep_last if self.keep_last is not None else (
             len(self.step_files()) + max_steps // self.every - self.step // self.every)
-        files = step_files + 3
+        ranked = self.keep_best or 0
+        files = step_files + 3 + ranked
         present = sum(p.stat().st_size for p in self.directory.glob("*.pt"))
         free = shutil.disk_usage(self.directory).free
         if free + present >= files * size:
@@ -177,19 +215,22 @@ class CheckpointManager:
         kept = (f"kept by checkpoint.keep_last={self.keep_last}" if self.keep_last is not None
                 else "all kept: checkpoint.keep_last is not set")
         return (f"not enough room for this run's checkpoints in {self.directory}: {files} files of about "
-                f"{size / MIB:.1f} MiB ({step_files} step_<N>.pt {kept}, last.pt, best.pt, one temp file) "
+                f"{size / MIB:.1f} MiB ({step_files} step_<N>.pt {kept}, last.pt, best.pt, "
+                f"{f'{ranked} best_step_<N>_*.pt kept by checkpoint.keep_best, ' if ranked else ''}one temp file) "
                 f"need {files * size / MIB:.1f} MiB, "
                 f"and {free / MIB:.1f} MiB are free (+{present / MIB:.1f} MiB in checkpoints already there): "
-                "free space, set checkpoint.keep_last, or pass --force to start anyway")
+                f"free space, set checkpoint.keep_last{', lower checkpoint.keep_best' if ranked else ''}, "
+                "or pass --force to start anyway")
 
     def resume_note(self) -> str:
         """Where a stopped run can go on from, for its error message: the newest complete
-        checkpoint of any kind (``best.pt`` included; ``--resume auto`` picks last.pt and the
-        step files, so best.pt is named by path)."""
+        checkpoint of any kind (``best.pt`` and the best_step files included; ``--resume auto``
+        picks last.pt and the step files, so those are named by path)."""
         if self.last_complete is None:
             return "no checkpoint was written before it"
         path, step = self.last_complete
-        how = "--resume auto" if path.name != self.best_path.name else f"--resume {path}"
+        best = path.name == self.best_path.name or RANKED_FILE.match(path.name)
+        how = f"--resume {path}" if best else "--resume auto"
         return f"the last complete checkpoint is {path} (step {step}; resume: {how})"
 
     def newest_loadable(self, trusted: bool = False) -> tuple[Path, dict[str, Any]] | None:
@@ -220,6 +261,7 @@ class CheckpointManager:
         best_step = self.best_step()
         if self.best_path.is_file() and (best_step is None or best_step > start_step or start_step == 0):
             later += [p for p in (self.best_path, self.directory / BEST_RECORD) if p.is_file()]
+        later += [path for step, path in self.ranked_files() if step > start_step or start_step == 0]
         if not later:
             return None
         base = self.directory / ABANDONED_DIR / f"from_step_{start_step}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -268,6 +310,7 @@ class CheckpointManager:
             else:
                 log.info("checkpoint saved at step %d: %s", step, ", ".join(p.name for p in paths))
                 self._apply_retention(keep=paths[-1])
+                self._remove_unlisted()
         self._agree_written(failure)  # nobody races ahead of (or exits before) the write
         self.last_complete = (self.last_path, step)
         return paths[-1] if self.env.is_main else None
@@ -278,36 +321,84 @@ class CheckpointManager:
         ``best_by`` score beats the best so far (the same metrics on every rank, all-reduced, so
         every rank agrees), ``best.pt`` (a full training state), then ``best.json`` (its step,
         mIoU, and the score that chose it), each atomic: a kill between them leaves a best.json
-        one evaluation behind best.pt, never ahead of it. Every evaluation is recorded for the
-        checkpoints that follow (:attr:`evaluation`)."""
+        one evaluation behind best.pt, never ahead of it. With ``keep_best``, an evaluation among
+        the K best so far also gets its own file (:func:`ranked_name`, written first, from the
+        same bytes as best.pt), and the files it pushes out of the K are removed once it is
+        complete. Every evaluation is recorded for the checkpoints that follow
+        (:attr:`evaluation`). Returns whether it is the new best."""
         self.evaluation = {"step": step, "mIoU": float(miou),
                            "pixel_acc": None if pixel_acc is None else float(pixel_acc)}
         score = float(miou) if self.best_by == "val/mIoU" else float((proxies or {}).get(self.best_by, math.nan))
-        if not better(score, None if self.best is None else self.best.get("score", self.best["mIoU"]),
-                      higher_is_better(self.best_by)):
-            return False
-        self.step, self.best = step, {"mIoU": float(miou), "step": step}
-        if self.best_by != "val/mIoU":  # by val mIoU the record stays what it always was
-            self.best.update(by=self.best_by, score=score)
+        is_best = better(score, None if self.best is None else self.best.get("score", self.best["mIoU"]),
+                         higher_is_better(self.best_by))
+        ranked, dropped = self._ranking_with(step, score, float(miou))
+        entered = ranked is not None and any(entry["step"] == step for entry in ranked["files"])
+        if ranked is not None:
+            self.kept = ranked
+            if self.env.is_main:
+                self.unlisted += dropped  # removed once a checkpoint that no longer lists them is complete
+        if not (is_best or entered):
+            return False  # nothing written: the next save removes what a lowered keep_best left out
+        self.step = step
+        if is_best:
+            self.best = {"mIoU": float(miou), "step": step}
+            if self.best_by != "val/mIoU":  # by val mIoU the record stays what it always was
+                self.best.update(by=self.best_by, score=score)
         state = self.finite_state(step)
+        ranked_path = self.directory / ranked_name(step, self.best_by, score)
+        paths = ([ranked_path] if entered else []) + ([self.best_path] if is_best else [])
         failure = None
         if self.env.is_main:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
-                save_checkpoint(state, self.best_path)
-                atomic_write_text(self.directory / BEST_RECORD, json.dumps({"step": step, **self.best}) + "\n")
+                save_checkpoint(state, *paths)
+                if is_best:
+                    atomic_write_text(self.directory / BEST_RECORD, json.dumps({"step": step, **self.best}) + "\n")
             except OSError as err:
                 failure = err if isinstance(err, WriteFailed) else WriteFailed(self.directory, err)
             else:
-                if self.best_by == "val/mIoU":
-                    log.info("best val mIoU so far (%.4f at step %d): %s", miou, step, self.best_path.name)
-                else:
-                    log.info("best %s so far (%.4f at step %d; val mIoU %.4f): %s", self.best_by, score, step, miou,
-                             self.best_path.name)
+                self._log_kept(step, score, float(miou), is_best, ranked_path if entered else None)
+                self._remove_unlisted()
         self._agree_written(failure)
         if self.last_complete is None or self.last_complete[1] < step:
-            self.last_complete = (self.best_path, step)
-        return True
+            self.last_complete = (self.best_path if is_best else ranked_path, step)
+        return is_best
+
+    def _ranking_with(self, step: int, score: float, miou: float) -> tuple[dict[str, Any] | None, list[str]]:
+        """The keep_best ranking with this evaluation in it where it is among the K best (an
+        equal score does not displace an earlier one; a NaN never enters), and the files it
+        leaves out. (None, []) without keep_best."""
+        if self.keep_best is None or self.kept is None:
+            return None, []
+        files = list(self.kept["files"])
+        higher = higher_is_better(self.best_by)
+        worst = files[self.keep_best - 1]["score"] if len(files) >= self.keep_best else None
+        if better(score, worst, higher):
+            files.append({"step": step, "score": score, "mIoU": miou, "file": ranked_name(step, self.best_by, score)})
+        # Best first; a stable sort, so an equal score stays after the earlier evaluations it ties.
+        files.sort(key=lambda entry: -entry["score"] if higher else entry["score"])
+        kept, dropped = files[:self.keep_best], [entry["file"] for entry in files[self.keep_best:]]
+        return {"by": self.best_by, "files": kept}, dropped
+
+    def _remove_unlisted(self) -> None:
+        """keep_best's retention: files of the ranking (this run's own, in this run dir) that fell
+        out of the K best, removed once a checkpoint whose ranking no longer lists them is
+        complete, so the newest checkpoint never lists a file that is gone."""
+        for name in self.unlisted:
+            (self.directory / name).unlink(missing_ok=True)
+            log.info("retention (checkpoint.keep_best=%d): removed %s", self.keep_best, name)
+        self.unlisted = []
+
+    def _log_kept(self, step: int, score: float, miou: float, is_best: bool, ranked: Path | None) -> None:
+        written = ", ".join(p.name for p in (ranked, self.best_path if is_best else None) if p is not None)
+        if is_best and self.best_by == "val/mIoU":
+            log.info("best val mIoU so far (%.4f at step %d): %s", miou, step, written)
+        elif is_best:
+            log.info("best %s so far (%.4f at step %d; val mIoU %.4f): %s", self.best_by, score, step, miou, written)
+        else:
+            place = next(i for i, entry in enumerate(self.kept["files"], 1) if entry["step"] == step)
+            log.info("%s %.4f at step %d is the %s best of the run (checkpoint.keep_best=%d): %s", self.best_by, score,
+                     step, ordinal(place), self.keep_best, written)
 
     def finite_state(self, step: int, cause: str = "") -> dict[str, Any]:
         """The state to save, refused (:class:`Diverged` on every rank) if any rank's holds a NaN
@@ -333,6 +424,13 @@ class CheckpointManager:
         """The step of ``best.pt`` per ``best.json`` (None: no record)."""
         record = read_best_record(self.directory)  # the one reader: a record that is not one is none
         return None if record is None else record.step
+
+    def ranked_files(self) -> list[tuple[int, Path]]:
+        """``(step, path)`` of every best_step_<N>_*.pt here (keep_best's), newest first."""
+        if not self.directory.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := RANKED_FILE.match(p.name))]
+        return sorted(found, reverse=True)
 
     def step_files(self) -> list[tuple[int, Path]]:
         """``(step, path)`` of every step_<N>.pt, newest first."""
@@ -364,6 +462,25 @@ def saved_world_size(ckpt: Mapping[str, Any]) -> int:
         return int(ckpt["world_size"])
     rng = ckpt.get("rng")
     return len(rng) if isinstance(rng, list) else 1
+
+
+def ranked_name(step: int, best_by: str, score: float) -> str:
+    """keep_best's file of the evaluation at ``step``: ``best_step_<N>_<score>_<value>.pt``, the
+    score named as its key's last part (``best_step_500_mIoU_0.8123.pt``,
+    ``best_step_500_entropy_0.4012.pt``), its value to 4 decimals."""
+    return f"best_step_{step}_{best_by.rsplit('/', 1)[-1]}_{score:.4f}.pt"
+
+
+def listed(entry: Any) -> bool:
+    """A ranking entry as keep_best writes it: a step, a finite score and a file name of its
+    own pattern (never a path: only files of the run dir's checkpoints/ are ever removed)."""
+    return (isinstance(entry, dict) and isinstance(entry.get("step"), int)
+            and isinstance(entry.get("score"), float) and math.isfinite(entry["score"])
+            and isinstance(entry.get("file"), str) and RANKED_FILE.match(entry["file"]) is not None)
+
+
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def better(score: float, best: float | None, higher: bool) -> bool:

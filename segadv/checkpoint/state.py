@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 
 FORMAT = "segadv"
 FORMAT_VERSION = 1
+# Entries a checkpoint written before them lacks, each loaded as "none yet" (a run's record of its
+# best, its latest evaluation, its clock, keep_best's ranking, train.early_stop's count).
+OPTIONAL = ("rng", "best", "evaluation", "clock", "best_kept", "early_stop")
 
 
 class Stateful(Protocol):
@@ -130,7 +133,7 @@ def restore(ckpt: dict[str, Any], states: Mapping[str, Stateful]) -> int:
         # Saved before stream positions were: every stream drew one batch a step (supervised).
         ckpt = {**ckpt, "data_streams": {name: {"batches": ckpt["step"]}
                                          for name in states["data_streams"].state_dict()}}
-    missing = sorted(key for key in states if key not in ckpt and key not in ("rng", "best", "evaluation", "clock"))
+    missing = sorted(key for key in states if key not in ckpt and key not in OPTIONAL)
     if missing:
         raise UserError(f"the checkpoint lacks {', '.join(missing)}: not a full training state")
     for key, state in states.items():

@@ -37,6 +37,7 @@ RESUME_MAY_CHANGE: dict[str, str] = {
     "train.profile": "timing only",
     "train.on_nonfinite": "what happens to a non-finite step from now on",
     "train.on_discriminator_collapse": "what happens when D leaves its band from now on",
+    "train.early_stop.*": "when the run stops from now on (the count so far is in the checkpoint)",
     "train.log_every": "when the run reports",
     "train.eval_every": "when the run reports",
     "train.eval_source": "what the run reports",

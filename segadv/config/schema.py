@@ -260,6 +260,33 @@ def _validated_method_config(data: dict[str, Any]) -> MethodConfig:
     return MethodConfig.model_validate(data)
 
 
+# The label-free scores logged at each evaluation of a run with unlabeled or target data
+# (segadv/engine/proxies.py), each with its direction: True where higher is better.
+PROXY_SCORES: dict[str, bool] = {"entropy": False, "flip_agreement": True, "scale_agreement": True, "snd": True,
+                                 "d_confidence": True}
+BEST_BY = ("val/mIoU", *(f"proxy/{name}" for name in PROXY_SCORES))
+# What train.early_stop may watch: an evaluation's val scores (the labels') and the label-free ones.
+EARLY_STOP_SCORES = ("val/mIoU", "val/pixel_acc", *BEST_BY[1:])
+
+
+def higher_is_better(score: str) -> bool:
+    """The direction of a ``checkpoint.best_by`` or ``train.early_stop.monitor`` score: the val
+    labels' scores and every proxy but entropy are better higher."""
+    return score.startswith("val/") or PROXY_SCORES[score.removeprefix("proxy/")]
+
+
+class EarlyStopConfig(Section):
+    monitor: Optional[Literal[EARLY_STOP_SCORES]] = Field(  # type: ignore[valid-type]
+        None, description="the evaluation score watched: val/mIoU, val/pixel_acc or a label-free proxy/* score, in its "
+                          "direction (proxy/entropy: lower; the others: higher); null: no early stop")
+    patience: int = Field(
+        3, ge=1, le=10**6,
+        description="stop after this many evaluations in a row that do not improve on the best monitor score so far")
+    min_delta: float = Field(
+        0.0, ge=0, le=100,
+        description="an improvement is a better score by at least this much (0: any better score)")
+
+
 class TrainConfig(Section):
     max_steps: Count = Field(20000, description="optimizer steps of the run")
     eval_every: Count = Field(1000, description="evaluate on val every this many steps (and at the end)")
@@ -281,18 +308,8 @@ class TrainConfig(Section):
     accumulation_steps: int = Field(
         1, gt=0, le=1024,
         description="micro-batches per optimizer step; must divide every stream's batch, leaving 2 or more per micro-batch")
-
-
-# The label-free scores logged at each evaluation of a run with unlabeled or target data
-# (segadv/engine/proxies.py), each with its direction: True where higher is better.
-PROXY_SCORES: dict[str, bool] = {"entropy": False, "flip_agreement": True, "scale_agreement": True, "snd": True,
-                                 "d_confidence": True}
-BEST_BY = ("val/mIoU", *(f"proxy/{name}" for name in PROXY_SCORES))
-
-
-def higher_is_better(score: str) -> bool:
-    """The direction of a ``checkpoint.best_by`` score."""
-    return score == "val/mIoU" or PROXY_SCORES[score.removeprefix("proxy/")]
+    early_stop: EarlyStopConfig = Field(
+        EarlyStopConfig(), description="stop when an evaluation score stops improving (Lightning's EarlyStopping)")
 
 
 def best_score_by(best: Mapping[str, Any]) -> str:
@@ -305,6 +322,10 @@ class CheckpointConfig(Section):
     every: Count = Field(1000, description="write step_<N>.pt and last.pt every this many steps (and at the end)")
     keep_last: Optional[int] = Field(
         None, ge=1, le=10**6, description="keep only the newest K step_<N>.pt files (null: all); last.pt is always kept")
+    keep_best: Optional[int] = Field(
+        None, ge=1, le=10**6,
+        description="also keep the K best evaluations by best_by as best_step_<N>_<score>_<value>.pt (null: only "
+                    "best.pt, the single best, which stays either way)")
     best_by: Literal[BEST_BY] = Field(  # type: ignore[valid-type]
         "val/mIoU", description="the score best.pt is chosen by: val/mIoU (the val labels; in adaptation the "
                                 "target's) or a label-free proxy/* score, each in its direction (entropy: lowest; "

@@ -39,6 +39,7 @@ from segadv.parallel.compile import check_compile, compile_enabled
 from segadv.parallel.distributed import DistEnv, check_ranks_agree
 from segadv.parallel.report import gather_rows, network_row, placement_table
 from segadv.parallel.wrap import check_batch_for_replicas, parallelize_network, resolve_mode
+from segadv.training.early_stop import check_monitor
 
 log = logging.getLogger(__name__)
 
@@ -185,9 +186,11 @@ class Checked:
 
 
 def check_build(cfg: Config, device_map: DeviceMap) -> Checked:
-    """The method against the model and the data (its ``check_config``), then the accumulation and
-    the micro-batches on G's replicas (``check_accumulation``)."""
+    """The method against the model and the data (its ``check_config``; ``train.early_stop``'s
+    score against what its evaluations compute), then the accumulation and the micro-batches on
+    G's replicas (``check_accumulation``)."""
     method_class(cfg.method.name).check_config(cfg)
+    check_monitor(cfg, method_class(cfg.method.name))
     for data in (cfg.data, cfg.target_data):
         for height, width, source in input_shapes(data, "data" if data is cfg.data else "target_data") if data else ():
             cfg.model.generator.check_input_size(height, width, source)

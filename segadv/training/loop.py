@@ -22,6 +22,7 @@ from segadv.parallel.distributed import DistEnv
 from segadv.signals import Interrupted, Shielded, deferred
 from segadv.training import preflight, run_dir as rundir
 from segadv.training.build import Training
+from segadv.training.early_stop import stopped_early
 from segadv.training.lock import RunDirLock
 from segadv.training.process import run_log, seed_everything
 from segadv.training.run_data import RunData, evaluate_generator, evaluate_teacher
@@ -36,7 +37,7 @@ class TrainResult:
     run_dir: Path
     step: int
     val_metrics: dict[str, object]
-    stopped_by: str | None = None  # what ended the run early, if anything: a signal, stop_at, D's health
+    stopped_by: str | None = None  # what ended the run early, if anything: a signal, stop_at, D's health, early stop
     best: dict[str, float] | None = None  # the best evaluation: {"mIoU", "step"} (checkpoints/best.pt)
 
 
@@ -63,6 +64,8 @@ def train(
     resumed = rundir.resume_point(run_dir, resume, config_to_dict(cfg), trusted)  # before anything is written
     if resumed is not None and resumed.finished(cfg.train.max_steps):
         return already_finished(cfg, run_dir, resumed)
+    if resumed is not None and (reason := stopped_early(cfg.train.early_stop, resumed.early_stop)) is not None:
+        return already_finished(cfg, run_dir, resumed, reason)
     options = RunOptions(resume, trusted, stop_at, force)
     env, device_map = start_processes(cfg)
     site = RunSite(run_dir, env, device_map)
@@ -102,22 +105,25 @@ def run(cfg: Config, site: RunSite, record: RunRecord, options: RunOptions, star
             step += 1
             reporter.step_done(step, losses, data.streams.pop_wait())
             stop.after_step(step)  # stop_at, a signal as the ranks agree on it
-            if reporter.should_log(step) or stop.early:
+            logged = reporter.should_log(step) or stop.early
+            if logged:
                 reporter.log(step)
                 stop.at_log(reporter.stop_reason)  # D out of its band, train.on_discriminator_collapse: stop
             evaluating = evaluation_due(cfg, step, stop.final)
-            saving = checkpoints.due(step, stop.now)
-            if evaluating or saving:
+            if evaluating or checkpoints.due(step, stop.now):
                 reporter.check_finite(step)  # nothing non-finite is evaluated or saved
             if evaluating:
-                val_metrics = evaluate(cfg, session, step)
-            if saving:
+                val_metrics = evaluate(cfg, session, step)  # train.early_stop's reason, heard by stop
+                if stop.early and not logged:
+                    reporter.log(step)  # the losses since the last log step, as any stop logs them
+            if checkpoints.due(step, stop.now):  # after the evaluation: an early stop is checkpointed
                 with reporter.phase("checkpoint"):
                     checkpoints.save(step)
         stop.close()
         reporter.finish(step)
     if stop.stopped_by:
-        return stopped(site.run_dir, step, cfg.train.max_steps, stop.stopped_by, val_metrics, checkpoints)
+        return stopped(site.run_dir, step, cfg.train.max_steps, stop.stopped_by, val_metrics, checkpoints,
+                       session.early_stop.patience if session.early_stop.exhausted else None)
     return finished(cfg, site.run_dir, step, val_metrics, checkpoints, reporter.tensorboard_dir)
 
 
@@ -128,10 +134,12 @@ def evaluation_due(cfg: Config, step: int, final: bool) -> bool:
 
 
 def evaluate(cfg: Config, session: Session, step: int) -> dict[str, object]:
-    """The evaluations due at ``step``, then best.pt where the score improved and status.json."""
+    """The evaluations due at ``step``, then train.early_stop's count (before best.pt, which
+    carries it), best.pt where the score improved and status.json."""
     session.stop.settle()  # no reduction in flight while the evaluation forks its loader workers
     with session.reporter.phase("evaluation"):
         val_metrics = evaluate_all(cfg, session.parts, session.data, session.reporter, step)
+    session.stop.at_evaluation(session.early_stop.update(step, val_metrics))
     with session.reporter.phase("checkpoint"):
         session.checkpoints.keep_if_best(step, val_metrics["mIoU"], val_metrics["pixel_acc"],
                                          val_metrics.get("proxies"))
@@ -185,9 +193,15 @@ def start_processes(cfg: Config) -> tuple[DistEnv, DeviceMap]:
 
 
 def stopped(run_dir: Path, step: int, max_steps: int, reason: str, val_metrics: dict[str, object],
-            checkpoints: CheckpointManager) -> TrainResult:
+            checkpoints: CheckpointManager, spent_patience: int | None = None) -> TrainResult:
+    """``spent_patience``: train.early_stop's patience where it is spent, so a resume as it is
+    trains no more."""
     log.info("stopped (%s) at step %d/%d; checkpoint: %s", reason, step, max_steps, newest_checkpoint(checkpoints))
-    log.info("resume with: segadv-train --run-dir %s --resume auto", run_dir)
+    if spent_patience is not None:
+        log.info("to train on: segadv-train --run-dir %s --resume auto train.early_stop.patience=<more than %d> "
+                 "(or train.early_stop.monitor=null)", run_dir, spent_patience)
+    else:
+        log.info("resume with: segadv-train --run-dir %s --resume auto", run_dir)
     return TrainResult(run_dir, step, val_metrics, reason, checkpoints.best)
 
 
@@ -214,14 +228,17 @@ def newest_checkpoint(checkpoints: CheckpointManager) -> Path:
     return checkpoints.last_complete[0] if checkpoints.last_complete is not None else checkpoints.last_path
 
 
-def already_finished(cfg: Config, run_dir: Path, resumed: rundir.ResumePoint) -> TrainResult:
-    """A resume of a run that reached ``train.max_steps``: its stored results, nothing built or
+def already_finished(cfg: Config, run_dir: Path, resumed: rundir.ResumePoint,
+                     early_stop: str | None = None) -> TrainResult:
+    """A resume of a run that reached ``train.max_steps``, or (``early_stop``: why) that
+    train.early_stop stopped and would stop again at once: its stored results, nothing built or
     trained (a missing config.yaml is written back)."""
     env = distributed.env_from()
     with RunDirLock(run_dir, env):
         if env.is_main:
             rundir.save_config(cfg, run_dir, only_if_missing=True)
     evaluation = resumed.evaluation(run_dir)
-    log.info(rundir.finished_line(run_dir, resumed.step, evaluation, resumed.best, resumed.path))
+    log.info(rundir.finished_line(run_dir, resumed.step, evaluation, resumed.best, resumed.path,
+                                  early_stop=early_stop, max_steps=cfg.train.max_steps))
     metrics = {} if evaluation is None else {"mIoU": evaluation["mIoU"], "pixel_acc": evaluation.get("pixel_acc")}
-    return TrainResult(run_dir, resumed.step, metrics, best=resumed.best)
+    return TrainResult(run_dir, resumed.step, metrics, early_stop, best=resumed.best)

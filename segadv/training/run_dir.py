@@ -397,6 +397,7 @@ class ResumePoint:
     step: int
     best: dict[str, Any] | None
     last_evaluation: dict[str, Any] | None
+    early_stop: Any = None  # the checkpoint's train.early_stop count (segadv/training/early_stop.py)
 
     def finished(self, max_steps: int) -> bool:
         """Whether the run already reached ``max_steps`` (a UserError when it went past it)."""
@@ -424,7 +425,7 @@ def resume_point(run_dir: Path, resume: str | None, config: Mapping[str, Any],
     check_resumed_config(ckpt.get("config"), config, path)
     if (run_dir / METRICS_FILE).is_file():
         read_records(run_dir / METRICS_FILE)  # a garbled history is refused before anything is written
-    return ResumePoint(path, ckpt["step"], ckpt.get("best"), ckpt.get("evaluation"))
+    return ResumePoint(path, ckpt["step"], ckpt.get("best"), ckpt.get("evaluation"), ckpt.get("early_stop"))
 
 
 # ------------------------------------------------------------------ a finished run
@@ -447,8 +448,9 @@ def stored_evaluation(evaluation: dict[str, Any] | None, run_dir: Path, step: in
 
 
 def finished_line(run_dir: Path, step: int, evaluation: dict[str, Any] | None, best: dict[str, Any] | None,
-                  checkpoint: Path) -> str:
-    """What a resume of a finished run says instead of training."""
+                  checkpoint: Path, early_stop: str | None = None, max_steps: int | None = None) -> str:
+    """What a resume of a finished run says instead of training; ``early_stop``: why
+    train.early_stop ended it (at ``step`` of ``max_steps``), where it did."""
     if evaluation is None:
         final = "its final evaluation is not recorded"
     else:
@@ -458,5 +460,9 @@ def finished_line(run_dir: Path, step: int, evaluation: dict[str, Any] | None, b
     best_text = f"; best val mIoU {best['mIoU']:.4f} at step {best['step']}" if best else ""
     if best and best_score_by(best) != "val/mIoU":
         best_text += f" (chosen by {best['by']})"
+    if early_stop is not None:
+        return (f"{run_dir} stopped early: step {step} of train.max_steps={max_steps}, {early_stop}; nothing to "
+                f"train; {final}{best_text} (checkpoint: {checkpoint}). To train on, resume with a larger "
+                "train.early_stop.patience, or train.early_stop.monitor=null")
     return (f"{run_dir} is finished: step {step} of train.max_steps={step}, nothing to train; {final}{best_text} "
             f"(checkpoint: {checkpoint}). To train on, resume with a larger train.max_steps")

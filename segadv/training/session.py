@@ -27,6 +27,7 @@ from segadv.parallel.distributed import DistEnv
 from segadv.signals import Interrupted, StopRequests
 from segadv.training import preflight, run_dir as rundir
 from segadv.training.build import Training, build_training, log_placement, start_copies
+from segadv.training.early_stop import EarlyStop
 from segadv.training.run_data import RunData, build_data, run_state
 from segadv.training.stopping import StopDecision
 
@@ -65,6 +66,7 @@ class Session:
     checkpoints: CheckpointManager
     reporter: Reporter
     stop: StopDecision
+    early_stop: EarlyStop  # train.early_stop's count, a checkpoint entry
     step: int  # the step the run starts at: 0, or the one resumed from
 
 
@@ -81,9 +83,11 @@ def open_session(cfg: Config, site: RunSite, record: RunRecord, options: RunOpti
     initialise_weights(parts, options.trusted)
     log_placement(parts)
     clock = RunClock()  # the run's time, checkpointed, so that a resume continues it
-    checkpoints = CheckpointManager(site.run_dir, run_state(parts, data.streams, clock), every=cfg.checkpoint.every,
-                                    keep_last=cfg.checkpoint.keep_last, config=config_to_dict(cfg), env=site.env,
-                                    best_by=cfg.checkpoint.best_by)
+    early_stop = EarlyStop(cfg.train.early_stop)
+    checkpoints = CheckpointManager(site.run_dir, {**run_state(parts, data.streams, clock), "early_stop": early_stop},
+                                    every=cfg.checkpoint.every, keep_last=cfg.checkpoint.keep_last,
+                                    config=config_to_dict(cfg), env=site.env, best_by=cfg.checkpoint.best_by,
+                                    keep_best=cfg.checkpoint.keep_best)
     step = start_checkpoints(cfg, checkpoints, options)
     guard = NonFiniteGuard(cfg.train.on_nonfinite, checkpoints, site.device_map.generator)
     with ExitStack() as stack:
@@ -103,7 +107,7 @@ def open_session(cfg: Config, site: RunSite, record: RunRecord, options: RunOpti
         started()
         stop = StopDecision(step, cfg.train.max_steps, requests, distributed.StepAgreement(), stop_at=options.stop_at)
         reporter.begin(step, checkpoints.best)
-        yield Session(site, parts, data, checkpoints, reporter, stop, step)
+        yield Session(site, parts, data, checkpoints, reporter, stop, early_stop, step)
 
 
 def start_checkpoints(cfg: Config, checkpoints: CheckpointManager, options: RunOptions) -> int:

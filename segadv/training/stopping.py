@@ -8,12 +8,16 @@ of these reasons, each checked where it can be known:
   gone), agreed across the ranks every step (``StepAgreement``: one step late, so a signal that
   reaches one rank only stops them all at the same step);
 - D out of its band under ``train.on_discriminator_collapse: stop``, known at log steps only
-  (the reporter reads the losses there) and the same on every rank.
+  (the reporter reads the losses there) and the same on every rank;
+- ``train.early_stop``: its score without improvement for ``patience`` evaluations, known at
+  evaluations only (segadv/training/early_stop.py) and the same on every rank (the metrics are
+  all-reduced).
 
 Precedence: reaching ``train.max_steps`` wins (a stop asked at the last step ends the run
-``finished``), then ``stop_at``, then a signal, then D's health (read only where nothing else
-stops the run). Both endings exit 0; an error that ends a run (diverged, a failed write, a second
-SIGINT) is an exception, recorded as it leaves (segadv/monitor/status.py ``RunRecord``).
+``finished``), then ``stop_at``, then a signal, then D's health, then the early stop (each read
+only where nothing before it stops the run). Both endings exit 0; an error that ends a run
+(diverged, a failed write, a second SIGINT) is an exception, recorded as it leaves
+(segadv/monitor/status.py ``RunRecord``).
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ class StopDecision:
     """Whether the loop stops after the step it last heard of, why, and how the run then ends.
 
     The loop calls :meth:`after_step` after every step (on every rank: it takes part in the ranks'
-    agreement, a collective each step) and :meth:`at_log` at the steps it logs; it then reads
+    agreement, a collective each step), :meth:`at_log` at the steps it logs and
+    :meth:`at_evaluation` after the evaluations; it then reads
     :attr:`early` (stop before ``max_steps``: log this step and checkpoint it), :attr:`final` (the
     last step of the run: evaluate it) and :attr:`now` (this step is the loop's last, whichever).
     Once the loop has left, :attr:`stopped_by`, :attr:`outcome` and :attr:`exit_code` tell the end.
@@ -66,6 +71,12 @@ class StopDecision:
     def at_log(self, reason: str | None) -> None:
         """A log step's own reason to stop (the reporter's ``stop_reason``: D's health), heard only
         where nothing stops the run at this step already."""
+        if self.reason is None and not self.final:
+            self.reason = reason
+
+    def at_evaluation(self, reason: str | None) -> None:
+        """An evaluation's own reason to stop (``train.early_stop``), heard only where nothing
+        stops the run at this step already."""
         if self.reason is None and not self.final:
             self.reason = reason
 
