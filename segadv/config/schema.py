@@ -332,8 +332,41 @@ class CheckpointConfig(Section):
                                 "the others: highest)")
 
 
+class WandbConfig(Section):
+    """Weights & Biases beside TensorBoard (segadv/monitor/trackers.py): Lightning's WandbLogger,
+    mmseg's WandbVisBackend."""
+
+    enabled: bool = Field(
+        False, description="log the scalars, the image panels and the resolved config to W&B too (rank 0; needs "
+                           "pip install 'segadv[wandb]')")
+    mode: Literal["offline", "online"] = Field(
+        "offline", description="offline: written under RUN/wandb only (upload later: wandb sync RUN/wandb/offline-run-*); "
+                               "online: sent as the run goes (needs wandb login and the network)")
+    project: str = Field("segadv", min_length=1, max_length=128, description="the W&B project")
+    entity: Optional[str] = Field(None, min_length=1, description="the W&B user or team; null: the account's default")
+    name: Optional[str] = Field(None, min_length=1, description="the W&B run's display name; null: the run dir's name")
+    tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        [], max_length=100, description="the W&B run's tags")
+
+
+class MlflowConfig(Section):
+    """MLflow beside TensorBoard (segadv/monitor/trackers.py): Lightning's MLFlowLogger, mmseg's
+    MLflowVisBackend."""
+
+    enabled: bool = Field(
+        False, description="log the scalars (metrics), the image panels and the resolved config (params, artifact "
+                           "config.yaml) to MLflow too (rank 0; needs pip install 'segadv[mlflow]')")
+    tracking_uri: Optional[str] = Field(
+        None, min_length=1, description="where the MLflow run goes: a tracking server (http://host:5000), a store "
+                                        "URI (file:/path, databricks); null: the run dir's own file store, RUN/mlruns")
+    experiment: str = Field("segadv", min_length=1, max_length=500, description="the MLflow experiment (created if missing)")
+    run_name: Optional[str] = Field(None, min_length=1, description="the MLflow run's name; null: the run dir's name")
+
+
 class LogConfig(Section):
     tensorboard: bool = Field(True, description="write TensorBoard events in the run dir")
+    wandb: WandbConfig = Field(WandbConfig(), description="Weights & Biases, beside TensorBoard")
+    mlflow: MlflowConfig = Field(MlflowConfig(), description="MLflow, beside TensorBoard")
     num_images: int = Field(4, ge=0, le=64, description="images per panel at each evaluation: val samples, the "
                             "method's panel, its last training batch (train/mixed_batch); 0: those panels off")
     # Only for a method with a panel on a pool whose masks exist (the synthetic data's).

@@ -2,9 +2,10 @@
 
 The loop tells a :class:`Reporter` what happened (a step done, a log step, an evaluation, a phase
 outside the step, the end); the reporter's parts decide what to read and write and when: the
-metrics writer (TensorBoard and metrics.jsonl, rank 0), the console progress, the loss averages
-and the step timer, the run's time profile, status.json and D's diagnostics. Between log steps
-nothing is read on the host: a step's losses are summed on their devices (meters.py).
+metrics writer (TensorBoard, metrics.jsonl and the W&B / MLflow runs, rank 0), the console
+progress, the loss averages and the step timer, the run's time profile, status.json and D's
+diagnostics. Between log steps nothing is read on the host: a step's losses are summed on their
+devices (meters.py).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class Reporter:
                  *, is_main: bool = True, resume_step: int | None = None, clock: RunClock | None = None) -> None:
         self.cfg, self.parts, self.record, self.guard, self.is_main = cfg, parts, record, guard, is_main
         self.clock = clock if clock is not None else RunClock()
-        self.writer = open_writer(run_dir, cfg.log.tensorboard, is_main, resume_step)
+        self.writer = open_writer(run_dir, cfg.log.tensorboard, is_main, resume_step, cfg)
         self.losses, self.timer = LossAverager(), StepTimer()
         # D's health on every rank (the losses it reads are averaged over the ranks: each decides
         # alike whether to stop), logged by rank 0 only.
@@ -94,7 +95,7 @@ class Reporter:
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
                  traceback: TracebackType | None) -> None:
-        self.close()
+        self.close("finished" if kind is None else "killed" if issubclass(kind, KeyboardInterrupt) else "failed")
 
     def begin(self, step: int, best: Mapping[str, Any] | None) -> None:
         """The loop starts at ``step`` (0, or the step resumed from) with the checkpoint's best
@@ -297,15 +298,16 @@ class Reporter:
     def tensorboard_dir(self) -> Path:
         return self.writer.tensorboard_dir
 
-    def close(self) -> None:
-        """status.json's step reached, the progress and the metric files closed; once."""
+    def close(self, outcome: str = "finished") -> None:
+        """status.json's step reached, the progress and the metric files closed (the trackers'
+        runs ended as ``outcome``: "finished", "failed", "killed"); once."""
         if self.closed:
             return
         self.closed = True
         if self.progress is not None:
             self.record.reached(self.step)
             self.progress.close()
-        self.writer.close()
+        self.writer.close(outcome)
 
 
 def config_text(cfg: Config) -> str:

@@ -1,4 +1,5 @@
-"""Where metrics go: TensorBoard event files and ``metrics.jsonl`` (one JSON object per event)."""
+"""Where metrics go: TensorBoard event files and ``metrics.jsonl`` (one JSON object per event), and
+the W&B / MLflow runs the config turns on (segadv/monitor/trackers.py)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,18 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
 from segadv.errors import UserError, WriteFailed
 from segadv import fsutil
 from segadv.fsutil import atomic_write_text
+from segadv.monitor.trackers import Trackers, open_trackers
 from segadv.readback import parse_json, read_bytes
+
+if TYPE_CHECKING:
+    from segadv.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +102,10 @@ class MetricWriter:
     permission) raises :class:`segadv.errors.WriteFailed` naming the file; ``close()`` after one
     does not raise again."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, resume_step: int | None = None) -> None:
+    def __init__(self, run_dir: Path, tensorboard: bool = True, resume_step: int | None = None,
+                 trackers: Trackers | None = None) -> None:
         self.jsonl_path = run_dir / "metrics.jsonl"
+        self.trackers = trackers  # W&B, MLflow (segadv/monitor/trackers.py): scalars and images, after the files
         self.tensorboard_dir = run_dir / "tensorboard"
         self.failed = False
         if resume_step is not None:
@@ -144,11 +151,15 @@ class MetricWriter:
             with self._writing(self.tensorboard_dir):
                 for tag, value in values.items():
                     self._tb.add_scalar(tag, value, step)
+        if self.trackers is not None:
+            self.trackers.scalars(step, values)
 
     def image(self, step: int, tag: str, image_chw_uint8: torch.Tensor) -> None:
         if self._tb is not None:
             with self._writing(self.tensorboard_dir):
                 self._tb.add_image(tag, image_chw_uint8, step, dataformats="CHW")
+        if self.trackers is not None:
+            self.trackers.image(step, tag, image_chw_uint8)
 
     def text(self, step: int, tag: str, markdown: str) -> None:
         """A TensorBoard text summary (its TEXT tab renders Markdown); not in metrics.jsonl."""
@@ -169,7 +180,12 @@ class MetricWriter:
             with self._writing(self.tensorboard_dir):
                 self._tb.flush()
 
-    def close(self) -> None:
+    def close(self, outcome: str = "finished") -> None:
+        """The files closed, and the trackers' runs ended as ``outcome`` ("finished", "failed",
+        "killed": how the attempt ended) says."""
+        if self.trackers is not None:
+            trackers, self.trackers = self.trackers, None
+            trackers.close(outcome)
         for path, closable in ((self.jsonl_path, self._jsonl), (self.tensorboard_dir, self._tb)):
             if closable is None:
                 continue
@@ -205,13 +221,21 @@ class NullWriter:
     def flush(self) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, outcome: str = "finished") -> None:
         pass
 
 
 def open_writer(run_dir: Path, tensorboard: bool, is_main: bool,
-                resume_step: int | None = None) -> MetricWriter | NullWriter:
-    """Rank 0's writer (``resume_step``: see :class:`MetricWriter`); a :class:`NullWriter` on the others."""
+                resume_step: int | None = None, cfg: Config | None = None) -> MetricWriter | NullWriter:
+    """Rank 0's writer (``resume_step``: see :class:`MetricWriter`), with the trackers ``cfg``'s
+    ``log`` section turns on (W&B, MLflow: opened first, so that one that cannot start fails the
+    start before a file is touched); a :class:`NullWriter` on the others."""
     if not is_main:
         return NullWriter(run_dir)
-    return MetricWriter(run_dir, tensorboard=tensorboard, resume_step=resume_step)
+    trackers = open_trackers(cfg, run_dir, resume_step) if cfg is not None else None
+    try:
+        return MetricWriter(run_dir, tensorboard=tensorboard, resume_step=resume_step, trackers=trackers)
+    except BaseException:
+        if trackers is not None:
+            trackers.close("failed")
+        raise

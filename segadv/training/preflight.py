@@ -1,6 +1,7 @@
 """What a start of ``segadv-train`` checks before anything slow (building networks, fetching
 pretrained weights, reading checkpoints): the method against the model and the data, the files
-the config names (``init.*``, a local ``model.generator.encoder_weights``, ``--resume PATH``),
+the config names (``init.*``, a local ``model.generator.encoder_weights``, ``--resume PATH``), the
+trackers it turns on (``log.wandb``, ``log.mlflow``: their packages installed),
 and the data: each section checked against itself, its splits listed (no file opened) and each
 stream's batch against its pool. The files and the data listed are also checked for every row of a
 grid before its first run (``segadv-experiment run``, segadv/experiment/launcher.py
@@ -42,8 +43,10 @@ class Start:
 def check_start(cfg: Config, resume: str | None, device_map: "DeviceMap", world_size: int = 1) -> Start:
     """Every cheap check of a start, in the order a user would fix them."""
     from segadv.methods import method_class
+    from segadv.monitor.trackers import check_installed
     from segadv.training.build import check_build
 
+    check_installed(cfg.log)  # log.wandb / log.mlflow on without their package
     checked = check_build(cfg, device_map)
     method = method_class(cfg.method.name)
     check_files(cfg, resume, method)

@@ -12,7 +12,8 @@
   and the lock (``.segadv.lock``) included: a file there that is a symbolic link is replaced by a
   regular file, never written through (the file it points at is left as it was); a device, FIFO,
   socket or directory where a file belongs, or a link to one, is refused before anything is written
-  (:func:`check_run_paths`, exit 2 naming it). Its folders (``checkpoints``, ``tensorboard``) may be
+  (:func:`check_run_paths`, exit 2 naming it). Its folders (``checkpoints``, ``tensorboard``, and the
+  trackers' ``wandb`` and ``mlruns``, whose files their libraries write) may be
   links to folders, as the run dir itself may: where a folder lies is the user's to choose.
 - A resumed run that already reached ``train.max_steps`` says so and trains nothing; a
   ``train.max_steps`` below the checkpoint's step is refused.
@@ -50,7 +51,7 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 # What segadv-train writes in a run dir; a fresh start refuses a dir holding any of them.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "tensorboard", "checkpoints", "data_split.json", "skipped.json",
-             "status.json", "train.log")
+             "status.json", "train.log", "trackers.json", "wandb", "mlruns")
 
 def check_steps(step: int, max_steps: int, checkpoint: Path | None) -> None:
     """A resume at ``step`` with ``train.max_steps``: below it nothing could train."""
@@ -105,9 +106,9 @@ def check_start(run_dir: Path, resume: str | None, config_path: Path | None = No
 # The run dir's files and folders segadv writes at fixed names (besides the step checkpoints, which
 # the writer checks as it writes them).
 RUN_DIR_FILES = ("config.yaml", "metrics.jsonl", "data_split.json", "skipped.json", "status.json", "train.log",
-                 ".segadv.lock", "experiment.log")
+                 ".segadv.lock", "experiment.log", "trackers.json")
 CHECKPOINT_FILES = ("last.pt", "best.pt", "best.json")
-RUN_DIR_FOLDERS = ("checkpoints", "tensorboard")
+RUN_DIR_FOLDERS = ("checkpoints", "tensorboard", "wandb", "mlruns")  # wandb/, mlruns/: log.wandb, log.mlflow
 
 
 def check_run_paths(run_dir: Path) -> None:
