@@ -304,3 +304,18 @@ def test_resume_is_bitwise_from_a_mid_run_checkpoint_into_a_new_run_dir(tmp_path
             assert torch.equal(a, b), key
             compared += 1
     assert compared > 100
+
+
+@pytest.mark.parametrize("overrides", [V1, V2], ids=["v1", "v2"])
+def test_the_first_strong_view_and_its_labels_are_kept_for_the_panel(overrides, monkeypatch):
+    cfg, parts = built([*overrides, "method.unimatch.confidence=0.2"])  # 5 classes: every pixel passes 1/5
+    assert parts.method.training_views() is None
+    draws = Draws(monkeypatch)
+    parts.method(fixed_streams(cfg, parts), 0)
+    views_ = parts.method.training_views()
+    box = draws.boxes[0]
+    inside = draws.strong[2] if len(draws.strong) == 4 else draws.strong[0].flip(0)  # V1: u' view 1; V2: reversed
+    expected = torch.where(box[:, None], inside, draws.strong[0])
+    assert torch.equal(views_.images, expected) and views_.tag == "train/mixed_batch"
+    assert torch.equal(views_.labels == cfg.data.ignore_index, views_.weight == 0)
+    assert 0 < float(views_.weight.mean()) <= 1

@@ -28,7 +28,7 @@ a tensor on the host: the confidence masks stay device tensors.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +49,7 @@ from segadv.methods.adversarial import (
     realness,
     semi_supervised_discriminator_update,
 )
+from segadv.methods.base import TrainingViews
 from segadv.methods.method_rng import MixingRNG, this_rank
 from segadv.methods.schedule import Schedule
 from segadv.methods.unimatch import views
@@ -97,6 +98,7 @@ class UniMatch(UniMatchSpec):
         # On the host: its draws are copied to G's device pinned and non_blocking (mixing.py).
         self.generator = torch.Generator().manual_seed(derived_seed(setup.seed, VIEWS_SEED_WORD, self.rank))
         self.feature_channels: Sequence[int] = self.g.bare.feature_channels()
+        self.views: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # training_views()
         if self.v2:
             # V2's EMA: every parameter and floating buffer (BatchNorm's statistics: its teacher
             # predicts in eval mode with them); the integer batch counter is left as it is.
@@ -111,8 +113,18 @@ class UniMatch(UniMatchSpec):
     def checkpoint_state(self) -> Mapping[str, Any]:
         return {"mixing_rng": MixingRNG(self.generator, self.rank)}
 
+    def training_views(self) -> Optional[TrainingViews]:
+        """The last iteration's first strong view as G saw it (its CutMix box pasted), the labels
+        its loss read (the pasted image's inside the box; ignore where not confident) and each
+        pixel's weight (1 where confident): ``train/mixed_batch``. None before the first iteration."""
+        if self.views is None:
+            return None
+        images, labels, weight = self.views
+        return TrainingViews(images, labels, weight, titles=("strong view 1", "pseudo label", "confident"))
+
     def __call__(self, streams: Mapping[str, Stream], step: int) -> dict[str, torch.Tensor]:
         g, phase = self.g, self.phases.phase
+        self.views = None  # the last batch's, let go before this one's tensors are made
         images_x, labels_x = streams["labeled"].next()
         images_u = self.unlabeled_images(streams["unlabeled"])
         images_x, labels_x, images_u = copy_in(self.phases, g.device, images_x, labels_x, images_u)
@@ -176,6 +188,8 @@ class UniMatch(UniMatchSpec):
             pseudo = [paste(box, pseudo_in, pseudo_w) for box in boxes]
             confidence = [paste(box, confidence_in, confidence_w) for box in boxes]
             losses["pseudo_confidence"] = (confidence_w >= threshold).float().mean()
+            confident = confidence[0] >= threshold
+            self.views = (strong[0], torch.where(confident, pseudo[0], self.ignore_index), confident.float())
 
         # ---- the two strong views in one forward (V2: complementary channel dropout across them)
         with phase("g_fwd_bwd", g.device):
