@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from segadv.cli.args import (HelpFormatter, add_config_arguments, add_network_argument, docs_epilog, fraction,
-                             parse_args, path_argument, tolerance)
+from segadv.cli.args import (ArgumentParser, HelpFormatter, add_config_arguments, add_network_argument, docs_epilog,
+                             fraction, parse_args, path_argument, tolerance)
 from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.export.settings import FORMATS, resolve_format, tolerances
@@ -27,7 +27,7 @@ from segadv.fsutil import check_output, check_parent, output_file, refuse_overwr
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="segadv-export", formatter_class=HelpFormatter,
         description="Export a checkpoint's generator to ONNX or TorchScript and verify it against PyTorch.",
         epilog=docs_epilog("inference.md", "failures.md"),

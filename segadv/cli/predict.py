@@ -37,8 +37,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from segadv.cli.args import (HelpFormatter, add_config_arguments, add_network_argument, docs_epilog, parse_args,
-                             path_argument)
+from segadv.cli.args import (ArgumentParser, HelpFormatter, add_config_arguments, add_network_argument, docs_epilog,
+                             parse_args, path_argument)
 from segadv.errors import UserError, cli_entry
 from segadv.inference.backends import CheckpointBackend, open_model
 from segadv.inference.inputs import SHOWN, find_images, scan_inputs, unreadable_error
@@ -53,7 +53,7 @@ ON_ERROR = ("raise", "skip")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="segadv-predict", formatter_class=HelpFormatter,
         description="Segment images with a checkpoint (PyTorch) or an exported model (ONNX / TorchScript).",
         epilog=docs_epilog("inference.md"),
