@@ -13,10 +13,10 @@ import math
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from segadv.config.shipped import CONFIGS_DIR, config_listing
-from segadv.errors import UserError
+from segadv.errors import EXIT_USER_ERROR, UserError
 from segadv.fsutil import user_path
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -42,6 +42,16 @@ class HelpFormatter(argparse.HelpFormatter):
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         return textwrap.fill(self._whitespace_matcher.sub(" ", text).strip(), width, initial_indent=indent,
                              subsequent_indent=indent, break_on_hyphens=False, break_long_words=False)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """Every segadv command's parser (its subcommands' too: argparse makes them of the parser's
+    class). A bad option or value is a user error like any other: one line naming it and where the
+    options are listed, exit 2, no usage block (``segadv-eval: error: argument --device: expected
+    one argument; see segadv-eval --help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message}; see {self.prog} --help\n")
 
 
 def docs_epilog(*pages: str) -> str:

@@ -20,8 +20,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-from segadv.cli.args import (HelpFormatter, add_config_arguments, add_network_argument, docs_epilog, parse_args,
-                             path_argument)
+from segadv.cli.args import (ArgumentParser, HelpFormatter, add_config_arguments, add_network_argument, docs_epilog,
+                             parse_args, path_argument)
 from segadv.errors import UserError, cli_entry
 from segadv.fsutil import (atomic_write_bytes, check_output, check_output_dir, check_parent, file_sha256, make_dir,
                            output_file, refuse_overwriting)
@@ -176,9 +176,9 @@ def convert_to_smp(path: str, directory: str, config: str | None, overrides: lis
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="segadv-ckpt", formatter_class=HelpFormatter,
-                                     description="Inspect or convert checkpoints.",
-                                     epilog=docs_epilog("checkpoints.md"))
+    parser = ArgumentParser(prog="segadv-ckpt", formatter_class=HelpFormatter,
+                            description="Inspect or convert checkpoints.",
+                            epilog=docs_epilog("checkpoints.md"))
     sub = parser.add_subparsers(dest="command", required=True, help="inspect or convert (COMMAND --help: its options)")
     p_inspect = sub.add_parser("inspect", help="format, wrapper prefixes, parameter counts, step, config")
     p_inspect.add_argument("file", type=path_argument, help="a checkpoint or weights file (any format segadv reads), "

@@ -18,7 +18,6 @@ score is out of range are skipped (segadv/experiment/runs.py). ``--png`` needs m
 
 from __future__ import annotations
 
-import argparse
 import io
 import logging
 import math
@@ -29,7 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-from segadv.cli.args import HelpFormatter, docs_epilog, fraction
+from segadv.cli.args import ArgumentParser, HelpFormatter, docs_epilog, fraction
 from segadv.errors import UserError, cli_entry
 from segadv.experiment.runs import METRICS_FILE, metrics_records, score_value
 from segadv.fsutil import atomic_write_bytes, make_dir, output_file, user_path
@@ -155,15 +154,19 @@ def plot(plt: ModuleType, curves: list[Curve], threshold: float, png: Path, titl
     atomic_write_bytes(png, image.getvalue())
 
 
-@cli_entry
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="segadv-curves", description=__doc__.splitlines()[0].partition(": ")[2],
-                                     formatter_class=HelpFormatter, epilog=docs_epilog("experiments.md"))
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="segadv-curves", description=__doc__.splitlines()[0].partition(": ")[2],
+                            formatter_class=HelpFormatter, epilog=docs_epilog("experiments.md"))
     parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories")
     parser.add_argument("--threshold", type=fraction, default=0.80, help="the val mIoU to time, within 0..1 (default 0.80)")
     parser.add_argument("--png", type=Path, help="write the curves here (needs the plot extra: matplotlib)")
     parser.add_argument("--title", default="val mIoU against training time", help="the PNG's title")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.png is not None:  # a device, FIFO, socket or folder there: refused before any run is read
         args.png = output_file(user_path(args.png, "--png"), "--png")
     plt = pyplot() if args.png else None  # a missing extra is said before any run is read

@@ -27,7 +27,8 @@ import logging
 import os
 import sys
 
-from segadv.cli.args import HelpFormatter, add_config_arguments, count, docs_epilog, parse_args, path_argument
+from segadv.cli.args import (ArgumentParser, HelpFormatter, add_config_arguments, count, docs_epilog, parse_args,
+                             path_argument)
 from segadv.config import load_config
 from segadv.data.check import check_data, format_report
 from segadv.errors import UserError, cli_entry
@@ -40,8 +41,8 @@ MAX_WORKERS = 256  # reader threads: far more than any disk serves in parallel
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="segadv-data", formatter_class=HelpFormatter, description="Dataset tools.",
-                                     epilog=docs_epilog("datasets.md"))
+    parser = ArgumentParser(prog="segadv-data", formatter_class=HelpFormatter, description="Dataset tools.",
+                            epilog=docs_epilog("datasets.md"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 help="check, show (COMMAND --help: its options)")
     check = sub.add_parser(

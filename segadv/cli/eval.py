@@ -27,17 +27,17 @@ import json
 import sys
 from pathlib import Path
 
-from segadv.cli.args import (HelpFormatter, add_config_arguments, add_network_argument, docs_epilog, parse_args,
-                             path_argument)
+from segadv.cli.args import (ArgumentParser, HelpFormatter, add_config_arguments, add_network_argument, docs_epilog,
+                             parse_args, path_argument)
 from segadv.errors import UserError, cli_entry
 from segadv.inference.show_dir import OVERLAY_DIR
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="segadv-eval", formatter_class=HelpFormatter,
-                                     epilog=docs_epilog("inference.md"),
-                                     description="Evaluate a generator checkpoint on its config's val split: "
-                                                 "mIoU, per-class IoU and pixel accuracy.")
+    parser = ArgumentParser(prog="segadv-eval", formatter_class=HelpFormatter,
+                            epilog=docs_epilog("inference.md"),
+                            description="Evaluate a generator checkpoint on its config's val split: "
+                                        "mIoU, per-class IoU and pixel accuracy.")
     parser.add_argument("--checkpoint", type=path_argument, help="segadv checkpoint (e.g. RUN/checkpoints/last.pt), "
                         "a run dir (its best checkpoint), raw state dict (needs --config) or smp save_pretrained "
                         "directory")

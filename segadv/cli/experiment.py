@@ -30,7 +30,7 @@ import logging
 import sys
 from pathlib import Path
 
-from segadv.cli.args import HelpFormatter, ListShipped, docs_epilog, parse_args
+from segadv.cli.args import ArgumentParser, HelpFormatter, ListShipped, docs_epilog, parse_args
 from segadv.config import EXPERIMENTS_DIR, resolve_config
 from segadv.errors import cli_entry
 from segadv.experiment.grid import Grid, load_grid
@@ -42,8 +42,8 @@ log = logging.getLogger("segadv.experiment")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="segadv-experiment", description=__doc__.splitlines()[0].partition(": ")[2],
-                                     formatter_class=HelpFormatter, epilog=docs_epilog("experiments.md"))
+    parser = ArgumentParser(prog="segadv-experiment", description=__doc__.splitlines()[0].partition(": ")[2],
+                            formatter_class=HelpFormatter, epilog=docs_epilog("experiments.md"))
     parser.add_argument("--list-grids", action=ListShipped, folder=EXPERIMENTS_DIR,
                         help="list the shipped grids (configs/experiments/) and exit")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from segadv.cli.args import (HelpFormatter, add_config_arguments, add_network_argument, docs_epilog, fraction,
-                             parse_args, path_argument, tolerance)
+from segadv.cli.args import (ArgumentParser, HelpFormatter, add_config_arguments, add_network_argument, docs_epilog,
+                             fraction, parse_args, path_argument, tolerance)
 from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
 from segadv.export.settings import FORMATS, resolve_format, tolerances
@@ -27,7 +27,7 @@ from segadv.fsutil import check_output, check_parent, output_file, refuse_overwr
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="segadv-export", formatter_class=HelpFormatter,
         description="Export a checkpoint's generator to ONNX or TorchScript and verify it against PyTorch.",
         epilog=docs_epilog("inference.md", "failures.md"),
@@ -118,8 +118,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"sha256 {src['sha256'][:12]}..., the file's)")
     extra = f", opset {opset}" if fmt == "onnx" else f", {meta['torchscript']['method']}"
     print(f"exported   {fmt} {output} ({size_text(output)}{extra}, {done.precision})")
-    print(f"input      {meta['input']['name']}: {done.dtype} NCHW RGB, {done.kind}; dynamic axes: {axes}; "
-          f"H and W multiples of {done.divisor}")
+    # The sidecar's input section, as written: what a host reads and what the console says agree.
+    given = meta["input"]
+    print(f"input      {given['name']}: {given['dtype']} {given['layout']} {given['channels']}, {given['kind']}; "
+          f"dynamic axes: {axes}; H and W multiples of {given['size_divisor']}")
     out = meta["output"]
     layout = "N x H x W class ids" if args.with_argmax else f"N x {loaded.cfg.data.num_classes} x H x W"
     print(f"output     {out['name']}: {out['dtype']} {layout}")

@@ -18,7 +18,7 @@ import logging
 import math
 import sys
 
-from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, parse_args
+from segadv.cli.args import ArgumentParser, HelpFormatter, add_config_arguments, docs_epilog, parse_args
 from segadv.config import load_config
 from segadv.errors import UserError, cli_entry
 from segadv.plan.fit import CONTEXT_BYTES, GiB, MiB, fitting_options, largest_batch, shortfalls, with_batch
@@ -30,7 +30,7 @@ EXIT_DOES_NOT_FIT = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="segadv-plan", formatter_class=HelpFormatter,
         description="Dry-run segadv's own training iteration on stand-in devices: placement checked, peak "
                     "memory per device, before the GPUs exist.",

@@ -24,6 +24,11 @@ Nothing the user did not name is replaced: an output that would replace an input
 model, the config) is refused, and so is an output folder holding files segadv-predict did not
 write (its masks carry a ``Software: segadv-predict`` PNG text chunk) unless ``--overwrite``.
 
+A checkpoint's G runs under the autocast its run's evaluations ran it under (the config's
+``amp.generator``, ``auto`` resolved on the device as training resolves it: segadv-eval's rule,
+segadv/inference/precision.py); ``amp.generator.enabled=false`` predicts in float32. The output
+says which precision ran.
+
 With an ONNX ``--model`` this runs on onnxruntime and numpy only: torch, the networks and the
 training code are never imported (the model's classes, palette and normalisation come from the
 metadata segadv-export embedded in the file, or else from its sidecar ``FILE.json``).
@@ -37,8 +42,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from segadv.cli.args import (HelpFormatter, add_config_arguments, add_network_argument, docs_epilog, parse_args,
-                             path_argument)
+from segadv.cli.args import (ArgumentParser, HelpFormatter, add_config_arguments, add_network_argument, docs_epilog,
+                             parse_args, path_argument)
 from segadv.errors import UserError, cli_entry
 from segadv.inference.backends import CheckpointBackend, open_model
 from segadv.inference.inputs import SHOWN, find_images, scan_inputs, unreadable_error
@@ -53,7 +58,7 @@ ON_ERROR = ("raise", "skip")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="segadv-predict", formatter_class=HelpFormatter,
         description="Segment images with a checkpoint (PyTorch) or an exported model (ONNX / TorchScript).",
         epilog=docs_epilog("inference.md"),
@@ -132,12 +137,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     masks = MaskFormat.of(backend.meta)
     log.info("%d image(s) from %s; model: %s; mode %s, max size %d", len(images), args.input,
              backend.description, args.mode, args.max_size)
+    log.info("precision: %s (%s)%s", backend.precision, backend.precision_why,
+             f"; {backend.evaluation.key}=false predicts in float32"
+             if isinstance(backend, CheckpointBackend) and backend.precision != "float32" else "")
     done = segment_images(backend, masks, images, out_dir,
                           Tiling(args.mode, args.max_size, args.overlap, args.batch_size),
                           overlay_alpha=args.alpha if args.overlay else None, skip_unreadable=args.on_error == "skip")
     problems += done.problems
 
     print(f"model      {backend.description}")
+    print(f"precision  {backend.precision} ({backend.precision_why})")
     print(f"wrote      {done.written} mask(s) to {out_dir}"
           + (f" (+ overlays in {out_dir / OVERLAY_DIR})" if args.overlay else ""))
     print(f"windows    {done.windows} forward window(s); mode {args.mode}, max size {args.max_size}; "

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from segadv.cli.args import HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
+from segadv.cli.args import ArgumentParser, HelpFormatter, add_config_arguments, docs_epilog, parse_args, path_argument
 from segadv.errors import cli_entry
 
 
@@ -41,7 +41,7 @@ class HelpConfig(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="segadv-train", formatter_class=HelpFormatter,
         description="Train a DeepLab generator (G) against a fully convolutional discriminator (D). The config "
                     "is built from --config, then the key=value overrides; a run writes its checkpoints, "

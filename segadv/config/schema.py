@@ -394,6 +394,11 @@ class LogConfig(Section):
     d_collapse_accuracy: float = Field(
         0.55, ge=0, le=1,
         description="\"D collapsed\" also needs the mean of D's accuracies on real and fake (where logged) at most this (0.5: chance)")
+    d_unstable_loss: Optional[float] = Field(
+        1.4, gt=0, le=100,
+        description="\"D unstable\": D's loss at or above this (about twice chance; a calibrated D stays at or below ln 2) at "
+                    "2 of the last d_wins_steps log steps, once it was below d_collapse_loss, its accuracies above "
+                    "d_collapse_accuracy: D confidently wrong, its steps overshoot (act on D's lr); null: not checked")
 
 
 class Config(Section):

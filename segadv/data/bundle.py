@@ -236,6 +236,7 @@ def _source_pools(listed: Listed, run_dir: Optional[Path | str]) -> DataBundle:
     )
     val_tf = val_transform(cfg)
     recorder = SkipRecorder(Path(run_dir) if run_dir is not None else None)
+    recorder.follow(cfg.on_error)
     if cfg.kind == "synthetic":
         bundle = _synthetic(listed, train_tf, val_tf)
         bundle.skipped = recorder
@@ -266,6 +267,7 @@ def _target_pools(listed: Listed, skipped: SkipRecorder) -> tuple[Dataset, Datas
     (masks are neither needed nor opened), and its val split with the val pipeline. Samples
     dropped under skip are recorded in ``skipped``."""
     cfg = listed.cfg
+    skipped.follow(cfg.on_error)
     train_tf = build_transform(cfg.train_transforms, cfg.input_normalization, "target_data.train_transforms",
                                ignore_index=cfg.ignore_index)
     try:

@@ -25,12 +25,21 @@ class SkipRecorder:
     Start-up problems are added directly; samples that fail later, when read (possibly in a
     worker process), are picked up from the datasets' shared flags by :meth:`poll`, which the
     loaders call after every batch (a few microseconds when nothing changed).
+
+    The file is written only where a data section's ``on_error`` is skip (:meth:`follow`): there
+    it lists what was dropped, none included; under raise nothing is ever dropped, so no file
+    claims otherwise.
     """
 
     def __init__(self, run_dir: Optional[Path] = None) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.problems: list[Problem] = []
+        self.skipping = False  # a data section followed skips (its samples may be dropped)
         self._watched: list[list[Any]] = []  # [dataset, flags seen]
+
+    def follow(self, on_error: str) -> None:
+        """A data section whose samples this recorder records, by its ``on_error`` policy."""
+        self.skipping = self.skipping or on_error == "skip"
 
     @property
     def count(self) -> int:
@@ -64,7 +73,7 @@ class SkipRecorder:
             log.warning("%d samples skipped so far (data.on_error=skip)", self.count)
 
     def write(self) -> None:
-        if self.run_dir is None:
+        if self.run_dir is None or not (self.skipping or self.problems):
             return
         data = {"count": self.count, "samples": [p.as_dict() for p in self.problems]}
         atomic_write_text(self.run_dir / SKIPPED_FILE, json.dumps(data, indent=1) + "\n")

@@ -4,6 +4,7 @@ metadata (classes, palette, normalisation, input form) the masks are made with."
 
 from __future__ import annotations
 
+import contextlib
 import zipfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -17,12 +18,20 @@ from segadv.export.sidecar import EMBED_FILE, EMBED_KEY, parse_metadata, read_si
 
 class Backend:
     """Runs ``N x 3 x H x W`` model inputs; returns float32 logits ``N x C x H x W`` or class ids
-    ``N x H x W``. ``meta`` is the export metadata (classes, palette, normalisation, input form)."""
+    ``N x H x W``. ``meta`` is the export metadata (classes, palette, normalisation, input form);
+    ``precision`` what the model computes in and ``precision_why`` where that comes from."""
 
     meta: dict[str, Any]
     description: str
     fixed_batch: Optional[int] = None
     fixed_size: Optional[tuple[int, int]] = None
+    precision: str = "float32"
+    precision_why: str = ""
+
+    def exported_precision(self) -> None:
+        """An exported model's precision: the one segadv-export wrote it in (its metadata)."""
+        self.precision = str(self.meta.get("precision", "float32"))
+        self.precision_why = "as exported" + (", segadv-export --half" if self.precision == "float16" else "")
 
     def run(self, x: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -72,6 +81,7 @@ class OnnxBackend(Backend):
             self.fixed_size = (dims[2], dims[3])
         used = self.session.get_providers()[0]
         self.description = f"onnxruntime {ort.__version__} ({used})"
+        self.exported_precision()
 
     def run(self, x: np.ndarray) -> np.ndarray:
         out = self.session.run(None, {self.input_name: x})[0]
@@ -86,10 +96,14 @@ class _TorchBackend(Backend):
         activate(device_map)
         self.device = device_map.generator
 
+    def autocast(self) -> Any:
+        """The context G's forward runs in (an exported model: none, it computes as exported)."""
+        return contextlib.nullcontext()
+
     def run(self, x: np.ndarray) -> np.ndarray:
         import torch
 
-        with torch.inference_mode():
+        with torch.inference_mode(), self.autocast():
             out = self.module(torch.from_numpy(x).to(self.device))
         if out.is_floating_point():
             out = out.float()
@@ -108,10 +122,14 @@ class TorchScriptBackend(_TorchBackend):
             raise UserError(f"--model {path}: not a TorchScript file ({str(err).strip().splitlines()[0]})") from None
         self.meta = _metadata(path, extra[EMBED_FILE] or None)
         self.description = f"TorchScript on {self.device}"
+        self.exported_precision()
 
 
 class CheckpointBackend(_TorchBackend):
-    """PyTorch eager: the generator from a checkpoint, through the strict loader."""
+    """PyTorch eager: the generator from a checkpoint, through the strict loader, under the autocast
+    its run's evaluations ran it under (segadv/inference/precision.py, as segadv-eval scores it):
+    the masks are the ones the run's evaluations predicted; ``amp.generator.enabled=false``
+    predicts in float32."""
 
     def __init__(self, checkpoint: str, config: Optional[str], overrides: Sequence[str], device: Optional[str],
                  trusted: bool, network: Optional[str] = None) -> None:
@@ -119,10 +137,13 @@ class CheckpointBackend(_TorchBackend):
         from segadv.data.palette import palette
         from segadv.checkpoint.inference import load_generator
         from segadv.export.wrapper import InferenceModel, export_metadata, size_divisor
+        from segadv.inference.precision import evaluation_precision
 
         self._setup_device(device)
         loaded = load_generator(checkpoint, config, overrides, trusted=trusted, network=network)
         cfg = loaded.cfg
+        self.evaluation = evaluation_precision(cfg, loaded.network, self.device)
+        self.precision, self.precision_why = self.evaluation.name, self.evaluation.why
         divisor = size_divisor(loaded.model)
         self.module = InferenceModel(loaded.model, cfg.data.input_normalization).to(self.device).eval()
         self.meta = export_metadata(
@@ -131,6 +152,9 @@ class CheckpointBackend(_TorchBackend):
             argmax=False, half=False, dynamic=True, input_size=(divisor, divisor), divisor=divisor,
         )
         self.description = f"PyTorch eager on {self.device}"
+
+    def autocast(self) -> Any:
+        return self.evaluation.autocast()
 
 
 def _metadata(path: Path, embedded: Optional[str]) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 unlabeled pixels (for a histogram), and D's health: a band for D's loss and accuracies, with a
 warning when D leaves it, winning outright (the failure users of AdvSemiSeg's reference report:
 D's loss near zero, G's adversarial terms then teach little and self-training's confidence mask
-empties) or collapsed (D no longer tells real from fake: its loss at chance)."""
+empties), collapsed (D no longer tells real from fake: its loss at chance) or unstable (D's loss
+jumps far above chance while it still mostly tells the two apart: confidently wrong, its steps
+overshoot)."""
 
 from __future__ import annotations
 
@@ -77,13 +79,19 @@ def confidence_quality(preds: torch.Tensor, confidence: torch.Tensor, passes: to
 
 # ---------------------------------------------------------------------------- D's health
 
-WINS, COLLAPSED = "wins", "collapsed"
-CONDITIONS = {WINS: "D wins outright", COLLAPSED: "D collapsed"}
-STATE_VALUES = {None: 0.0, WINS: 1.0, COLLAPSED: -1.0}  # health/d_state: in the band, out of it on either side
+WINS, COLLAPSED, UNSTABLE = "wins", "collapsed", "unstable"
+CONDITIONS = {WINS: "D wins outright", COLLAPSED: "D collapsed", UNSTABLE: "D unstable"}
+# health/d_state: in the band, out of it on either side, or jumping out of it upwards
+STATE_VALUES = {None: 0.0, WINS: 1.0, COLLAPSED: -1.0, UNSTABLE: 2.0}
 CHANCE = math.log(2)  # the references' loss_D (the mean of the two halves) of a D that says 0.5 everywhere
 # D's accuracies beside its loss, as the methods log them: (on real, on fake) and their words.
 ACCURACY_PAIRS = (("d_acc_real", "d_acc_fake", "real", "fake"), ("d_acc_source", "d_acc_target", "source", "target"))
-HEALTH_KEYS = "log.d_wins_loss, log.d_overpowers_loss, log.d_collapse_loss, log.d_collapse_accuracy, log.d_wins_steps"
+HEALTH_KEYS = ("log.d_wins_loss, log.d_overpowers_loss, log.d_collapse_loss, log.d_collapse_accuracy, "
+               "log.d_unstable_loss, log.d_wins_steps")
+# "D unstable": this many log steps of the window at or above band.unstable_loss. One such log step
+# may be a transient; two within the window are D's steps overshooting again and again (the demo's
+# D at 100x its learning rate: 3 of the 10 log steps after its warm-up, 2.7 to 10 times chance).
+UNSTABLE_STEPS = 2
 G_LOSS = "loss_seg"  # G's segmentation loss, whose trend over the window says whether G still learns
 G_LEARNS = 0.02  # G learns: the mean of its loss over the window's later half at least 2% below the earlier half's
 
@@ -97,8 +105,13 @@ class HealthBand:
     make a warning. Below ``wins_loss``, the window warns only where D overpowers G (every loss
     in it below ``overpowers_loss``) or G's segmentation loss did not fall over it: D ahead of a G
     that still learns is a lead G can close. ``start``: log steps up to this one (G's adversarial
-    term off, loss.adv_warmup_steps) do not count towards "D wins outright". The ``log`` section's
-    keys (docs/training.md, "D's health")."""
+    term off, loss.adv_warmup_steps) do not count towards "D wins outright". ``unstable_loss``
+    (None: not checked): ``UNSTABLE_STEPS`` log steps of the last ``window`` with D's loss at or
+    above it, once D told the two apart, while its accuracies (where logged; none: not checked) are
+    above ``collapse_accuracy``, make "D unstable": a calibrated D's loss never exceeds chance, so
+    one far above it with D still mostly right is confidently wrong. It counts within the warm-up
+    too: that is D's step alone, whatever G does. The ``log`` section's keys (docs/training.md,
+    "D's health")."""
 
     wins_loss: Optional[float] = 0.2
     collapse_loss: Optional[float] = 0.69
@@ -106,15 +119,16 @@ class HealthBand:
     window: int = 10
     overpowers_loss: Optional[float] = 0.02
     start: int = 0
+    unstable_loss: Optional[float] = 1.4
 
     @classmethod
     def from_config(cls, cfg: LogConfig, adv_warmup_steps: int = 0) -> "HealthBand":
         return cls(cfg.d_wins_loss, cfg.d_collapse_loss, cfg.d_collapse_accuracy, cfg.d_wins_steps,
-                   cfg.d_overpowers_loss, adv_warmup_steps)
+                   cfg.d_overpowers_loss, adv_warmup_steps, cfg.d_unstable_loss)
 
     @property
     def checked(self) -> bool:
-        return self.wins_loss is not None or self.collapse_loss is not None
+        return self.wins_loss is not None or self.collapse_loss is not None or self.unstable_loss is not None
 
 
 @dataclass(frozen=True)
@@ -123,7 +137,7 @@ class HealthEvent:
     ``since`` (the warning), or (``back``) came back into it at ``step`` after an episode out
     since ``since``. ``values``: the D loss and D's accuracies logged at ``step``."""
 
-    condition: str  # WINS or COLLAPSED
+    condition: str  # WINS, COLLAPSED or UNSTABLE
     loss: str
     step: int
     since: int
@@ -141,8 +155,10 @@ class DHealthDetector:
     the run logs them beside it, D's accuracies on real and fake). An episode starts when
     ``band.window`` consecutive log steps are out of the band on the same side, "D wins outright"
     (the loss below the band) or "D collapsed" (at or above its top, D's accuracies at chance),
-    with one warning naming the values, the window and the likely cause; it ends, with an info
-    line, at the first log step back in the band. ``scale``: the logged loss over the references'
+    or where ``UNSTABLE_STEPS`` of the last ``band.window`` log steps jumped far above it, "D
+    unstable", with one warning naming the values, the window and the likely cause; it ends, with
+    an info line, at the first log step back in the band (unstable: with fewer such jumps in the
+    window). ``scale``: the logged loss over the references'
     (``Method.d_loss_scale``: 2 for a sum of the two halves); the bounds are compared and named
     times it. ``announce``: log the lines (rank 0); ``stop``: the warning says the run stops. A
     non-finite value starts the count over. Its count starts over on a resumed run."""
@@ -152,9 +168,10 @@ class DHealthDetector:
         self.band, self.name, self.scale, self.announce, self.stop = band, name, scale, announce, stop
         self.suffix = name[len("loss_d"):] if name.startswith("loss_d") else None  # loss_d_aux: _aux
         self.tag = "health/d_state" + (self.suffix if self.suffix is not None else f"_{name}")
-        self.told_apart = False  # the loss was below band.collapse_loss at a log step: D separated the two
+        self.told_apart = False  # the loss was below band.collapse_loss (off: chance) at a log step
         self._streak: list[tuple[int, dict[str, float]]] = []
         self._streak_condition: Optional[str] = None
+        self._recent: list[tuple[int, bool, dict[str, float]]] = []  # the last window's (step, a jump, values)
         self.state: Optional[str] = None  # the episode's condition; None: in the band
         self.since: Optional[int] = None
 
@@ -172,7 +189,7 @@ class DHealthDetector:
         """Which side of the band one log step's values are on (None: in it, or below it before
         ``band.start``, while G's adversarial term is off and G cannot push back)."""
         band, scale = self.band, self.scale
-        if band.collapse_loss is not None and loss < band.collapse_loss * scale:
+        if loss < (band.collapse_loss if band.collapse_loss is not None else CHANCE) * scale:
             self.told_apart = True
         if band.wins_loss is not None and loss < band.wins_loss * scale:
             return WINS if step > band.start else None
@@ -180,6 +197,19 @@ class DHealthDetector:
                 and (accuracy is None or (accuracy[0] + accuracy[1]) / 2 <= band.collapse_accuracy)):
             return COLLAPSED
         return None
+
+    def jumps(self, loss: float, accuracy: Optional[tuple[float, float]]) -> bool:
+        """A log step at or above ``band.unstable_loss`` (times the scale) once D told the two
+        apart, while D's accuracies, logged, are above chance (``band.collapse_accuracy``): D
+        confidently wrong. The default bound, 1.4, is about twice chance, far above a collapsed D's
+        loss, which stays near chance with its accuracies."""
+        bound = self.band.unstable_loss
+        return (bound is not None and accuracy is not None and self.told_apart and loss >= bound * self.scale
+                and (accuracy[0] + accuracy[1]) / 2 > self.band.collapse_accuracy)
+
+    def unstable_steps(self) -> list[tuple[int, dict[str, float]]]:
+        """The log steps of the last window that jumped (``jumps``)."""
+        return [(step, values) for step, jumped, values in self._recent if jumped]
 
     def update(self, step: int, logged: Mapping[str, float]) -> Optional[HealthEvent]:
         """Takes one log step's averaged values; the event it makes (a warning or a return into
@@ -191,10 +221,23 @@ class DHealthDetector:
         values = {self.name: loss, **({names[0]: logged[names[0]], names[1]: logged[names[1]]} if names else {})}
         if not all(math.isfinite(value) for value in values.values()):  # the guard reports it
             self._streak.clear()
+            self._recent.clear()
             return None
-        now = self.condition(step, loss, (values[names[0]], values[names[1]]) if names else None)
+        accuracy = (values[names[0]], values[names[1]]) if names else None
+        now = self.condition(step, loss, accuracy)
+        self._recent = [*self._recent, (step, self.jumps(loss, accuracy), values)][-self.band.window:]
         # The window's entries also carry G's segmentation loss (its trend: cause()); events do not.
         entry = {**values, G_LOSS: logged[G_LOSS]} if G_LOSS in logged and math.isfinite(logged[G_LOSS]) else values
+        unstable = len(self.unstable_steps()) >= UNSTABLE_STEPS
+        if self.state == UNSTABLE and unstable:
+            return None
+        if self.state is None and unstable:
+            self.state, self.since = UNSTABLE, self.unstable_steps()[0][0]
+            event = HealthEvent(UNSTABLE, self.name, step, self.since, values, self.warning(UNSTABLE, names))
+            self._streak.clear()
+            if self.announce:
+                log.warning("%s", event.message)
+            return event
         if self.state is not None:
             if now == self.state:
                 return None
@@ -257,17 +300,11 @@ class DHealthDetector:
     def warning(self, condition: str, names: Optional[tuple[str, str, str, str]]) -> str:
         """The warning line: the values over the window, the bound, the likely cause and the keys."""
         band, scale, name = self.band, self.scale, self.name
-        losses = [values[name] for _, values in self._streak]
-        first, last = self._streak[0][0], self._streak[-1][0]
-        now = self._streak[-1][1]
-        accuracy = ""
-        if names is not None:
-            real, fake = now[names[0]], now[names[1]]
-            accuracy = f"; D's accuracy on {names[2]} {real:.3f}, on {names[3]} {fake:.3f}"
-        window = (f"at {len(losses)} consecutive log steps (steps {first}-{last}; min {min(losses):.4f}, "
-                  f"max {max(losses):.4f}, now {losses[-1]:.4f}{accuracy})")
         summed = f"{scale:g} x the key's: {name} sums D's two halves" if scale != 1 else ""
-        if condition == WINS:
+        if condition == UNSTABLE:
+            text = self.unstable_text(names, summed)
+        elif condition == WINS:
+            window = self.window_text(names)
             cause, trend = self.cause(), self.g_trend()
             bound = band.overpowers_loss if cause == "overpowers" else band.wins_loss
             g = ("" if trend is None else
@@ -289,6 +326,7 @@ class DHealthDetector:
                          "lower D's learning rate (optim.discriminator.lr), or raise G's (optim.generator.lr) or its "
                          "adversarial weight (loss.lambda_adv)")
         else:
+            window = self.window_text(names)
             accuracies = ("" if names is None else
                           f", D's accuracies at chance (their mean at most {band.collapse_accuracy:g}),")
             text = (f"D collapsed: {name} at or above {band.collapse_loss * scale:g} (chance {CHANCE * scale:.3f}"
@@ -298,6 +336,34 @@ class DHealthDetector:
                     "Act: lower D's learning rate (optim.discriminator.lr)")
         stop = "; stopping the run (train.on_discriminator_collapse: stop)" if self.stop else ""
         return f"{text}. The band: {HEALTH_KEYS} (docs/training.md, \"D's health\"){stop}."
+
+    def window_text(self, names: Optional[tuple[str, str, str, str]]) -> str:
+        """The window of consecutive log steps out of the band: its steps, the loss's range and D's
+        accuracies now."""
+        losses = [values[self.name] for _, values in self._streak]
+        first, last = self._streak[0][0], self._streak[-1][0]
+        now = self._streak[-1][1]
+        accuracy = ""
+        if names is not None:
+            real, fake = now[names[0]], now[names[1]]
+            accuracy = f"; D's accuracy on {names[2]} {real:.3f}, on {names[3]} {fake:.3f}"
+        return (f"at {len(losses)} consecutive log steps (steps {first}-{last}; min {min(losses):.4f}, "
+                f"max {max(losses):.4f}, now {losses[-1]:.4f}{accuracy})")
+
+    def unstable_text(self, names: Optional[tuple[str, str, str, str]], summed: str) -> str:
+        """"D unstable"'s text: the log steps of the window that jumped, with D's accuracies there."""
+        band, scale, name = self.band, self.scale, self.name
+        assert names is not None and band.unstable_loss is not None  # jumps() needs both
+        jumps = self.unstable_steps()
+        at = ", ".join(f"step {step} {values[name]:.4f} (D's accuracy on {names[2]} {values[names[0]]:.3f}, "
+                       f"on {names[3]} {values[names[1]]:.3f})" for step, values in jumps)
+        return (f"D unstable: {name} at or above {band.unstable_loss * scale:g} (chance {CHANCE * scale:.3f}"
+                f"{f'; {summed}' if summed else ''}) at {len(jumps)} of the last {len(self._recent)} log steps "
+                f"(steps {self._recent[0][0]}-{self._recent[-1][0]}; {at}), D's accuracies above chance (their mean "
+                f"above {band.collapse_accuracy:g}): D is confidently wrong where it errs, a loss no calibrated D "
+                "reaches, so its updates overshoot and G's adversarial terms follow a D that swings from step to "
+                "step. Likely cause: D's learning rate too large (or an fp16 overflow). "
+                "Act: lower D's learning rate (optim.discriminator.lr)")
 
 
 def d_loss_scale(cfg: "Config", method: type) -> Optional[float]:

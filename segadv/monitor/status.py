@@ -74,7 +74,7 @@ class Score(BaseModel):
 class DiscriminatorHealth(BaseModel):
     """An episode of D out of its healthy band (docs/training.md, "D's health")."""
 
-    condition: Literal["wins", "collapsed"]  # "D wins outright", "D collapsed"
+    condition: Literal["wins", "collapsed", "unstable"]  # "D wins outright", "D collapsed", "D unstable"
     loss: str  # the D loss: loss_d, loss_d_aux
     step: int  # the log step of the warning
     since: int  # the first log step of its window

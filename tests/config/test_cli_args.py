@@ -109,3 +109,68 @@ def test_a_glob_the_shell_expanded_is_named_as_such(module, argv, tmp_path, caps
     err = capsys.readouterr().err
     assert code == 2 and f"'{tmp_path}/b.png'" in err and "the shell expanded an unquoted glob" in err
     assert "--checkpoint only" not in err and "invalid override" not in err
+
+
+def console_scripts():
+    """{command: module} of pyproject.toml's [project.scripts]."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    scripts = text.split("[project.scripts]")[1].split("\n[")[0]
+    return dict(re.findall(r'^(\S+)\s*=\s*"([\w.]+):main"', scripts, re.M))
+
+
+# Each command's bad invocations: an option it does not have (after its required arguments, so that
+# the option is what argparse refuses) and a bad value of one it has; the culprit each names.
+BAD_ARGUMENTS = {
+    "segadv-train": [(["--no-such-option"], "unrecognized arguments: --no-such-option"),
+                     (["--nproc-per-node", "x"], "argument --nproc-per-node: invalid int value: 'x'")],
+    "segadv-eval": [(["--checkpoint", "c.pt", "--batch-size", "x"], "unrecognized arguments: --batch-size"),
+                    (["--network", "bogus"], "argument --network: invalid choice: 'bogus'")],
+    "segadv-export": [(["--checkpoint", "c.pt", "--output", "m.onnx", "--no-such-option"],
+                       "unrecognized arguments: --no-such-option"),
+                      (["--checkpoint", "c.pt", "--format", "zip"], "argument --format: invalid choice: 'zip'")],
+    "segadv-predict": [(["--checkpoint", "c.pt", "--input", "i", "--output", "o", "--no-such-option"],
+                        "unrecognized arguments: --no-such-option"),
+                       (["--mode", "tile"], "argument --mode: invalid choice: 'tile'")],
+    "segadv-data": [(["check", "--no-such-option"], "unrecognized arguments: --no-such-option"),
+                    (["show", "--num", "x"], "argument --num: expected a whole number, got 'x'"),
+                    (["frob"], "invalid choice: 'frob'")],
+    "segadv-ckpt": [(["inspect", "f.pt", "--no-such-option"], "unrecognized arguments: --no-such-option"),
+                    (["convert", "f.pt", "--network", "bogus"], "argument --network: invalid choice: 'bogus'"),
+                    (["frob"], "invalid choice: 'frob'")],
+    "segadv-plan": [(["--no-such-option"], "unrecognized arguments: --no-such-option"),
+                    (["--gpus", "x"], "argument --gpus: invalid int value: 'x'")],
+    "segadv-experiment": [(["table", "r", "--no-such-option"], "unrecognized arguments: --no-such-option"),
+                          (["run", "g.yaml", "--seeds", "x"], "argument --seeds: invalid int value: 'x'")],
+    "segadv-curves": [(["r", "--no-such-option"], "unrecognized arguments: --no-such-option"),
+                      (["r", "--threshold", "2"], "argument --threshold: expected a number within 0..1, got '2'")],
+}
+
+
+SUBCOMMANDS = {"segadv.cli.data", "segadv.cli.ckpt", "segadv.cli.experiment"}  # their parsers' subparsers say
+
+
+def test_every_console_script_has_its_bad_arguments_tested():
+    assert set(BAD_ARGUMENTS) == set(console_scripts())
+
+
+@pytest.mark.parametrize("command, argv, culprit",
+                         [(command, argv, culprit) for command, cases in BAD_ARGUMENTS.items()
+                          for argv, culprit in cases])
+def test_a_bad_option_or_value_exits_2_in_one_line_naming_it(command, argv, culprit, capsys):
+    """A user error like any other: exit 2, one line naming the option or value and pointing at
+    --help, no usage block and no traceback; a subcommand's line names the subcommand."""
+    import importlib
+
+    module = importlib.import_module(console_scripts()[command])
+    with pytest.raises(SystemExit) as raised:
+        module.main(argv)
+    captured = capsys.readouterr()
+    assert raised.value.code == 2 and captured.out == ""
+    subcommand = console_scripts()[command] in SUBCOMMANDS and not culprit.startswith("invalid choice")
+    prog = f"{command} {argv[0]}" if subcommand else command
+    assert captured.err.startswith(f"{prog}: error: ") and culprit in captured.err
+    assert captured.err.endswith(f"; see {prog} --help\n") and captured.err.count("\n") == 1
+    assert "usage:" not in captured.err and "Traceback" not in captured.err

@@ -118,6 +118,20 @@ def test_bad_input_skip_drops_counts_and_lists(dataset, case):
     assert entry["files"]
 
 
+def test_skipped_json_only_where_samples_may_be_skipped(dataset):
+    """Under raise nothing is ever skipped: no skipped.json claims otherwise. Under skip the file
+    says what was dropped, none included."""
+    root, run = dataset
+    train_loader, val_loader = build_dataloaders(cfg_for(root), seed=0, pin_memory=False, run_dir=run)
+    one_epoch(train_loader) + one_epoch(val_loader)
+    assert not (run / "skipped.json").exists()
+    assert (run / "data_split.json").exists()
+    train_loader, val_loader = build_dataloaders(cfg_for(root, on_error="skip"), seed=0, pin_memory=False,
+                                                 run_dir=run)
+    one_epoch(train_loader) + one_epoch(val_loader)
+    assert json.loads((run / "skipped.json").read_text()) == {"count": 0, "samples": []}
+
+
 def test_empty_split_is_an_error_under_both_policies(dataset):
     root, run = dataset
     for p in (root / "val" / "images").iterdir():

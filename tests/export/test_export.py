@@ -396,6 +396,12 @@ def test_sigterm_during_verification_removes_the_temp_file(model, tmp_path, monk
     assert signal.getsignal(signal.SIGTERM) == before  # the command's handler is gone with it
 
 
+def input_line(printed):
+    """segadv-export's ``input`` line up to its dynamic axes."""
+    line = next(line for line in printed.splitlines() if line.startswith("input "))
+    return line[:line.index("dynamic axes")]
+
+
 def test_a_caffe_bgr_model_reverses_the_channels_in_the_graph_and_its_sidecar_says_so(model, tmp_path, capsys):
     """data.normalization caffe_bgr: the exported graph takes RGB pixels and computes what the
     references feed their G (BGR less IMG_MEAN, no std); a normalized input is BGR, as the sidecar
@@ -409,16 +415,21 @@ def test_a_caffe_bgr_model_reverses_the_channels_in_the_graph_and_its_sidecar_sa
     with torch.inference_mode():
         ref = generator(torch.from_numpy(np.ascontiguousarray(reference_input))).numpy()
     code, output = export(tmp_path, ckpt, "onnx", "--with-preprocess", "uint8", name="graph")
-    assert code == 0, capsys.readouterr()
+    printed = capsys.readouterr().out
+    assert code == 0, printed
     meta = json.loads(sidecar_path(output).read_text())
     assert meta["format_version"] == 2 and meta["input"]["channels"] == "RGB"
+    assert input_line(printed) == "input      input: uint8 NCHW RGB, uint8; "  # the graph reverses them
     assert meta["normalization"]["name"] == "caffe_bgr" and meta["normalization"]["channels"] == "BGR"
     np.testing.assert_allclose(np.array(meta["normalization"]["mean"]) * 255, img_mean.ravel(), rtol=1e-6)
     assert_close(run_onnx(output, pixels), ref)
     code, output = export(tmp_path, ckpt, "onnx", name="plain")
-    assert code == 0, capsys.readouterr()
+    printed = capsys.readouterr().out
+    assert code == 0, printed
     meta = json.loads(sidecar_path(output).read_text())
     assert meta["input"]["channels"] == "BGR" and meta["input"]["kind"] == "normalized"
+    # The console says what the sidecar says: a normalized input in BGR order.
+    assert input_line(printed) == "input      input: float32 NCHW BGR, normalized; "
     norm = meta["normalization"]
     x = prepare_input(pixels, "normalized", "float32", norm["mean"], norm["std"], norm["channels"])
     np.testing.assert_allclose(x, reference_input, atol=2e-4)

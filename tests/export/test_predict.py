@@ -112,6 +112,9 @@ def test_masks_equal_the_eager_argmax(model, onnx_model, image_dir, tmp_path, so
     out = tmp_path / "masks"
     code, report = predict_main(*args, "--input", folder, "--output", out, "--device", "cpu", "--batch-size", 2)
     assert code == 0, report
+    # float32: the checkpoint's run evaluated in it (amp.generator.enabled: false), the models were exported in it
+    why = "amp.generator.enabled: false" if source == "checkpoint" else "as exported"
+    assert f"\nprecision  float32 ({why})\n" in report
     assert sorted(p.name for p in out.glob("*.png")) == sorted(f"{stem}.png" for stem in SIZES)
     classes_seen = set()
     for stem, picture in pictures.items():

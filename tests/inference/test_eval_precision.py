@@ -1,13 +1,18 @@
 """segadv-eval scores a checkpoint in the precision its run's evaluations used (the config's
 ``amp.generator``, ``auto`` resolved as training resolves it): the run's best.json mIoU, to every
-digit; ``amp.generator.enabled=false`` forces float32 (segadv/inference/scoring.py)."""
+digit; ``amp.generator.enabled=false`` forces float32 (segadv/inference/precision.py).
+segadv-predict --checkpoint predicts in that precision too, and says which."""
 
 import json
+
+import numpy as np
+from PIL import Image
 
 import pytest
 import torch
 
 from segadv.cli import eval as eval_cli
+from segadv.cli import predict as predict_cli
 from segadv.cli import train as train_cli
 from segadv.config import load_config
 from segadv.engine import amp_optimizer
@@ -75,3 +80,41 @@ def test_the_teacher_runs_under_its_own_amp_else_the_generators():
     cfg = load_config(None, ["amp.generator.enabled=true", "amp.teacher.enabled=false"])
     teacher = evaluation_precision(cfg, "teacher", device)
     assert (teacher.key, teacher.name) == ("amp.teacher.enabled", "float32")
+
+
+def test_predict_runs_a_checkpoint_in_its_runs_evaluation_precision(bf16_run, tmp_path, capsys):
+    """The run's val images segmented: under the run's bf16 autocast the masks are G's argmax in
+    bf16, with amp.generator.enabled=false its argmax in float32, and the two differ (this G has
+    pixels near a class boundary); the console says which precision ran."""
+    from segadv.checkpoint.inference import load_generator
+    from segadv.data.bundle import build_val_dataset
+    from segadv.export.sidecar import prepare_input
+
+    loaded = load_generator(str(bf16_run), None, [])
+    images = tmp_path / "images"
+    images.mkdir()
+    pictures = {}
+    val = build_val_dataset(loaded.cfg.data)
+    for index in range(len(val)):
+        pictures[f"val_{index}"] = val.raw(index)[0]
+        Image.fromarray(pictures[f"val_{index}"]).save(images / f"val_{index}.png")
+
+    def argmax(picture, bf16):
+        norm = loaded.cfg.data
+        x = torch.from_numpy(prepare_input(picture.transpose(2, 0, 1)[None], "normalized", "float32", norm.mean,
+                                           norm.std))
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            return loaded.model.eval()(x)[0].float().argmax(0).numpy()
+
+    masks = {}
+    for name, extra, line in (
+            ("bf16", [], "precision  bfloat16 (amp.generator.enabled: true, dtype bfloat16)"),
+            ("fp32", ["amp.generator.enabled=false"], "precision  float32 (amp.generator.enabled: false)")):
+        out = tmp_path / name
+        assert predict_cli.main(["--checkpoint", str(bf16_run), "--input", str(images), "--output", str(out),
+                                 "--device", "cpu", "--batch-size", "1", *extra]) == 0
+        assert f"\n{line}\n" in capsys.readouterr().out
+        masks[name] = {stem: np.asarray(Image.open(out / f"{stem}.png")) for stem in pictures}
+        for stem, picture in pictures.items():
+            np.testing.assert_array_equal(masks[name][stem], argmax(picture, name == "bf16"))
+    assert any((masks["bf16"][stem] != masks["fp32"][stem]).any() for stem in pictures)

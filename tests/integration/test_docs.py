@@ -120,3 +120,16 @@ def test_link_checker_catches_a_broken_link(tmp_path):
     problems = [problem.split(":")[0] for problem in broken_links(page)]
     assert problems == ["missing.md", "other.md#nope"]
 
+
+
+def test_every_scalar_a_method_logs_is_in_the_list_of_logged_scalars():
+    """docs/training.md's "Logged scalars" names each ``train/<name>`` a method declares it logs
+    (``Method.losses``; ``train/x[_aux]`` names both)."""
+    from segadv.methods.registry import METHODS
+
+    text = (ROOT / "docs" / "training.md").read_text()
+    section = text.split("## Logged scalars", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"train/(\w+)", section))
+    named |= {f"{name}_aux" for name in re.findall(r"train/(\w+)\[_aux\]", section)}
+    missing = {method: [name for name in spec.losses if name not in named] for method, spec in METHODS.items()}
+    assert {method: names for method, names in missing.items() if names} == {}

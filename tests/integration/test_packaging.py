@@ -58,13 +58,31 @@ def fresh_venv(path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The wheel and its build's output (``-v``: pip shows setuptools' warnings only then)."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = source_copy(tmp / "src")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-         "--disable-pip-version-check", "-w", tmp / "dist", src], cwd=tmp)
+    proc = run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "--no-index",
+                "--disable-pip-version-check", "-w", tmp / "dist", src], cwd=tmp)
     (found,) = (tmp / "dist").glob("segadv-*.whl")
-    return found
+    return found, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def wheel(built: tuple[Path, str]) -> Path:
+    return built[0]
+
+
+def test_the_wheel_builds_without_a_setuptools_warning(built: tuple[Path, str]) -> None:
+    """pyproject's packages name every folder of the wheel: a folder setuptools finds importable
+    but unnamed ("Package would be ignored") is a warning now and left out of wheels later. Its
+    Python warnings (``SomethingWarning:``) count; distutils' lower-case notes ("warning: build_py:
+    byte-compiling is disabled") do not."""
+    import re
+
+    log = built[1]
+    assert "Package would be ignored" not in log and "is absent from the `packages`" not in log
+    assert re.findall(r"^.*\w*Warning: .*$", log, re.M) == []
 
 
 def test_wheel_holds_every_module_and_every_shipped_config(wheel: Path) -> None:

@@ -1,5 +1,5 @@
 """D's diagnostics: accuracy on real and fake maps, confidence histogram, D's health ("D wins
-outright", "D collapsed")."""
+outright", "D collapsed", "D unstable")."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def test_the_band_comes_from_the_log_section_and_each_side_can_be_turned_off():
     assert HealthBand.from_config(LogConfig()) == HealthBand(0.2, 0.69, 0.55, 10)
     only_collapse = HealthBand.from_config(LogConfig(d_wins_loss=None))
     assert feed(DHealthDetector(only_collapse), [(1, 0.0, 1, 1)] * 20) == [None] * 20
-    off = HealthBand.from_config(LogConfig(d_wins_loss=None, d_collapse_loss=None))
+    off = HealthBand.from_config(LogConfig(d_wins_loss=None, d_collapse_loss=None, d_unstable_loss=None))
     assert not off.checked and DHealthWatch(off, ("loss_d",)).detectors == []
 
 
@@ -245,6 +245,120 @@ def test_no_d_wins_count_before_g_adversarial_term_starts():
     detector = DHealthDetector(HealthBand(window=3, start=60))
     assert [event.since for event in feed_seg(detector, rows)] == [70]  # 70, 80, 90: the first window after 60
 
+
+
+# D's accuracies on real and on fake maps at each of DEMO's log steps, as the demo logged them.
+DEMO_ACCURACIES = [
+    (1.0000, 0.0037), (0.9826, 0.5297), (0.9774, 0.9761), (0.9952, 0.9949), (0.9988, 0.9967), (0.9882, 0.9864),
+    (0.9835, 0.9785), (0.9761, 0.9802), (1.0000, 0.9990), (0.9887, 0.9644), (0.9888, 0.9724), (0.9682, 0.9500),
+    (0.9813, 0.9529), (0.9853, 0.9867), (0.9587, 0.9151), (0.9528, 0.9406), (0.9530, 0.9411), (0.9716, 0.9358),
+    (0.9300, 0.9261), (0.9468, 0.8807), (0.9646, 0.9239), (0.9306, 0.8732), (0.9585, 0.9147), (0.9608, 0.8763),
+    (0.9427, 0.9306), (0.9361, 0.8536), (0.9362, 0.8835), (0.9391, 0.8823), (0.8826, 0.8320), (0.8809, 0.8367),
+    (0.8997, 0.8192), (0.9086, 0.8148), (0.8526, 0.8296), (0.8724, 0.8332), (0.8970, 0.8096), (0.8955, 0.8407),
+    (0.8307, 0.8204), (0.9109, 0.8092), (0.8938, 0.8565), (0.9204, 0.8458), (0.8941, 0.8226), (0.8946, 0.8392),
+    (0.8971, 0.8582), (0.8928, 0.8507), (0.8717, 0.8442), (0.8997, 0.7809), (0.8824, 0.8098), (0.8776, 0.8368)]
+
+# The demo with D at 100 times its learning rate (`segadv-train optim.discriminator.lr=0.01`, the
+# 2-core AMD EPYC VM, 2026-11-27) as it ran: (step, loss_seg, loss_d, d_acc_real, d_acc_fake). D
+# wins during the warm-up (loss_d 0.02 and 0.002 at steps 75 and 100), then swings: 12.8 and 14.0
+# (ten times chance, 1.386 for the sum) at steps 125 and 150, 3.7 at 275, 0.15-1.5 between, with
+# its accuracies 0.64-0.95 throughout: never 10 log steps in a row below the band or at chance, so
+# the band's two sides said nothing. G pays for it: val mIoU 0.585 at the end against the demo's 0.83.
+DEMO_100X = [
+    (25, 0.7073, 3.4932, 0.7308, 0.5207), (50, 0.4901, 0.8741, 0.8882, 0.8329), (75, 0.4676, 0.0224, 0.9937,
+    0.9984), (100, 0.4246, 0.0019, 0.9999, 0.9999), (125, 0.4086, 12.8224, 0.7660, 0.7799), (150, 0.3792,
+    14.0382, 0.6445, 0.6483), (175, 0.3185, 1.4831, 0.9188, 0.8669), (200, 0.3149, 0.6350, 0.9131, 0.9284),
+    (225, 0.3188, 1.4336, 0.8772, 0.9140), (250, 0.3060, 0.9945, 0.8547, 0.9190), (275, 0.2986, 3.6752, 0.8167,
+    0.8370), (300, 0.3038, 1.1537, 0.8988, 0.8933), (325, 0.2830, 0.2403, 0.9532, 0.9785), (350, 0.2869, 0.1546,
+    0.9584, 0.9781), (375, 0.2938, 0.2282, 0.9625, 0.9593), (400, 0.3560, 0.7596, 0.8966, 0.9074), (425, 0.3016,
+    0.6432, 0.8744, 0.8898), (450, 0.3675, 0.3250, 0.9371, 0.9398), (475, 0.2858, 0.4671, 0.9121, 0.9300), (500,
+    0.2891, 0.3817, 0.8954, 0.9132), (525, 0.3650, 0.3592, 0.9262, 0.9159), (550, 0.3393, 0.4696, 0.8854,
+    0.8999), (575, 0.3403, 0.6148, 0.8908, 0.8966), (600, 0.3072, 2.0709, 0.7957, 0.8156), (625, 0.2344, 1.0807,
+    0.8536, 0.8551), (650, 0.2147, 0.9605, 0.8138, 0.8362), (675, 0.2263, 0.8153, 0.8227, 0.8240), (700, 0.2358,
+    0.4844, 0.8973, 0.8722), (725, 0.2869, 0.5758, 0.8889, 0.8401), (750, 0.2523, 0.5596, 0.8671, 0.8765), (775,
+    0.2473, 0.6547, 0.8742, 0.8102), (800, 0.2363, 0.5546, 0.8496, 0.8715), (825, 0.2685, 0.5131, 0.8975,
+    0.8507), (850, 0.2568, 0.7125, 0.8431, 0.7890), (875, 0.2435, 0.6525, 0.8341, 0.8123), (900, 0.2500, 0.5798,
+    0.9105, 0.8394), (925, 0.2412, 0.8571, 0.8540, 0.7553), (950, 0.2318, 0.6386, 0.9129, 0.7623), (975, 0.2893,
+    0.5995, 0.8329, 0.8251), (1000, 0.2637, 0.7861, 0.7868, 0.8118), (1025, 0.2387, 0.6167, 0.8762, 0.8262),
+    (1050, 0.2687, 0.6055, 0.8811, 0.8009), (1075, 0.2503, 0.5180, 0.8811, 0.8495), (1100, 0.2522, 0.7643,
+    0.8422, 0.7764), (1125, 0.2787, 0.5480, 0.8921, 0.8412), (1150, 0.2580, 0.5308, 0.9313, 0.8452), (1175,
+    0.2737, 0.4319, 0.9362, 0.9105), (1200, 0.2839, 0.5029, 0.9375, 0.8648)]
+
+
+def demo_watch():
+    """The demo's watch as a run of configs/default.yaml builds it (the band's defaults, the
+    warm-up, the supervised method's summed scale)."""
+    cfg = load_config(None, [])
+    return DHealthWatch.for_run(cfg, method_class(cfg.method.name))
+
+
+def feed_all(watch, rows):
+    """``(step, loss_seg, loss_d, d_acc_real, d_acc_fake)`` rows into a watch; its events and its
+    ``health/d_state`` at each log step."""
+    events, states = [], []
+    for step, seg, loss, real, fake in rows:
+        logged = {"loss_seg": seg, "loss_d": loss, "d_acc_real": real, "d_acc_fake": fake}
+        events += watch.update(step, logged)
+        states.append(watch.scalars(logged)["health/d_state"])
+    return events, states
+
+
+def test_the_demo_with_its_accuracies_warns_about_nothing(caplog):
+    rows = [(*row, *accuracy) for row, accuracy in zip(DEMO, DEMO_ACCURACIES, strict=True)]
+    with caplog.at_level(logging.INFO, logger=HEALTH_LOGGER):
+        events, states = feed_all(demo_watch(), rows)
+    assert events == [] and set(states) == {0.0} and caplog.records == []
+
+
+def test_the_demo_at_100x_d_learning_rate_warns_d_unstable_naming_d_lr(caplog):
+    """Two log steps of the window far above chance with D's accuracies above it: the warning at
+    step 150, the second jump; back at step 400, when the window (steps 175-400) holds one."""
+    with caplog.at_level(logging.INFO, logger=HEALTH_LOGGER):
+        events, states = feed_all(demo_watch(), DEMO_100X)
+    [warning, back] = events
+    assert (warning.condition, warning.since, warning.step, warning.back) == ("unstable", 125, 150, False)
+    assert (back.condition, back.since, back.step, back.back) == ("unstable", 125, 400, True)
+    assert warning.values == {"loss_d": 14.0382, "d_acc_real": 0.6445, "d_acc_fake": 0.6483}
+    assert warning.message.startswith(
+        "D unstable: loss_d at or above 2.8 (chance 1.386; 2 x the key's: loss_d sums D's two halves) at 2 of the "
+        "last 6 log steps (steps 25-150; step 125 12.8224 (D's accuracy on real 0.766, on fake 0.780), step 150 "
+        "14.0382 (D's accuracy on real 0.644, on fake 0.648)), D's accuracies above chance (their mean above 0.55)")
+    assert "Act: lower D's learning rate (optim.discriminator.lr)" in warning.message
+    assert "log.d_unstable_loss" in warning.message and "optim.generator.lr" not in warning.message
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [warning.message]
+    assert "D back in its band: loss_d 0.7596 at step 400 (D unstable since step 125)" in caplog.text
+    steps = [row[0] for row in DEMO_100X]
+    assert [step for step, state in zip(steps, states) if state] == list(range(150, 400, 25))
+    assert {state for state in states if state} == {2.0}
+
+
+def unstable_detector(**band):
+    return DHealthDetector(HealthBand(**{"window": 4, **band}))
+
+
+def test_d_unstable_counts_jumps_far_above_chance_once_d_told_the_two_apart():
+    """The rule on the references' scale (bound 1.4, two jumps within the window): a fresh D's
+    loss above it is not a jump (it never told the two apart); a jump while D's accuracies are at
+    chance is the collapsed side's; one jump alone, or two further apart than the window, warn
+    nothing."""
+    assert feed(unstable_detector(), [(1, 3.0, 0.7, 0.6), (2, 2.0, 0.7, 0.6), (3, 0.5, 0.9, 0.9),  # not told apart
+                                      (4, 2.0, 0.5, 0.5), (5, 1.5, 0.6, 0.4)]) == [None] * 5  # at chance
+    detector = unstable_detector()
+    assert feed(detector, [(1, 0.5, 0.9, 0.9), (2, 1.5, 0.8, 0.8), (3, 0.5, 0.9, 0.9), (4, 0.6, 0.9, 0.9),
+                           (5, 0.6, 0.9, 0.9), (6, 1.4, 0.8, 0.7)]) == [None] * 6  # steps 2 and 6: 5 apart
+    [event] = [e for e in feed(detector, [(7, 0.6, 0.9, 0.9), (8, 1.39, 0.9, 0.9), (9, 2.5, 0.9, 0.8)]) if e]
+    assert (event.condition, event.since, event.step) == ("unstable", 6, 9)
+    assert "at 2 of the last 4 log steps (steps 6-9; step 6 1.4000" in event.message
+
+
+def test_d_unstable_needs_accuracies_and_its_key():
+    rows = [(1, 0.5, None, None), (2, 2.0, None, None), (3, 2.0, None, None), (4, 0.5, None, None)]
+    assert feed(unstable_detector(), rows) == [None] * 4  # a constant output's loss can be high too
+    rows = [(1, 0.5, 0.9, 0.9), (2, 2.0, 0.8, 0.8), (3, 2.0, 0.8, 0.8)]
+    assert feed(unstable_detector(unstable_loss=None), rows) == [None] * 3
+    assert feed(unstable_detector(unstable_loss=3.0), rows) == [None] * 3
+    assert feed(unstable_detector(), rows)[2].condition == "unstable"
+    assert HealthBand.from_config(LogConfig(d_unstable_loss=None)).unstable_loss is None
 
 # ------------------------------------------------------------------------- in a run
 

@@ -211,6 +211,25 @@ def test_d_leaving_its_band_goes_to_the_metrics_tensorboard_and_status(cfg, tmp_
     assert text.step == 3 and text.tensor_proto.string_val[0].decode() == warning
 
 
+def test_d_unstable_is_an_episode_in_status_and_state_2(cfg, tmp_path, caplog):
+    """Two jumps far above chance within the window, D's accuracies above chance: "D unstable",
+    recorded like the band's two sides, until the window holds fewer."""
+    cfg.log.d_wins_steps, cfg.train.log_every = 3, 1
+    with caplog.at_level(logging.WARNING, logger="segadv.monitor.diagnostics"), \
+            reporter_for(cfg, tmp_path) as reporter:
+        reporter.begin(0, None)
+        for step, loss in enumerate((0.5, 6.0, 0.5, 6.0, 0.5, 0.5), 1):
+            reporter.step_done(step, {"loss_d": torch.tensor(loss), "d_acc_real": torch.tensor(0.9),
+                                      "d_acc_fake": torch.tensor(0.8)}, {})
+            reporter.log(step)
+        reporter.finish(6)
+    assert [r["health/d_state"] for r in records(tmp_path) if "train/loss_d" in r] == [0, 0, 0, 2.0, 0, 0]
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("D unstable: loss_d at or above 1.4 (chance 0.693) at 2 of the last 3 log steps")
+    [episode] = read_status(tmp_path).discriminator_health
+    assert (episode.condition, episode.since, episode.step, episode.until) == ("unstable", 2, 4, 5)
+
+
 def evaluation(classes: int, miou=0.5, pixel_acc=0.75):
     """An evaluation that never saw the last class (its IoU NaN)."""
     iou = [0.5] * (classes - 1) + [math.nan]
