@@ -102,8 +102,8 @@ def add_network_argument(parser: argparse.ArgumentParser) -> None:
     (segadv-eval, -export, -predict, segadv-ckpt convert): a mean_teacher run's student (the
     default) or its EMA teacher."""
     parser.add_argument("--network", choices=NETWORK_CHOICES,
-                        help="of a mean_teacher run's checkpoint: the student (G, default: the network the run "
-                             "scored as val/mIoU) or its EMA teacher")
+                        help="of a checkpoint with an EMA teacher (mean_teacher, unimatch v2): the student (G, default: "
+                             "the network the run scored as val/mIoU) or its EMA teacher")
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
