@@ -121,8 +121,8 @@ def load_generator(
         log.info("%s", in_run.checked_note(step if isinstance(step, int) else None))
     has_teacher = segadv_ckpt and NETWORKS["teacher"] in ckpt
     if network == "teacher" and not has_teacher:
-        raise UserError(f"--network teacher: {path} holds no teacher (only a mean_teacher run's checkpoint has one); "
-                        "leave --network out to use its generator")
+        raise UserError(f"--network teacher: {path} holds no teacher (only a run with an EMA teacher, mean_teacher "
+                        "or unimatch v2, saves one); leave --network out to use its generator")
     chosen = network or "student"
     if has_teacher:
         log.info("%s: the %s (%s)%s", path, chosen, NETWORKS[chosen],
