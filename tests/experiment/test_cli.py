@@ -172,7 +172,7 @@ def test_the_shipped_grid_is_valid(monkeypatch):
     assert [o for r in bn.rows for o in r.overrides if o.startswith("model.generator.norm=")] == [
         *["model.generator.norm=frozen_affine"] * 3, *["model.generator.norm=train"] * 3]
     assert all(len(bn.seeds_of(r)) == 5 for r in bn.rows)
-    for name in ("semi-mean-teacher", "uda-mean-teacher"):  # issue 47's: 5 seeds a row, D on top of the teacher
+    for name in ("semi-mean-teacher", "uda-mean-teacher"):  # 5 seeds a row, D on top of the teacher
         grid = load_grid(ROOT / "configs" / "experiments" / f"{name}.yaml")
         assert all(len(grid.seeds_of(r)) == 5 for r in grid.rows)
         assert "checkpoint.every=250" in grid.common_overrides  # the label-free scores read every evaluation's
@@ -205,8 +205,8 @@ def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys
         experiment.main(["--list-grids"])
     assert info.value.code == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == [
-        "semi", "semi-frozen-bn", "semi-mean-teacher", "semi-rules", "uda", "uda-bn", "uda-frozen-bn",
-        "uda-mean-teacher"]
+        "semi", "semi-frozen-bn", "semi-mean-teacher", "semi-rules", "semi-unimatch", "uda", "uda-bn",
+        "uda-frozen-bn", "uda-mean-teacher"]
 
 
 # ---------------------------------------------------------------- no training: a fake trainer
