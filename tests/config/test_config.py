@@ -149,9 +149,10 @@ def test_missing_base_names_both_files(tmp_path: Path) -> None:
 
 SHIPPED = ["adaptsegnet_gta5_cityscapes", "adaptsegnet_gta5_cityscapes_reference", "advent_gta5_cityscapes",
            "advent_gta5_cityscapes_reference", "advsemiseg_voc", "advsemiseg_voc_reference", "cityscapes",
-           "dacs_gta5_cityscapes", "default", "dinov2_tiny", "folder", "gta5", "mean_teacher_dinov2_gta5_cityscapes",
-           "mean_teacher_dinov2_voc", "mean_teacher_voc", "pretext", "s4gan_voc", "s4gan_voc_reference", "semi", "synthetic", "uda", "unimatch_v2_dinov2_cityscapes",
-           "unimatch_v2_dinov2_voc", "unimatch_voc", "voc"]
+           "dacs_gta5_cityscapes", "default", "dinov2_tiny", "folder", "folder_scratch", "gta5",
+           "mean_teacher_dinov2_gta5_cityscapes", "mean_teacher_dinov2_voc", "mean_teacher_voc", "pretext", "s4gan_voc",
+           "s4gan_voc_reference", "semi", "synthetic", "uda", "unimatch_v2_dinov2_cityscapes", "unimatch_v2_dinov2_voc",
+           "unimatch_voc", "voc"]
 
 
 def test_configs_dir_is_the_checkouts_configs() -> None:
