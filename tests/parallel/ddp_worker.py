@@ -64,6 +64,18 @@ def train_mean_teacher(parts, cfg, env, out: Path, steps: int = 3) -> None:
     torch.save(saved, out / f"rank{env.rank}.pt")
 
 
+def train_unimatch(parts, cfg, env, out: Path, steps: int = 3) -> None:
+    """``steps`` DDP iterations of unimatch on each rank's own random batches; each rank saves its
+    G, D and (V2) teacher, every tensor."""
+    start_copies(parts)
+    streams = {spec.name: RankStream(cfg, env.rank, index, labeled=spec.pool == "labeled")
+               for index, spec in enumerate(type(parts.method).data_streams(cfg))}
+    for step in range(steps):
+        parts.step(streams, step=step)
+    saved = {net.role: net.bare.state_dict() for net in parts.every_network()}
+    torch.save(saved, out / f"rank{env.rank}.pt")
+
+
 def freeze_batch_statistics(module: nn.Module) -> None:
     """BatchNorm and Dropout in eval mode at every forward: per-rank batch statistics differ from
     the full batch's by design, which is not what the equivalence test is about."""
@@ -108,6 +120,8 @@ def main(mode: str, out: Path, overrides: list[str]) -> None:
                        out / "ddp_step.pt")
     elif mode == "mean_teacher":
         train_mean_teacher(parts, cfg, env, out)
+    elif mode == "unimatch":
+        train_unimatch(parts, cfg, env, out)
     elif mode == "eval":
         _, val_loader = build_dataloaders(cfg.data, seed=0, pin_memory=False, rank=env.rank, world_size=env.world_size)
         metrics = evaluate(unwrap(parts.g.module), val_loader, device_map.generator, cfg.data.num_classes).metrics

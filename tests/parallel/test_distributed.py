@@ -338,3 +338,22 @@ def test_ddp_over_nccl_two_gpus(tmp_path):
     result = run(cmd)
     assert "backend nccl" in result.stderr
     assert read_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 4
+
+
+@pytest.mark.parametrize("variant", ["v1", "v2"])
+def test_ddp_unimatch_keeps_every_network_identical_across_ranks(tmp_path, variant):
+    """Three unimatch steps with D on top under DDP (gloo, 2 CPU processes, each rank its own random
+    batches): G's feature-scaling forwards (V1's perturbed copy, V2's complementary dropout) and
+    each forward's own backward keep G and D bitwise equal across ranks, and V2's teacher, the EMA
+    of G's parameters and buffers, takes rank 0's buffers where each rank's G has its own."""
+    worker("unimatch", tmp_path, "method.name=unimatch", f"method.unimatch.variant={variant}",
+           "method.unimatch.confidence=0.2", "loss.lambda_adv=0.01")
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert set(r0) == {"generator", "discriminator"} | ({"teacher"} if variant == "v2" else set())
+    for role in ("generator", "discriminator"):
+        params = [k for k in r0[role] if "running" not in k and "num_batches" not in k]
+        assert params and all(torch.equal(r0[role][k], r1[role][k]) for k in params), role
+    stats = [k for k in r0["generator"] if k.endswith("running_mean")]
+    assert stats and any(not torch.equal(r0["generator"][k], r1["generator"][k]) for k in stats)  # own batches
+    if variant == "v2":
+        assert all(torch.equal(r0["teacher"][k], r1["teacher"][k]) for k in r0["teacher"])
