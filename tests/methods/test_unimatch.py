@@ -328,3 +328,15 @@ def test_the_first_strong_view_and_its_labels_are_kept_for_the_panel(overrides, 
     assert torch.equal(views_.images, expected) and views_.tag == "train/mixed_batch"
     assert torch.equal(views_.labels == cfg.data.ignore_index, views_.weight == 0)
     assert 0 < float(views_.weight.mean()) <= 1
+
+
+@pytest.mark.parametrize("overrides", [V1, V2], ids=["v1", "v2"])
+def test_a_bfloat16_g_trains_with_its_feature_scales(overrides):
+    """Under G's own autocast the scaled features and both views run in bfloat16 and the losses
+    come back float32 and finite (the float32 comparison is the transcription's above)."""
+    cfg, parts = built([*overrides, "method.unimatch.confidence=0.2", "loss.lambda_adv=0.01",
+                        "amp.generator={enabled: true, dtype: bfloat16}"])
+    before = [p.detach().clone() for p in parts.g.bare.parameters()]
+    losses = parts.method(fixed_streams(cfg, parts), 0)
+    assert all(v.dtype == torch.float32 and torch.isfinite(v) for v in losses.values())
+    assert any(not torch.equal(a, p) for a, p in zip(before, parts.g.bare.parameters()))
