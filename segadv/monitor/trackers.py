@@ -342,7 +342,7 @@ class MlflowTracker:
         else:
             experiment_id = experiment.experiment_id
         run = client.create_run(experiment_id, run_name=section.run_name or run_dir.name,
-                                tags={"segadv.run_dir": os.path.abspath(run_dir)})
+                                tags={"segadv_run_dir": os.path.abspath(run_dir)})
         return run.info.run_id
 
     def _log_config(self, cfg: Any, resumed_at: Optional[int]) -> None:
