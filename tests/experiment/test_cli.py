@@ -205,8 +205,8 @@ def test_a_shipped_grid_by_name_from_any_directory(tmp_path, monkeypatch, capsys
         experiment.main(["--list-grids"])
     assert info.value.code == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == [
-        "semi", "semi-frozen-bn", "semi-mean-teacher", "semi-rules", "semi-unimatch", "uda", "uda-bn",
-        "uda-frozen-bn", "uda-mean-teacher"]
+        "semi", "semi-frozen-bn", "semi-mean-teacher", "semi-rules", "semi-unimatch", "semi-unimatch-dinov2", "uda",
+        "uda-bn", "uda-frozen-bn", "uda-mean-teacher"]
 
 
 # ---------------------------------------------------------------- no training: a fake trainer

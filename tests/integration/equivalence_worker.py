@@ -6,7 +6,8 @@ Each rank loads the reference's initial weights and takes its half of the batch;
 networks and the adversarial gradient G's update sent into D's input. An input with target images
 runs the domain-adaptation method instead (and saves D_aux and its gradient too); one with
 unlabeled images the mean teacher, MT_STEPS iterations (and saves the teacher; D only where the
-config builds one).
+config builds one); one with a second unlabeled batch UniMatch, STEPS iterations (and saves its
+views' draws and pseudo labels, V2's teacher).
 """
 
 import sys
@@ -66,7 +67,23 @@ def main(out: Path, device_map_spec: str, overrides: list[str]) -> None:
     scale = parts.g.opt.loss_scale()
     half = data["images"].shape[0] // env.world_size
     rows = slice(env.rank * half, (env.rank + 1) * half)
-    if "images_u" in data:  # the mean teacher: its streams, each rank's half of every batch
+    if "images_mix" in data:  # UniMatch (test_equivalence_unimatch.py): its streams, each rank's half
+        import pytest
+        from test_equivalence_unimatch import STEPS, STRONG_VIEWS, record_pseudo_labels as unimatch_labels
+        from unimatch_reference import Draws
+
+        streams = {"labeled": FixedStream((data["images"][rows], data["labels"][rows])),
+                   "unlabeled": FixedStream(data["images_u"][rows]),
+                   "unlabeled_mix": FixedStream(data["images_mix"][rows]),
+                   "gt": FixedStream((data["images"][rows], data["labels_gt"][rows]))}
+        streams = {spec.name: streams[spec.name] for spec in type(parts.method).data_streams(cfg)}
+        with pytest.MonkeyPatch.context() as patch:
+            draws, pseudo_labels = Draws(patch), unimatch_labels(patch)
+            for step in range(STEPS):
+                parts.step(streams, step=step)
+        variant = cfg.method.unimatch.variant
+        draws = [vars(d) for d in draws.iterations(STRONG_VIEWS[variant])]
+    elif "images_u" in data:  # the mean teacher: its streams, each rank's half of every batch
         labeled, unlabeled = ("source", "target") if cfg.target_data is not None else ("labeled", "unlabeled")
         streams = {labeled: FixedStream((data["images"][rows], data["labels"][rows])),
                    unlabeled: FixedStream(data["images_u"][rows]),
@@ -87,7 +104,9 @@ def main(out: Path, device_map_spec: str, overrides: list[str]) -> None:
     if teacher is not None:
         saved["teacher"] = teacher.bare
     result = {name: {k: v.cpu() for k, v in net.state_dict().items()} for name, net in saved.items()}
-    if teacher is not None:
+    if "images_mix" in data:
+        result["pseudo_labels"], result["draws"] = pseudo_labels, draws
+    elif teacher is not None:
         result["pseudo_labels"] = pseudo_labels  # one per step
     if grads:  # one per micro-batch (train.accumulation_steps), one per step for the mean teacher
         result["adv_grad"] = torch.cat(grads) / scale

@@ -22,6 +22,7 @@ from segadv.training.loop import train
 
 from conftest import TINY_OVERRIDES
 from helpers import FixedStream, batch, resume_cfg
+from unimatch_reference import Draws, ViewDraws, reference_v1, reference_v2
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -47,135 +48,8 @@ def fixed_streams(cfg, parts):
     return {name: streams[name] for name in names}
 
 
-class Draws:
-    """Records what the iteration drew from its generator (strong views, boxes, feature scales),
-    so the transcription uses the same numbers."""
-
-    def __init__(self, monkeypatch):
-        self.strong, self.boxes, self.scales = [], [], []
-        for name, store in (("strong_view", self.strong), ("cutmix_boxes", self.boxes),
-                            ("dropout_scales", self.scales), ("complementary_scales", self.scales)):
-            real = getattr(views, name)
-
-            def spy(*args, _real=real, _store=store, **kwargs):
-                out = _real(*args, **kwargs)
-                _store.append(out)
-                return out
-
-            monkeypatch.setattr(views, name, spy)
-
-
-def scaled_forward(model, x, masks, need_fp):
-    """The references' G with feature perturbation: V1's ``model(x, need_fp=True)`` (decodes the
-    features and their dropped copy together, deeplabv3plus.py 38-46), V2's ``comp_drop`` (the
-    features times the masks, dpt.py 95-115); on smp's DeepLabV3+: encoder, decoder, head."""
-    feats = model.encoder(x)
-    if need_fp:
-        feats = [torch.cat((f, f * m[:, :, None, None])) for f, m in zip(feats, masks)]
-        return model.segmentation_head(model.decoder(feats)).chunk(2)
-    feats = [f * m[:, :, None, None] for f, m in zip(feats, masks)]
-    return model.segmentation_head(model.decoder(feats))
-
-
-def reference_v1(model, streams, draws, conf_thresh):
-    """unimatch.py 106-161 on one batch, the data pipeline's random draws replaced by ``draws``."""
-    img_x, mask_x = streams["labeled"].batch
-    img_u_w, img_u_w_mix = streams["unlabeled"].batch, streams["unlabeled_mix"].batch
-    img_u_s1, img_u_s2, img_u_s1_mix, img_u_s2_mix = (s.clone() for s in draws.strong)
-    cutmix_box1, cutmix_box2 = (b.long() for b in draws.boxes)
-    ignore_mask = torch.zeros_like(mask_x)  # no padding in the unlabeled crops
-    ignore_mask_mix = torch.zeros_like(mask_x)
-    criterion_l = torch.nn.CrossEntropyLoss(ignore_index=255)
-    criterion_u = torch.nn.CrossEntropyLoss(reduction="none")
-    with torch.no_grad():
-        model.eval()
-        pred_u_w_mix = model(img_u_w_mix).detach()
-        conf_u_w_mix = pred_u_w_mix.softmax(dim=1).max(dim=1)[0]
-        mask_u_w_mix = pred_u_w_mix.argmax(dim=1)
-    img_u_s1[cutmix_box1.unsqueeze(1).expand(img_u_s1.shape) == 1] = \
-        img_u_s1_mix[cutmix_box1.unsqueeze(1).expand(img_u_s1.shape) == 1]
-    img_u_s2[cutmix_box2.unsqueeze(1).expand(img_u_s2.shape) == 1] = \
-        img_u_s2_mix[cutmix_box2.unsqueeze(1).expand(img_u_s2.shape) == 1]
-    model.train()
-    num_lb, num_ulb = img_x.shape[0], img_u_w.shape[0]
-    preds, preds_fp = scaled_forward(model, torch.cat((img_x, img_u_w)), draws.scales[0], need_fp=True)
-    pred_x, pred_u_w = preds.split([num_lb, num_ulb])
-    pred_u_w_fp = preds_fp[num_lb:]
-    pred_u_s1, pred_u_s2 = model(torch.cat((img_u_s1, img_u_s2))).chunk(2)
-    pred_u_w = pred_u_w.detach()
-    conf_u_w = pred_u_w.softmax(dim=1).max(dim=1)[0]
-    mask_u_w = pred_u_w.argmax(dim=1)
-    mask_u_w_cutmixed1, conf_u_w_cutmixed1, ignore_mask_cutmixed1 = mask_u_w.clone(), conf_u_w.clone(), ignore_mask.clone()
-    mask_u_w_cutmixed2, conf_u_w_cutmixed2, ignore_mask_cutmixed2 = mask_u_w.clone(), conf_u_w.clone(), ignore_mask.clone()
-    mask_u_w_cutmixed1[cutmix_box1 == 1] = mask_u_w_mix[cutmix_box1 == 1]
-    conf_u_w_cutmixed1[cutmix_box1 == 1] = conf_u_w_mix[cutmix_box1 == 1]
-    ignore_mask_cutmixed1[cutmix_box1 == 1] = ignore_mask_mix[cutmix_box1 == 1]
-    mask_u_w_cutmixed2[cutmix_box2 == 1] = mask_u_w_mix[cutmix_box2 == 1]
-    conf_u_w_cutmixed2[cutmix_box2 == 1] = conf_u_w_mix[cutmix_box2 == 1]
-    ignore_mask_cutmixed2[cutmix_box2 == 1] = ignore_mask_mix[cutmix_box2 == 1]
-    loss_x = criterion_l(pred_x, mask_x)
-    loss_u_s1 = criterion_u(pred_u_s1, mask_u_w_cutmixed1)
-    loss_u_s1 = loss_u_s1 * ((conf_u_w_cutmixed1 >= conf_thresh) & (ignore_mask_cutmixed1 != 255))
-    loss_u_s1 = torch.sum(loss_u_s1) / torch.sum(ignore_mask_cutmixed1 != 255).item()
-    loss_u_s2 = criterion_u(pred_u_s2, mask_u_w_cutmixed2)
-    loss_u_s2 = loss_u_s2 * ((conf_u_w_cutmixed2 >= conf_thresh) & (ignore_mask_cutmixed2 != 255))
-    loss_u_s2 = torch.sum(loss_u_s2) / torch.sum(ignore_mask_cutmixed2 != 255).item()
-    loss_u_w_fp = criterion_u(pred_u_w_fp, mask_u_w)
-    loss_u_w_fp = loss_u_w_fp * ((conf_u_w >= conf_thresh) & (ignore_mask != 255))
-    loss_u_w_fp = torch.sum(loss_u_w_fp) / torch.sum(ignore_mask != 255).item()
-    loss = (loss_x + loss_u_s1 * 0.25 + loss_u_s2 * 0.25 + loss_u_w_fp * 0.5) / 2.0
-    loss.backward()
-    mask_ratio = ((conf_u_w >= conf_thresh) & (ignore_mask != 255)).sum().item() / (ignore_mask != 255).sum().item()
-    return {"loss_seg": loss_x, "loss_strong": (loss_u_s1 + loss_u_s2) / 2.0, "loss_fp": loss_u_w_fp,
-            "pseudo_confidence": mask_ratio}
-
-
-def reference_v2(model, model_ema, streams, draws, conf_thresh):
-    """unimatch_v2.py 152-190 on one batch, the data pipeline's and dpt.py's draws replaced by ``draws``."""
-    img_x, mask_x = streams["labeled"].batch
-    img_u_w = streams["unlabeled"].batch
-    img_u_s1, img_u_s2 = (s.clone() for s in draws.strong)
-    cutmix_box1, cutmix_box2 = (b.long() for b in draws.boxes)
-    ignore_mask = torch.zeros_like(mask_x)
-    criterion_l = torch.nn.CrossEntropyLoss(ignore_index=255)
-    criterion_u = torch.nn.CrossEntropyLoss(reduction="none")
-    model_ema.eval()
-    with torch.no_grad():
-        pred_u_w = model_ema(img_u_w).detach()
-        conf_u_w = pred_u_w.softmax(dim=1).max(dim=1)[0]
-        mask_u_w = pred_u_w.argmax(dim=1)
-    img_u_s1[cutmix_box1.unsqueeze(1).expand(img_u_s1.shape) == 1] = \
-        img_u_s1.flip(0)[cutmix_box1.unsqueeze(1).expand(img_u_s1.shape) == 1]
-    img_u_s2[cutmix_box2.unsqueeze(1).expand(img_u_s2.shape) == 1] = \
-        img_u_s2.flip(0)[cutmix_box2.unsqueeze(1).expand(img_u_s2.shape) == 1]
-    model.train()
-    pred_x = model(img_x)
-    pred_u_s1, pred_u_s2 = scaled_forward(model, torch.cat((img_u_s1, img_u_s2)), draws.scales[0],
-                                          need_fp=False).chunk(2)
-    mask_u_w_cutmixed1, conf_u_w_cutmixed1, ignore_mask_cutmixed1 = mask_u_w.clone(), conf_u_w.clone(), ignore_mask.clone()
-    mask_u_w_cutmixed2, conf_u_w_cutmixed2, ignore_mask_cutmixed2 = mask_u_w.clone(), conf_u_w.clone(), ignore_mask.clone()
-    mask_u_w_cutmixed1[cutmix_box1 == 1] = mask_u_w.flip(0)[cutmix_box1 == 1]
-    conf_u_w_cutmixed1[cutmix_box1 == 1] = conf_u_w.flip(0)[cutmix_box1 == 1]
-    ignore_mask_cutmixed1[cutmix_box1 == 1] = ignore_mask.flip(0)[cutmix_box1 == 1]
-    mask_u_w_cutmixed2[cutmix_box2 == 1] = mask_u_w.flip(0)[cutmix_box2 == 1]
-    conf_u_w_cutmixed2[cutmix_box2 == 1] = conf_u_w.flip(0)[cutmix_box2 == 1]
-    ignore_mask_cutmixed2[cutmix_box2 == 1] = ignore_mask.flip(0)[cutmix_box2 == 1]
-    loss_x = criterion_l(pred_x, mask_x)
-    loss_u_s1 = criterion_u(pred_u_s1, mask_u_w_cutmixed1)
-    loss_u_s1 = loss_u_s1 * ((conf_u_w_cutmixed1 >= conf_thresh) & (ignore_mask_cutmixed1 != 255))
-    loss_u_s1 = loss_u_s1.sum() / (ignore_mask_cutmixed1 != 255).sum().item()
-    loss_u_s2 = criterion_u(pred_u_s2, mask_u_w_cutmixed2)
-    loss_u_s2 = loss_u_s2 * ((conf_u_w_cutmixed2 >= conf_thresh) & (ignore_mask_cutmixed2 != 255))
-    loss_u_s2 = loss_u_s2.sum() / (ignore_mask_cutmixed2 != 255).sum().item()
-    loss_u_s = (loss_u_s1 + loss_u_s2) / 2.0
-    loss = (loss_x + loss_u_s) / 2.0
-    loss.backward()
-    mask_ratio = ((conf_u_w >= conf_thresh) & (ignore_mask != 255)).sum().item() / (ignore_mask != 255).sum()
-    return {"loss_seg": loss_x, "loss_strong": loss_u_s, "pseudo_confidence": mask_ratio}
-
-
-# The float32 cases of the equivalence harness that run on the CPU with a DeepLab G
-# (tests/integration/test_equivalence.py): the reference itself runs plain.
+# One step of a DeepLab G on the CPU in float32: the terms themselves (every placement, wrapper and
+# precision over two steps is tests/integration/test_equivalence_unimatch.py's).
 CASES = {"plain": [], "channels_last": ["train.channels_last=true"],
          "activation-checkpointing": ["model.generator.activation_checkpointing=true"]}
 
@@ -198,10 +72,14 @@ def test_each_loss_term_and_the_step_match_a_transcription_of_the_reference(vari
 
     torch.manual_seed(7)
     threshold = cfg.method.unimatch.confidence
+    images_x, labels_x = streams["labeled"].batch
+    drawn = ViewDraws(draws.strong, draws.boxes, draws.scales[0])
     if variant == "v1":
-        expected = reference_v1(model, streams, draws, threshold)
+        expected = reference_v1(model, (images_x, labels_x, streams["unlabeled"].batch,
+                                        streams["unlabeled_mix"].batch), drawn, threshold)
     else:
-        expected = reference_v2(model, model_ema, streams, draws, threshold)
+        expected = reference_v2(model, model_ema, (images_x, labels_x, streams["unlabeled"].batch), drawn, threshold)
+    del expected["pred_x"]
     for name, value in expected.items():
         assert float(losses[name]) == pytest.approx(float(torch.as_tensor(value).detach()), rel=1e-5, abs=1e-6), name
     assert float(losses["loss_strong"]) > 0 and float(losses["pseudo_confidence"]) > 0  # the terms are live
