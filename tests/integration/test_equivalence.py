@@ -462,14 +462,21 @@ def assert_equivalent(case: Case, got: Outcome, ref: Outcome) -> dict[str, float
         assert flat(got.adv_grad_aux).abs().max() > 0, "G's aux adversarial gradient is zero"
         pairs.update({"D_aux update": (got.d_aux_update, ref.d_aux_update),
                       "aux adversarial gradient": (got.adv_grad_aux, ref.adv_grad_aux)})
+    return within_tolerance(case, pairs)
+
+
+def within_tolerance(case: Case, pairs: dict[str, tuple]) -> dict[str, float]:
+    """Each (segadv's, the reference's) pair by the case's dtype: in float32 the worst element
+    relative to the reference's largest, within ``FP32_RTOL`` (``FP32_SUMMED_ELSEWHERE_RTOL`` where
+    sums run in another order); under AMP the cosine, at least ``AMP_MIN_COSINE``. Returns the figures."""
     if case.float32:
         rtol = FP32_SUMMED_ELSEWHERE_RTOL if case.summed_elsewhere else FP32_RTOL
-        worst = {name: worst_relative_deviation(a, b) for name, (a, b) in pairs.items()}
-        assert all(v <= rtol for v in worst.values()), f"float32 deviations {worst} exceed {rtol}"
-        return worst
-    cos = {name: cosine(a, b) for name, (a, b) in pairs.items()}
-    assert all(v >= AMP_MIN_COSINE for v in cos.values()), f"cosine similarities {cos} below {AMP_MIN_COSINE}"
-    return cos
+        figures = {name: worst_relative_deviation(a, b) for name, (a, b) in pairs.items()}
+        assert all(v <= rtol for v in figures.values()), f"float32 deviations {figures} exceed {rtol}"
+    else:
+        figures = {name: cosine(a, b) for name, (a, b) in pairs.items()}
+        assert all(v >= AMP_MIN_COSINE for v in figures.values()), f"cosines {figures} below {AMP_MIN_COSINE}"
+    return figures
 
 
 @pytest.mark.parametrize("case", [c.param() for c in CASES])
@@ -1268,14 +1275,7 @@ def assert_mt_equivalent(case: Case, setting: str, got: TeacherOutcome, ref: Tea
     if ref.adv_grad is not None:
         assert got.adv_grad is not None and flat(got.adv_grad).abs().max() > 0, "G's adversarial gradient is zero"
         pairs["adversarial gradient"] = (got.adv_grad, ref.adv_grad)
-    if case.float32:
-        rtol = FP32_SUMMED_ELSEWHERE_RTOL if case.summed_elsewhere else FP32_RTOL
-        figures = {name: worst_relative_deviation(a, b) for name, (a, b) in pairs.items()}
-        assert all(v <= rtol for v in figures.values()), f"float32 deviations {figures} exceed {rtol}"
-    else:
-        figures = {name: cosine(a, b) for name, (a, b) in pairs.items()}
-        assert all(v >= AMP_MIN_COSINE for v in figures.values()), f"cosines {figures} below {AMP_MIN_COSINE}"
-    return figures
+    return within_tolerance(case, pairs)
 
 
 @pytest.mark.parametrize("setting, case", [pytest.param(s, c, id=f"{s}-{c.name}", marks=list(c.marks))

@@ -34,18 +34,14 @@ from segadv.models import build_generator
 from segadv.parallel import parse_device_map, unwrap
 from segadv.training.build import build_training, start_copies
 from test_equivalence import (
-    AMP_MIN_COSINE,
     HERE,
     CASES,
-    FP32_RTOL,
-    FP32_SUMMED_ELSEWHERE_RTOL,
     LAMBDA_ADV,
     Case,
     amp,
     batch_statistics_frozen,
     broken_ties,
     capture_adversarial_gradient,
-    cosine,
     dinov2_case,
     flat,
     freeze_batch_statistics,
@@ -58,7 +54,7 @@ from test_equivalence import (
     params,
     plain_optimizer,
     teacher_state,
-    worst_relative_deviation,
+    within_tolerance,
 )
 from unimatch_reference import Draws, ViewDraws, reference_v1, reference_v2
 
@@ -258,14 +254,7 @@ def assert_unimatch_equivalent(case: Case, got: UniMatchOutcome, ref: UniMatchOu
         assert flat(b).abs().max() > 0, f"the plain loop's {name} did not move"
     assert flat(got.adv_grad).abs().max() > 0, "G's adversarial gradient is zero"
     pairs["adversarial gradient"] = (got.adv_grad, ref.adv_grad)
-    if case.float32:
-        rtol = FP32_SUMMED_ELSEWHERE_RTOL if case.summed_elsewhere else FP32_RTOL
-        figures = {name: worst_relative_deviation(a, b) for name, (a, b) in pairs.items()}
-        assert all(v <= rtol for v in figures.values()), f"float32 deviations {figures} exceed {rtol}"
-    else:
-        figures = {name: cosine(a, b) for name, (a, b) in pairs.items()}
-        assert all(v >= AMP_MIN_COSINE for v in figures.values()), f"cosines {figures} below {AMP_MIN_COSINE}"
-    return figures
+    return within_tolerance(case, pairs)
 
 
 @pytest.mark.parametrize("variant, case", [pytest.param(v, c, id=f"{v}-{c.name}", marks=list(c.marks))
