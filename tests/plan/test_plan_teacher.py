@@ -50,7 +50,7 @@ def test_an_ema_update_that_reads_the_student_where_it_lives_is_caught(monkeypat
     monkeypatch.setattr(mixing, "ema_update_", uncopied)
     assert main([*ARGV, "--device-map", "g:1,d:0,t:0"]) == 2
     err = capsys.readouterr().err
-    assert "mixes devices" in err and "mean_teacher/iteration.py" in err and "Traceback" not in err
+    assert "mixes devices" in err and "methods/ema_teacher.py" in err and "Traceback" not in err
 
 
 def test_advise_considers_the_teacher_with_g_and_with_d():

@@ -52,10 +52,10 @@ from segadv.methods.adversarial import (
     semi_supervised_discriminator_update,
 )
 from segadv.methods.base import TrainingViews
+from segadv.methods.ema_teacher import EMATeacher
 from segadv.methods.mean_teacher.declaration import MeanTeacherSetup, MeanTeacherSpec
 from segadv.methods.schedule import Schedule
 from segadv.monitor.profile import PhaseTimer
-from segadv.parallel import distributed
 from segadv.parallel.placement import to_device
 
 MIXING_SEED_WORD = 47  # the mixing RNG's seed: derived from train.seed, this word and the rank
@@ -96,13 +96,9 @@ class MeanTeacher(MeanTeacherSpec):
         self.rank = this_rank()
         # On the host: its draws are copied to G's device pinned and non_blocking (mixing.py).
         self.generator = torch.Generator().manual_seed(derived_seed(setup.seed, MIXING_SEED_WORD, self.rank))
-        # What the EMA averages, in the same order on both: DACS's parameters, or with running
-        # BatchNorm statistics French et al.'s every float tensor (the statistics must follow the
-        # student when the teacher predicts with them).
-        self.ema_pairs = [list(t.parameters()) for t in (teacher.bare, g.bare)]
-        if settings.teacher_batchnorm == "running":
-            for index, module in enumerate((teacher.bare, g.bare)):
-                self.ema_pairs[index] += [b for b in module.buffers() if b.is_floating_point()]
+        # DACS's EMA of the parameters, or with running BatchNorm statistics French et al.'s of
+        # every float tensor (the statistics must follow the student when the teacher predicts with them).
+        self.ema = EMATeacher(teacher, g, phases, buffers=settings.teacher_batchnorm == "running")
         # The last mixed batch (image, labels, pixel weights) as the loss read it: references, no copy.
         self.mixed_batch: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
@@ -208,14 +204,8 @@ class MeanTeacher(MeanTeacherSpec):
         """The teacher's argmax and top probability on ``images``, on G's device. The teacher runs
         on its own devices, under its own autocast, with its BatchNorm as ``teacher_batchnorm`` says
         (:func:`set_teacher_mode`)."""
-        g, t = self.g, self.teacher
-        with self.phases.phase("g_fwd_bwd", t.device):
-            set_teacher_mode(t.module, self.settings.teacher_batchnorm)
-            on_teacher = hand_over(self.phases, images, g, t)
-            with t.autocast():
-                logits = t.module(on_teacher)
-            confidence, pseudo = mixing.teacher_confidence(logits.float())
-        return hand_over(self.phases, pseudo, t, g), hand_over(self.phases, confidence, t, g)
+        set_teacher_mode(self.teacher.module, self.settings.teacher_batchnorm)
+        return self.ema.labels(images)
 
     def pseudo_weight(self, confidence: torch.Tensor) -> torch.Tensor:
         """The pseudo labels' weight per pixel (B, H, W): DACS's share of pixels at least
@@ -233,15 +223,9 @@ class MeanTeacher(MeanTeacherSpec):
         confident = (confidence >= threshold).to(confidence.dtype)
         return confident if share == "pixel" else confident.mean(dim=(1, 2), keepdim=True).expand_as(confidence)
 
-    @torch.no_grad()
     def update_teacher(self, step: int) -> None:
-        """The EMA of G after its step ``step`` (DACS trainUDA.py 508-511), across devices without a
-        host sync; under DDP every rank's teacher then takes rank 0's BatchNorm statistics (its
-        parameters are equal already: the EMA of G's synchronised ones)."""
-        with self.phases.phase("optimizer", self.teacher.device):
-            decay = mixing.ema_decay(step, self.settings.ema_decay, warmup=self.settings.ema_warmup)
-            mixing.ema_update_(*self.ema_pairs, decay)
-            distributed.broadcast_buffers(self.teacher.bare)
+        """The EMA of G after its step ``step`` (DACS trainUDA.py 508-511; ``EMATeacher.update``)."""
+        self.ema.update(mixing.ema_decay(step, self.settings.ema_decay, warmup=self.settings.ema_warmup))
 
     # ------------------------------------------------------------------ D on top
 

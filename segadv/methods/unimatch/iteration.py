@@ -50,12 +50,12 @@ from segadv.methods.adversarial import (
     semi_supervised_discriminator_update,
 )
 from segadv.methods.base import TrainingViews
+from segadv.methods.ema_teacher import EMATeacher
 from segadv.methods.method_rng import MixingRNG, this_rank
 from segadv.methods.schedule import Schedule
 from segadv.methods.unimatch import views
 from segadv.methods.unimatch.declaration import UniMatchSetup, UniMatchSpec
 from segadv.monitor.profile import PhaseTimer
-from segadv.parallel import distributed
 from segadv.parallel.placement import to_device
 
 VIEWS_SEED_WORD = 59  # the views' RNG's seed: derived from train.seed, this word and the rank
@@ -99,11 +99,9 @@ class UniMatch(UniMatchSpec):
         self.generator = torch.Generator().manual_seed(derived_seed(setup.seed, VIEWS_SEED_WORD, self.rank))
         self.feature_channels: Sequence[int] = self.g.bare.feature_channels()
         self.views: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # training_views()
-        if self.v2:
-            # V2's EMA: every parameter and floating buffer (BatchNorm's statistics: its teacher
-            # predicts in eval mode with them); the integer batch counter is left as it is.
-            self.ema_pairs = [list(t.parameters()) + [b for b in t.buffers() if b.is_floating_point()]
-                              for t in (self.teacher.bare, self.g.bare)]
+        # V2's EMA of every parameter and floating buffer (BatchNorm's statistics: its teacher
+        # predicts in eval mode with them).
+        self.ema = EMATeacher(self.teacher, self.g, phases, buffers=True) if self.v2 else None
 
     def discriminator_realness(self, images: torch.Tensor, logits: torch.Tensor) -> torch.Tensor | None:
         if self.d is None:
@@ -250,25 +248,13 @@ class UniMatch(UniMatchSpec):
             confidence, pseudo = mixing.teacher_confidence(logits)
         return pseudo, confidence
 
-    @torch.no_grad()
     def teacher_labels(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """V2: the EMA teacher's argmax and top probability in eval mode (unimatch_v2.py 88-89,
         170-173), on its own devices and autocast, handed to G's device."""
-        g, t = self.g, self.teacher
-        with self.phases.phase("g_fwd_bwd", t.device):
-            t.module.eval()
-            on_teacher = hand_over(self.phases, images, g, t)
-            with t.autocast():
-                logits = t.module(on_teacher)
-            confidence, pseudo = mixing.teacher_confidence(logits.float())
-        return hand_over(self.phases, pseudo, t, g), hand_over(self.phases, confidence, t, g)
+        self.teacher.module.eval()
+        return self.ema.labels(images)
 
-    @torch.no_grad()
     def update_teacher(self, step: int) -> None:
         """V2's EMA after G's step ``step`` (unimatch_v2.py 221-226: ``min(1 - 1/(iters+1), 0.996)``,
-        0-based), parameters and floating buffers, across devices without a host sync; under DDP
-        every rank's teacher then takes rank 0's buffers."""
-        with self.phases.phase("optimizer", self.teacher.device):
-            decay = mixing.ema_decay(step, self.settings.ema_decay, warmup=True)
-            mixing.ema_update_(*self.ema_pairs, decay)
-            distributed.broadcast_buffers(self.teacher.bare)
+        0-based; ``EMATeacher.update``)."""
+        self.ema.update(mixing.ema_decay(step, self.settings.ema_decay, warmup=True))
