@@ -1,6 +1,6 @@
 """Helpers shared by test modules in different folders (tests/ is on sys.path through conftest.py):
 tiny batches, hand-fed streams, the methods' tiny conv G and D, the tiny domain-adaptation overrides,
-and the resume tests' run config and records."""
+and the resume tests' run config, records and checkpoint comparison."""
 
 from __future__ import annotations
 
@@ -75,6 +75,22 @@ def resume_cfg(tmp_path, name, *extra):
     cfg.run_dir = str(tmp_path / name)
     cfg.device_map = "cpu"
     return cfg
+
+
+def assert_checkpoints_equal(saved, resumed) -> int:
+    """Every tensor of every state two checkpoints hold (networks, optimizers, scalers, data
+    streams, a method's RNG) bitwise equal; the config, version, format and host RNG left out.
+    Returns how many tensors were compared."""
+    from segadv.checkpoint.state import tensors_in
+
+    compared = 0
+    for key in saved:
+        if key in ("config", "segadv_version", "format", "format_version", "rng"):
+            continue
+        for a, b in zip(tensors_in(saved[key]), tensors_in(resumed[key]), strict=True):
+            assert torch.equal(a, b), key
+            compared += 1
+    return compared
 
 
 def stream_positions(ckpt):
