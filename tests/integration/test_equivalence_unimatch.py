@@ -39,6 +39,7 @@ from test_equivalence import (
     LAMBDA_ADV,
     Case,
     amp,
+    averaged,
     batch_statistics_frozen,
     broken_ties,
     capture_adversarial_gradient,
@@ -160,7 +161,7 @@ def reference_unimatch(variant: str, g: nn.Module, teacher: nn.Module | None, d:
         if teacher is not None:  # unimatch_v2.py 221-226, parameters and buffers
             decay = min(1 - 1 / (step + 1), settings.ema_decay)
             with torch.no_grad():
-                for t, live in zip(averaged(teacher), averaged(g)):
+                for t, live in zip(averaged(teacher, True), averaged(g, True)):
                     t.copy_(decay * t + (1 - decay) * live)
         opt_d.step()
     assert next(drawn, None) is None, "segadv drew views for more iterations than the loop ran"
@@ -177,10 +178,6 @@ def frozen_batchnorm(module: nn.Module) -> None:
     for m in module.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             m.register_forward_pre_hook(hook)
-
-
-def averaged(module: nn.Module) -> list[torch.Tensor]:
-    return list(module.parameters()) + [b for b in module.buffers() if b.is_floating_point()]
 
 
 def record_pseudo_labels(monkeypatch) -> list[torch.Tensor]:
