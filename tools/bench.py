@@ -172,6 +172,19 @@ def alternate(runners: dict[str, object], rounds: int, steps: int, warmup: int) 
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def machine_line(device_map) -> str:
+    """What the ratios were measured on: torch, and the CPU's ISA as torch's kernels and oneDNN's
+    see it (a capped ``ONEDNN_MAX_CPU_ISA`` changes the convolutions' kernels and bf16's speed), or
+    the CUDA cards of the map."""
+    from segadv.engine.amp_optimizer import cpu_bf16_features, onednn_isa_cap
+
+    cap = onednn_isa_cap()
+    cpu = (f"CPU capability {torch.backends.cpu.get_cpu_capability()}, oneDNN "
+           f"{'capped at ' + cap if cap else 'uncapped'}, native bf16: {', '.join(cpu_bf16_features()) or 'none'}")
+    cards = sorted({torch.cuda.get_device_name(d) for d in device_map.devices if d.type == "cuda"})
+    return f"torch {torch.__version__}; {cpu}" + (f"; {', '.join(cards)}" if cards else "")
+
+
 def figure(name: str, value: float, unit: str = "", note: str = "") -> None:
     """One figure per line: ``name value [unit] [# note]`` (read by scripts)."""
     print(f"{name:<34} {value:10.4g} {unit}{'  # ' + note if note else ''}".rstrip())
@@ -439,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     precision = {role: (str(part.opt.autocast_dtype).removeprefix("torch.") if part.opt.autocast_enabled else "float32")
                  for role, part in (("G", parts.g), ("D", parts.d))}
     print(f"# precision (both sides): G {precision['G']}, D {precision['D']}")
+    print(f"# machine: {machine_line(device_map)}")
     print(f"# device map {device_map}; {cfg.model.generator.arch}/{cfg.model.generator.encoder}, "
           f"D ndf={cfg.model.discriminator.ndf}, batch {cfg.data.batch_size} x {cfg.data.synthetic.image_size}px; "
           f"{args.rounds} rounds x {args.steps} steps per side, median round")

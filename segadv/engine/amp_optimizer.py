@@ -21,6 +21,7 @@ steps.
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from contextlib import AbstractContextManager
 from typing import Any
@@ -74,6 +75,23 @@ def cpu_bf16_features(cpuinfo: str | None = None) -> tuple[str, ...]:
     return tuple(flag for flag in CPU_BF16_FLAGS if flag in found)
 
 
+# oneDNN's CPU ISA levels, lowest first (its ``ONEDNN_MAX_CPU_ISA`` values), and the lowest level
+# that runs each native bf16 instruction set: below it oneDNN emulates bf16 whatever the CPU has.
+ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+               "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
+               "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2", "DEFAULT", "ALL")
+ONEDNN_BF16_LEVEL = {"avx512_bf16": "AVX512_CORE_BF16", "amx_bf16": "AVX512_CORE_AMX"}
+
+
+def onednn_isa_cap(environ: dict[str, str] | None = None) -> str | None:
+    """The ISA level oneDNN is capped at by ``ONEDNN_MAX_CPU_ISA`` (or its older name
+    ``DNNL_MAX_CPU_ISA``), upper-cased; None without a cap oneDNN would honour (unset, or a name it
+    does not know, which it ignores)."""
+    environ = os.environ if environ is None else environ
+    value = (environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    return value if value in ONEDNN_ISAS and value not in ("DEFAULT", "ALL") else None
+
+
 def cuda_capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
@@ -82,8 +100,14 @@ def device_native_bf16(device: torch.device) -> tuple[bool, str]:
     """Whether ``device`` computes bf16 natively and faster than float32, and why (for the log)."""
     if device.type == "cpu":
         features = cpu_bf16_features()
+        cap = onednn_isa_cap()
+        usable = tuple(f for f in features
+                       if cap is None or ONEDNN_ISAS.index(cap) >= ONEDNN_ISAS.index(ONEDNN_BF16_LEVEL[f]))
+        if usable:
+            return True, f"CPU with {' and '.join(usable)}" + (f" (oneDNN capped at {cap})" if cap else "")
         if features:
-            return True, f"CPU with {' and '.join(features)}"
+            return False, (f"CPU with {' and '.join(features)}, but ONEDNN_MAX_CPU_ISA={cap} keeps oneDNN's "
+                           f"kernels below them: bf16 runs emulated there, 5-8x slower")
         return False, (f"CPU without native bf16 (no {' or '.join(CPU_BF16_FLAGS)}; torch's capability "
                        f"{torch.backends.cpu.get_cpu_capability()}): bf16 runs 5-8x slower there")
     if device.type == "cuda":

@@ -29,9 +29,11 @@ CPU = (torch.device("cpu"),)
 
 @pytest.fixture
 def cpu_flags(monkeypatch):
-    """Set the CPU's native bf16 instruction sets the detection reports."""
+    """Set the CPU's native bf16 instruction sets the detection reports, with oneDNN uncapped (the
+    ISA subset of `make test-isa` caps the process's own oneDNN; the rule is tested apart)."""
     def set_flags(*flags):
         monkeypatch.setattr(amp_optimizer, "cpu_bf16_features", lambda: tuple(flags))
+        monkeypatch.setattr(amp_optimizer, "onednn_isa_cap", lambda: None)
     return set_flags
 
 
@@ -58,6 +60,26 @@ def test_auto_is_off_on_a_cpu_without_native_bf16(cpu_flags):
     amp, why = resolve_auto(AUTO, CPU)
     assert amp.enabled is False
     assert why.startswith("CPU without native bf16") and "5-8x slower" in why
+
+
+@pytest.mark.parametrize("cap, flags, native", [
+    ("AVX2", ("avx512_bf16",), ()), ("SSE41", ("amx_bf16", "avx512_bf16"), ()),
+    ("AVX512_CORE_BF16", ("amx_bf16", "avx512_bf16"), ("avx512_bf16",)), ("avx512_core_amx", ("amx_bf16",), ("amx_bf16",)),
+    ("DEFAULT", ("avx512_bf16",), ("avx512_bf16",)), ("NOT_AN_ISA", ("avx512_bf16",), ("avx512_bf16",))])
+def test_auto_follows_the_isa_onednn_is_capped_at(monkeypatch, cap, flags, native):
+    """ONEDNN_MAX_CPU_ISA below a CPU's native bf16 makes oneDNN emulate it: auto stays float32 and
+    says why; a cap at or above it (or one oneDNN ignores) leaves the choice to the CPU."""
+    monkeypatch.setattr(amp_optimizer, "cpu_bf16_features", lambda: flags)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    amp, why = resolve_auto(AUTO, CPU)
+    assert amp.enabled is bool(native)
+    if native:
+        assert why.startswith(f"CPU with {' and '.join(native)}")
+    else:
+        assert why == (f"CPU with {' and '.join(flags)}, but ONEDNN_MAX_CPU_ISA={cap} keeps oneDNN's kernels "
+                       "below them: bf16 runs emulated there, 5-8x slower")
+    assert amp_optimizer.onednn_isa_cap({"DNNL_MAX_CPU_ISA": "avx2"}) == "AVX2"  # oneDNN's older name
 
 
 @pytest.mark.parametrize("capability, native", [((8, 0), True), ((9, 0), True), ((7, 5), False), ((6, 1), False)])

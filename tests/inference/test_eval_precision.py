@@ -63,6 +63,7 @@ def test_float32_is_forced_by_the_amp_key_and_scores_otherwise(bf16_run, capsys)
 @pytest.mark.parametrize("features, expected", [((), "float32"), (("avx512_bf16",), "bfloat16")])
 def test_auto_resolves_on_the_eval_device_as_training_does(monkeypatch, features, expected):
     monkeypatch.setattr(amp_optimizer, "cpu_bf16_features", lambda: features)
+    monkeypatch.setattr(amp_optimizer, "onednn_isa_cap", lambda: None)  # the features decide, not this run's cap
     cfg = load_config(None, ["amp.generator.enabled=auto"])
     precision = evaluation_precision(cfg, "student", torch.device("cpu"))
     assert precision.name == expected
@@ -100,9 +101,13 @@ def test_predict_runs_a_checkpoint_in_its_runs_evaluation_precision(bf16_run, tm
         Image.fromarray(pictures[f"val_{index}"]).save(images / f"val_{index}.png")
 
     def argmax(picture, bf16):
+        # A contiguous NCHW batch, as segadv-predict stacks its windows: the transposed view alone
+        # would come out of numpy with channels-last strides, and where the CPU has no native bf16
+        # oneDNN's channels-last bf16 kernels round otherwise (18 of 4,096 pixels moved on an AVX2 CPU).
         norm = loaded.cfg.data
-        x = torch.from_numpy(prepare_input(picture.transpose(2, 0, 1)[None], "normalized", "float32", norm.mean,
-                                           norm.std))
+        chw = np.ascontiguousarray(picture.transpose(2, 0, 1))
+        x = torch.from_numpy(prepare_input(chw[None], "normalized", "float32", norm.mean, norm.std))
+        assert x.is_contiguous()
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             return loaded.model.eval()(x)[0].float().argmax(0).numpy()
 

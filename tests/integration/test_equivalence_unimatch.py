@@ -38,6 +38,7 @@ from test_equivalence import (
     CASES,
     LAMBDA_ADV,
     Case,
+    Moved,
     amp,
     averaged,
     batch_statistics_frozen,
@@ -220,7 +221,7 @@ def unimatch_outcome(variant: str, case: Case, monkeypatch) -> UniMatchOutcome:
     for step in range(STEPS):
         parts.step(streams, step=step)
     after = {n: params(m) for n, m in nets.items()} | ({"teacher": teacher_state(teacher, True)} if teacher else {})
-    updates = {n: {k: after[n][k] - v for k, v in before[n].items()} for n in before}
+    updates = {n: Moved(before[n], after[n], STEPS) for n in before}
     return UniMatchOutcome(updates, torch.cat(grads) / scale, draws.iterations(STRONG_VIEWS[variant]), labels)
 
 
@@ -239,7 +240,7 @@ def plain_outcome(variant: str, case: Case, got: UniMatchOutcome) -> UniMatchOut
     adv_grad = reference_unimatch(variant, g, teacher, d, make_um_batches(cfg), cfg, got.draws,
                                   got.pseudo_labels if case.float32 else None)
     after = {"g": params(g), "d": params(d)} | ({"teacher": teacher_state(teacher, True)} if teacher else {})
-    return UniMatchOutcome({n: {k: after[n][k] - v for k, v in before[n].items()} for n in before}, adv_grad,
+    return UniMatchOutcome({n: Moved(before[n], after[n], STEPS) for n in before}, adv_grad,
                            got.draws, [])
 
 
@@ -300,7 +301,7 @@ def test_ddp_unimatch_on_two_processes_matches_the_plain_loop(tmp_path, variant)
                                                            else {})
     for net in ("g", "d"):  # DDP keeps the ranks' parameters identical
         assert all(torch.equal(ranks[0][net][k], ranks[1][net][k]) for k in starts[net]), net
-    updates = {net: {k: ranks[0][net][k].float() - v for k, v in start.items()} for net, start in starts.items()}
+    updates = {net: Moved(start, ranks[0][net], STEPS) for net, start in starts.items()}
     # the loop's order of parts: by step, then rank; each rank's adversarial loss is a mean over its
     # half, so the full batch's gradient is half of it
     by_rank = [r["adv_grad"].chunk(STEPS) for r in ranks]
@@ -320,6 +321,6 @@ def test_ddp_unimatch_on_two_processes_matches_the_plain_loop(tmp_path, variant)
     ref_grad = reference_unimatch(variant, g, teacher, d, (images_l, labels_l, images_u, labels_gt, images_mix), cfg,
                                   draws, ties, ranks=2)
     after = {"g": params(g), "d": params(d)} | ({"teacher": teacher_state(teacher, True)} if teacher else {})
-    ref = UniMatchOutcome({n: {k: after[n][k] - v for k, v in before[n].items()} for n in before}, ref_grad, draws, [])
+    ref = UniMatchOutcome({n: Moved(before[n], after[n], STEPS) for n in before}, ref_grad, draws, [])
     got = UniMatchOutcome(updates, adv_grad, draws, [])
     print(f"unimatch ddp {variant}: {assert_unimatch_equivalent(case, got, ref)}")
