@@ -23,8 +23,8 @@ GiB, MiB = 2**30, 2**20
 CONTEXT_BYTES = 768 * MiB
 ALLOCATOR_OVERHEAD = 0.10
 ALLOWANCE_TEXT = (f"allowance per CUDA device (assumed, not measured): {CONTEXT_BYTES // MiB} MiB for the CUDA "
-                  f"context, library handles and cuDNN workspace + {ALLOCATOR_OVERHEAD:.0%} of the peak for the "
-                  "caching allocator's rounding and fragmentation")
+                  f"context, library handles and cuDNN workspace + {ALLOCATOR_OVERHEAD:.0%} of the largest of the "
+                  "training, evaluation and checkpoint peaks for the caching allocator's rounding and fragmentation")
 MAX_BATCH_LIMIT = 4096
 
 

@@ -6,7 +6,7 @@ import pytest
 from segadv.config import load_config
 from segadv.plan import dry_run as dry_run_module
 from segadv.plan.dry_run import DevicePlan, Plan
-from segadv.plan.fit import (CONTEXT_BYTES, GiB, MAX_BATCH_LIMIT, MiB, allowance, largest_batch, need, peak_of_run,
+from segadv.plan.fit import (ALLOWANCE_TEXT, CONTEXT_BYTES, GiB, MAX_BATCH_LIMIT, MiB, allowance, largest_batch, need, peak_of_run,
                              shortfalls, with_batch)
 from segadv.plan.report import advice_table, max_batch_text, plan_json, plan_table
 
@@ -28,6 +28,9 @@ def test_a_cuda_devices_need_is_its_run_peak_plus_the_allowance_and_the_host_is_
     assert allowance("cpu", GiB) == 0
     assert allowance("cuda:0", GiB) == CONTEXT_BYTES + GiB // 10
     assert need("cuda:0", row("cuda:0", GiB)) == GiB + CONTEXT_BYTES + GiB // 10
+    # the 10% is of the largest of the three peaks, as the legend says: here the evaluation's
+    assert need("cuda:0", row("cuda:0", GiB, evaluation=2 * GiB)) == 2 * GiB + CONTEXT_BYTES + 2 * GiB // 10
+    assert "10% of the largest of the training, evaluation and checkpoint peaks" in ALLOWANCE_TEXT
     p = plan(cuda_0=GiB, cuda_1=3 * GiB, cpu=50 * GiB)
     assert shortfalls(p, None) == {}
     assert shortfalls(p, 2 * GiB) == {"cuda:1": need("cuda:1", p.devices["cuda:1"]) - 2 * GiB}
