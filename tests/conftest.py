@@ -1,4 +1,5 @@
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -66,6 +67,13 @@ TINY_OVERRIDES = [
     "amp.generator.enabled=false",
     "amp.discriminator.enabled=false",
 ]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def mask_survey_cache(tmp_path_factory):
+    """The training start's mask survey caches what it read (segadv/data/mask_survey.py): in the
+    session's temp folder, never the user's ~/.cache (child processes inherit the variable)."""
+    os.environ["SEGADV_CACHE_DIR"] = str(tmp_path_factory.mktemp("segadv-cache"))
 
 
 @pytest.fixture

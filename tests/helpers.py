@@ -1,6 +1,7 @@
 """Helpers shared by test modules in different folders (tests/ is on sys.path through conftest.py):
-tiny batches, hand-fed streams, the methods' tiny conv G and D, the tiny domain-adaptation overrides,
-and the resume tests' run config, records and checkpoint comparison."""
+tiny batches, hand-fed streams, the guard against host reads in a step, the methods' tiny conv G and
+D, the tiny domain-adaptation overrides, and the resume tests' run config, records and checkpoint
+comparison."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from segadv.training.build import build_amp_optimizer
 from segadv.config import load_config
@@ -24,6 +26,31 @@ def batch(cfg, n=2, seed=0):
     labels = torch.randint(0, cfg.data.num_classes, (n, size, size), generator=gen)
     labels[:, :4, :4] = cfg.data.ignore_index
     return images, labels
+
+
+HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
+              torch.Tensor.__int__, torch.Tensor.__index__}
+
+
+class NoHostReads(TorchFunctionMode):
+    """Fails on every call that reads a tensor's value on the host, unless ``paused``
+    (tests/engine/test_hot_path.py: on the CPU a host sync cannot be observed directly)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paused = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in HOST_READS and not self.paused:
+            raise AssertionError(f"the step reads a tensor on the host: {func.__name__}")
+        return func(*args, **(kwargs or {}))
+
+
+def exempt_optimizer_steps(parts, mode: NoHostReads) -> None:
+    """The optimizers' own ``step()`` reads torch's CPU step counters: never a wait for a device."""
+    for opt in (net.opt.optimizer for net in parts.networks()):  # every trained network's (the teacher has none)
+        opt.register_step_pre_hook(lambda *a: setattr(mode, "paused", True))
+        opt.register_step_post_hook(lambda *a: setattr(mode, "paused", False))
 
 
 class FixedStream:

@@ -223,6 +223,9 @@ def build_pools(catalog: Catalog, *, run_dir: Optional[Path | str] = None) -> Da
     (see the module docstring), then the target's. With ``run_dir`` the split is saved as
     ``data_split.json`` there, and (file kinds) the samples dropped under ``data.on_error=skip``
     as ``skipped.json``."""
+    if catalog.survey is not None:  # in the training log: the start surveyed them before it was opened
+        for warning in catalog.survey.warnings():
+            log.warning("data: %s", warning)
     bundle = _source_pools(catalog.source, run_dir)
     if catalog.target is not None:
         bundle.target, bundle.target_val = _target_pools(catalog.target, bundle.skipped)

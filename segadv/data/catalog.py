@@ -4,14 +4,16 @@ The path runs once, front to back: **check** (``config_checks.check_config``, on
 section), **catalog** (each split listed once, ``listing.py``; every stream's batch against its
 listed pool), **scan** and **pools** (``bundle.py``: headers read, datasets with their
 pipelines), **loaders** (``loaders.py``) and **streams** (``streams.py``). A start of
-segadv-train opens the catalog in its checks (``segadv/training/preflight.py``) and hands it to
-the data builders; a builder given none opens its own, the same way.
+segadv-train opens the catalog in its checks (``segadv/training/preflight.py``), surveys the
+labeled training masks (:meth:`Catalog.surveyed`, ``mask_survey.py``) and hands it to the data
+builders, which log what the survey found; a builder given none opens its own, the same way,
+without the survey.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from segadv.config.schema import DataConfig
 from segadv.data.batch_checks import Pool, check_stream_pools
@@ -19,6 +21,9 @@ from segadv.data.config_checks import check_config
 from segadv.data.listing import Listed, list_source, list_target
 from segadv.data.stream_spec import StreamSpec
 from segadv.errors import UserError
+
+if TYPE_CHECKING:
+    from segadv.data.mask_survey import MaskSurvey
 
 __all__ = ["Catalog", "listed_pools"]
 
@@ -30,6 +35,7 @@ class Catalog:
 
     source: Listed
     target: Optional[Listed] = None
+    survey: Optional["MaskSurvey"] = None  # the labeled training masks, where surveyed (:meth:`surveyed`)
 
     @classmethod
     def open(cls, data: DataConfig, target: Optional[DataConfig] = None) -> "Catalog":
@@ -60,6 +66,13 @@ class Catalog:
         catalog = cls.open(data, target)
         check_stream_pools(streams, listed_pools(catalog), batch_sizes, data.drop_last, world_size)
         return catalog
+
+    def surveyed(self) -> "Catalog":
+        """The catalog with its labeled training masks surveyed (``mask_survey.survey_masks``: a
+        UserError naming them when none holds a labelled pixel)."""
+        from segadv.data.mask_survey import survey_masks
+
+        return replace(self, survey=survey_masks(self.source))
 
     @property
     def data(self) -> DataConfig:

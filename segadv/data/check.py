@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Collection, Iterable, Optional, Sequence
 
 import numpy as np
 
 from segadv.config.schema import DataConfig
-from segadv.data.files import Problem, Sample, SampleError, absent_classes_note, display, image_note, read_image
+from segadv.data.files import (Problem, Sample, SampleError, absent_classes_note, display, image_note, read_image,
+                               shown_id)
 from segadv.data.splits import split_labeled
 
 # The readers that import torch (datasets, listings) are imported where the check runs:
@@ -27,7 +28,9 @@ class SplitReport:
     heights: list[int] = field(default_factory=list)
     widths: list[int] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    masks: int = 0  # masks read
     binary_255: int = 0  # masks holding only 0 and 255 (with two classes: likely binary masks saved as 0/255)
+    no_labels: list[str] = field(default_factory=list)  # ids of the masks whose every pixel is ignored
     image_notes: dict[str, int] = field(default_factory=dict)  # what reading did to pixels -> images
 
     def add_image(self, shape: tuple[int, ...]) -> None:
@@ -51,19 +54,59 @@ class Report:
         """What reads without error but may not be what was meant, per split."""
         found = list(self.notes)
         for s in self.splits:
-            absent = [i for i in range(len(self.names)) if s.hist[i] == 0]
-            # With no class-1 pixel at all, the absent-class note below gives the same hint.
-            if s.binary_255 and len(self.names) == 2 and self.ignore_index == 255 and 1 not in absent:
-                found.append(f"{s.name}: {s.binary_255} mask{'s hold' if s.binary_255 > 1 else ' holds'} only 0 and "
-                             "255 with 2 classes: 255 is data.ignore_index, so every object pixel is ignored "
-                             "(binary masks saved as 0/255? save objects as 1)")
-            if s.hist.sum() > 0 and absent:
-                # the 0/255 hint only where a mask holds 255: val masks all 0 are another story
-                found.append(absent_classes_note(self.names, absent, self.ignore_index, s.name,
-                                                 holds_255=bool(s.hist[255])))
+            found.extend(mask_warnings(s.name, self.names, self.ignore_index, s.hist, s.masks, s.binary_255,
+                                       s.no_labels))
             for note, count in sorted(s.image_notes.items()):
                 found.append(f"{s.name}: {count} image{'s are' if count > 1 else ' is'} {note}")
         return found
+
+
+# ---------------------------------------------------------------------------- one mask, a split's masks
+# What segadv-data check says of the masks it reads, and segadv-train's start of the labeled
+# training masks (segadv/data/mask_survey.py): the same tests, the same words.
+
+NO_LABELS_SHOWN = 5  # the masks with no labelled pixel a warning or an error names
+
+
+def present_values(mask: np.ndarray) -> list[int]:
+    """The train ids a (H,W) uint8 mask holds, ascending."""
+    return np.flatnonzero(np.bincount(mask.ravel(), minlength=256)).tolist()
+
+
+def holds_no_label(values: Collection[int], ignore_index: int) -> bool:
+    """Whether a mask holding ``values`` has no labelled pixel: every pixel ignored, nothing to learn or score."""
+    return all(v == ignore_index for v in values)
+
+
+def is_binary_255(values: Collection[int]) -> bool:
+    """Whether a mask holding ``values`` holds only 0 and 255 (a binary mask saved with 255 for the object?)."""
+    return set(values) == {0, 255}
+
+
+def mask_warnings(split: str, names: Sequence[str], ignore_index: int, present: np.ndarray, masks: int,
+                  binary_255: int, no_labels: Sequence[str]) -> list[str]:
+    """What a split's ``masks`` masks show that is likely not what was meant: ``present`` (256,)
+    counts (pixels or masks) of each train id over them, ``binary_255`` of them holding only 0 and
+    255, ``no_labels`` the ids of those with no labelled pixel."""
+    found = []
+    absent = [i for i in range(len(names)) if present[i] == 0]
+    # With no class-1 pixel at all, the absent-class note below gives the same hint.
+    if binary_255 and len(names) == 2 and ignore_index == 255 and 1 not in absent:
+        found.append(f"{split}: {binary_255} mask{'s hold' if binary_255 > 1 else ' holds'} only 0 and "
+                     "255 with 2 classes: 255 is data.ignore_index, so every object pixel is ignored "
+                     "(binary masks saved as 0/255? save objects as 1)")
+    if no_labels:
+        shown = ", ".join(shown_id(i) for i in no_labels[:NO_LABELS_SHOWN])
+        more = f" and {len(no_labels) - NO_LABELS_SHOWN} more" if len(no_labels) > NO_LABELS_SHOWN else ""
+        effect = ("they teach G nothing (a batch of only such crops is counted in train/empty/<loss>)"
+                  if split == "train" else "they add nothing to the scores")
+        hold = "holds" if len(no_labels) == 1 else "hold"
+        found.append(f"{split}: {len(no_labels)} of {masks} masks {hold} no labelled pixel (every pixel is "
+                     f"data.ignore_index {ignore_index}): {shown}{more}; {effect}")
+    if present.sum() > 0 and absent:
+        # the 0/255 hint only where a mask holds 255: val masks all 0 are another story
+        found.append(absent_classes_note(names, absent, ignore_index, split, holds_255=bool(present[255])))
+    return found
 
 
 def _scan(samples: list[Sample], split: str, labeled: bool, spec, report: SplitReport, workers: int) -> None:
@@ -81,7 +124,7 @@ def _scan(samples: list[Sample], split: str, labeled: bool, spec, report: SplitR
             return None, None, None, Problem(split, sample.id, files, str(err))
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for shape, hist, note, problem in pool.map(one, samples):
+        for sample, (shape, hist, note, problem) in zip(samples, pool.map(one, samples)):
             if problem is not None:
                 report.problems.append(problem)
                 continue
@@ -90,8 +133,11 @@ def _scan(samples: list[Sample], split: str, labeled: bool, spec, report: SplitR
                 report.image_notes[note] = report.image_notes.get(note, 0) + 1
             if hist is not None:
                 report.hist += hist
-                if set(np.flatnonzero(hist).tolist()) == {0, 255}:
-                    report.binary_255 += 1
+                report.masks += 1
+                values = np.flatnonzero(hist).tolist()
+                report.binary_255 += is_binary_255(values)
+                if holds_no_label(values, spec.ignore_index):
+                    report.no_labels.append(sample.id)
 
 
 def check_files(cfg: DataConfig, workers: int) -> Report:

@@ -1,6 +1,10 @@
 """What a non-finite loss does to a run (``train.on_nonfinite``), checked where the loop reads its
 losses anyway: at log steps and before every save, never on the step itself.
 
+A batch with nothing to average a loss over (no labelled or no confident pixel) is not one: that
+loss is 0 there, counted in ``train/empty/<loss>`` (segadv/engine/losses.py), so what is checked
+here is always a loss that had pixels to average.
+
 stop (default): a NaN or infinite loss ends the run with :class:`segadv.errors.Diverged` (exit 3).
 Where a network's loss is scaled for float16, an overflow its GradScaler skipped is normal: there
 the weights decide, and the run stops only if they hold a NaN or an infinity. skip_step: each

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from segadv.engine.losses import masked_bce_with_logits, one_hot_labels
+from segadv.engine.losses import empty_selection, masked_bce_with_logits, one_hot_labels
 from segadv.engine.network import Network
 from segadv.methods.schedule import Schedule
 from segadv.monitor.profile import PhaseTimer, transfer_device
@@ -163,11 +163,12 @@ def optimizer_step(phases: PhaseTimer, net: Network) -> None:
 
 def semi_supervised_discriminator_update(phases: PhaseTimer, g: Network, d: Network, gt: Stream,
                                          probs_l: torch.Tensor, labels_l: torch.Tensor, probs_u: torch.Tensor, *,
-                                         num_classes: int, ignore_index: int) -> torch.Tensor:
+                                         num_classes: int, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
     """D on top of a self-training method, as AdvSemiSeg trains it: G's labeled maps ``probs_l``
     (on G's device; their ``labels_l`` mark the valid pixels) and unlabeled maps ``probs_u`` (on
     D's device) as fake, the ``gt`` stream's one-hot labels as real, each half weighted 1/2, one
-    forward and backward, D's step. Returns D's detached loss."""
+    forward and backward, D's step. Returns D's detached loss and its ``empty/loss_d`` (a half
+    with no valid pixel)."""
     d.module.train()
     probs_l_d = hand_over(phases, probs_l, g, d)
     _, labels_gt = gt.next()  # only its labels: D's real maps
@@ -182,7 +183,7 @@ def semi_supervised_discriminator_update(phases: PhaseTimer, g: Network, d: Netw
                                                    DiscriminatorBatch(real, GROUND_TRUTH_REAL.real, valid_gt)],
                                        weight=0.5)
     optimizer_step(phases, d)
-    return loss_d
+    return loss_d, empty_selection(valid_fake, valid_gt)
 
 
 # ---------------------------------------------------------------------------- methods

@@ -113,6 +113,11 @@ class Method(ABC):
     # of its runs, as logged tags (train/loss_d, diag/d_confidence_auroc).
     losses: ClassVar[tuple[str, ...]] = ()
     d_losses: ClassVar[tuple[str, ...]] = ()
+    # Of its losses, those averaged over a selection of pixels that may be empty (labelled,
+    # confident, mixed): each is 0 on a batch whose selection is empty, and ``__call__`` also
+    # returns ``empty/<loss>`` (segadv/engine/losses.py ``empty_selection``) wherever it returns
+    # the loss, logged as train/empty/<loss>.
+    selection_losses: ClassVar[tuple[str, ...]] = ()
     # Its D losses against the references' loss_D, the mean of D's BCE on real and fake (chance
     # ln 2): 2 where it logs their sum (the supervised method). D's health check reads its bounds
     # times this (segadv/monitor/diagnostics.py).

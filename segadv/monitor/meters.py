@@ -6,6 +6,16 @@ import time
 
 import torch
 
+# An iteration's ``empty/<loss>``: 1 where a term of <loss> averaged over no pixel (segadv/engine/
+# losses.py), so its mean over the steps since the last log line, train/empty/<loss>, is the share
+# of them. Usually 0: the console's line shows one only when it is not.
+EMPTY_PREFIX = "empty/"
+
+
+def console_losses(means: dict[str, float]) -> dict[str, float]:
+    """The means a log line shows: every one but an ``empty/<loss>`` of 0."""
+    return {name: value for name, value in means.items() if not (name.startswith(EMPTY_PREFIX) and value == 0)}
+
 
 class LossAverager:
     def __init__(self) -> None:

@@ -22,7 +22,7 @@ from segadv.config import Config
 from segadv.data.palette import palette
 from segadv.monitor.diagnostics import DHealthWatch, HealthEvent, confidence_quality
 from segadv.monitor.images import confidence_panel, confusion_panel, segmentation_panel, training_views_panel
-from segadv.monitor.meters import LossAverager, StepTimer
+from segadv.monitor.meters import LossAverager, StepTimer, console_losses
 from segadv.monitor.profile import (PhaseTimer, RunClock, RunProfile, format_profile, peak_memory_gib,
                                     profile_scalars)
 from segadv.monitor.progress import Progress
@@ -138,7 +138,7 @@ class Reporter:
             health = self.d_health.update(step, means)
             self.writer.scalars(step, {**training_scalars(means, self.parts.networks()), **perf,
                                        **self.d_health.scalars(means)})
-            self.progress.update(step, means)
+            self.progress.update(step, console_losses(means))
             self.parts.phases.resolve()  # the losses' read synced the devices
         if self.guard is not None:
             self.guard.check(step, means)

@@ -116,8 +116,9 @@ def missing_data(cfg: Config) -> list[Missing]:
 
 def check_data(cfg: Config, method: "type[Method]", world_size: int) -> "Catalog":
     """``data`` and ``target_data`` each checked against itself and listed (segadv/data/catalog.py),
-    and each of ``method``'s streams' batch against its pool as listed, on ``world_size`` ranks."""
+    each of ``method``'s streams' batch against its pool as listed, on ``world_size`` ranks, and the
+    labeled training masks surveyed: none holding a labelled pixel is a UserError naming them."""
     from segadv.data.catalog import Catalog
 
     return Catalog.for_streams(cfg.data, cfg.target_data, method.data_streams(cfg), method.stream_batch_sizes(cfg),
-                               world_size)
+                               world_size).surveyed()

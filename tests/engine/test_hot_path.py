@@ -19,27 +19,7 @@ from segadv.config import load_config
 from segadv.parallel import parse_device_map, to_device
 
 from conftest import TINY_OVERRIDES
-from helpers import FixedStream, batch
-
-HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
-              torch.Tensor.__int__, torch.Tensor.__index__}
-
-
-class NoHostReads(TorchFunctionMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.paused = False
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in HOST_READS and not self.paused:
-            raise AssertionError(f"the step reads a tensor on the host: {func.__name__}")
-        return func(*args, **(kwargs or {}))
-
-
-def exempt_optimizer_steps(parts, mode: NoHostReads) -> None:
-    for opt in (net.opt.optimizer for net in (parts.g, parts.d) if net is not None):  # the mean teacher: no D
-        opt.register_step_pre_hook(lambda *a: setattr(mode, "paused", True))
-        opt.register_step_post_hook(lambda *a: setattr(mode, "paused", False))
+from helpers import FixedStream, NoHostReads, batch, exempt_optimizer_steps
 
 
 @pytest.mark.parametrize("bfloat16", [False, True], ids=["float32", "bfloat16"])

@@ -292,10 +292,12 @@ def test_a_built_ins_iteration_is_its_declaration_with_a_call(name):
 
 
 def test_the_built_ins_declare_what_they_log():
-    """Each built-in names its losses, D's among them, and the diagnostics a grid's table reports:
-    the loop's "D wins" watch and segadv-experiment read them from the class."""
+    """Each built-in names its losses, D's among them, those over a selection of pixels (each with
+    its train/empty/<loss>), and the diagnostics a grid's table reports: the loop's "D wins" watch
+    and segadv-experiment read them from the class."""
     for cls in registry.METHODS.values():
         assert set(cls.d_losses) <= set(cls.losses)
+        assert "loss_seg" in cls.selection_losses and set(cls.selection_losses) <= set(cls.losses)
         assert all(tag.partition("/")[0] in ("train", "diag") for tag in cls.diagnostics)
         assert {tag.partition("/")[2] for tag in cls.diagnostics if tag.startswith("train/")} <= set(cls.losses)
     assert method_class("minent").d_losses == () and method_class("advent").d_losses == ("loss_d", "loss_d_aux")

@@ -139,7 +139,9 @@ def test_one_iteration_equals_the_hand_written_update(passing):
     assert_same_parameters(method.d.module, d)
     assert out["st_image_ratio"].item() == pytest.approx(passing / 3)
     assert (out["loss_st"].item() != 0) == (passing > 0)
-    assert set(out) == {"loss_seg", "loss_fm", "loss_st", "loss_d", "st_image_ratio", "d_acc_real", "d_acc_fake"}
+    assert out["empty/loss_st"].item() == (passing == 0) and out["empty/loss_seg"].item() == 0
+    assert set(out) == {"loss_seg", "loss_fm", "loss_st", "loss_d", "st_image_ratio", "d_acc_real", "d_acc_fake",
+                        "empty/loss_seg", "empty/loss_st"}
     assert all(s.drawn == 1 for s in streams.values())
 
 
@@ -158,14 +160,15 @@ def test_self_training_takes_whole_images_above_the_threshold(monkeypatch):
     monkeypatch.setattr(module, "masked_cross_entropy",
                         lambda logits, labels, ignore: (seen.append(labels.clone()), real(logits, labels, ignore))[1])
     torch.manual_seed(SEED)
-    out = method(streams, step=0)  # before st_start: the term is off
-    assert seen == [] and out["loss_st"].item() == 0.0 and out["st_image_ratio"].item() == pytest.approx(1 / 3)
+    out = method(streams, step=0)  # before st_start: the term is off (the one CE read is the labeled batch's)
+    assert len(seen) == 1 and torch.equal(seen.pop(), streams["labeled"].batch[1])
+    assert out["loss_st"].item() == 0.0 and out["st_image_ratio"].item() == pytest.approx(1 / 3)
 
     method, streams = make_method(st_start=1), make_streams()
     method.settings.threshold = threshold_between(scores, 1)
     torch.manual_seed(SEED)
     method(streams, step=1)
-    (labels,) = seen
+    _, labels = seen
     chosen = scores > method.settings.threshold
     assert chosen.sum() == 1
     assert torch.equal(labels[chosen], argmax[chosen])

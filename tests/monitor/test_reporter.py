@@ -114,6 +114,24 @@ def test_a_step_reads_nothing_and_a_log_step_writes_the_means(cfg, tmp_path, cap
     assert reporter.parts.phases.seconds["logging"] > 0
 
 
+def test_empty_selections_are_logged_as_their_share_and_shown_only_when_not_zero(cfg, tmp_path, caplog):
+    """train/empty/<loss>: the share of the steps since the last log line whose selection was empty;
+    the console's line leaves out the ones at 0."""
+    caplog.set_level(logging.INFO, logger="segadv.training.loop")
+    with reporter_for(cfg, tmp_path) as reporter:
+        reporter.begin(0, None)
+        for step, (seg, empty) in enumerate(((0.0, 1.0), (0.5, 0.0), (0.7, 0.0), (0.3, 0.0)), start=1):
+            reporter.step_done(step, {"loss_seg": torch.tensor(seg), "empty/loss_seg": torch.tensor(empty),
+                                      "empty/loss_semi": torch.tensor(0.0)}, {"labeled": 0.0})
+            if reporter.should_log(step):
+                reporter.log(step)
+    first, second = records(tmp_path)
+    assert (first["train/empty/loss_seg"], first["train/empty/loss_semi"]) == (0.5, 0.0)
+    assert (second["train/empty/loss_seg"], second["train/empty/loss_semi"]) == (0.0, 0.0)
+    assert "step 2/10 loss_seg=0.2500 empty/loss_seg=0.5000 eta" in caplog.text
+    assert "step 4/10 loss_seg=0.5000 eta" in caplog.text and "empty/loss_semi" not in caplog.text
+
+
 def test_it_logs_every_log_every_steps_and_at_the_last(cfg, tmp_path):
     with reporter_for(cfg, tmp_path) as reporter:
         assert [step for step in range(1, 11) if reporter.should_log(step)] == [2, 4, 6, 8, 10]

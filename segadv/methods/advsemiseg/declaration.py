@@ -64,6 +64,8 @@ class AdvSemiSegSpec(Method):
     losses = ("loss_seg", "loss_adv", "loss_d", "loss_semi", "loss_semi_adv", "semi_pixel_ratio", "d_acc_real",
               "d_acc_fake")
     d_losses = ("loss_d",)
+    # the labeled batch's labelled pixels; D's: the gt batch's and G's maps'; the confident unlabeled pixels
+    selection_losses = ("loss_seg", "loss_adv", "loss_d", "loss_semi")
     # diag/: at evaluations, from its panel's D confidence (does D know which of G's pixels are right?)
     diagnostics = ("train/loss_seg", "train/loss_d", "train/d_acc_real", "train/d_acc_fake", "train/semi_pixel_ratio",
                    "diag/d_confidence_auroc", "diag/d_mask_precision")

@@ -22,10 +22,9 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 import torch
-import torch.nn.functional as F
 
 from segadv.data.streams import Stream
-from segadv.engine.losses import masked_cross_entropy, pseudo_labels
+from segadv.engine.losses import EMPTY_PREFIX, empty_selection, masked_cross_entropy, pseudo_labels
 from segadv.engine.network import Network
 from segadv.methods.adversarial import (
     GROUND_TRUTH_REAL as LABELS,
@@ -92,19 +91,20 @@ class AdvSemiSeg(AdvSemiSegSpec, LabeledAdversarial):
         with phase("g_fwd_bwd", g.device):
             logits = generator_logits(g, images)
             logits_l, logits_u = logits[:n_l], logits[n_l:]
-            loss_seg = F.cross_entropy(logits_l, labels_l, ignore_index=ignore)
+            loss_seg = masked_cross_entropy(logits_l, labels_l, ignore)
             probs = logits.softmax(dim=1)
         probs_d = hand_over(self.phases, probs, g, d)
         with phase("g_fwd_bwd", g.device):
             loss = loss_seg
             # Terms that are off report 0, each on the device its live value would be on.
-            loss_adv = loss_semi_adv = torch.zeros((), device=d.device)
-            loss_semi = semi_ratio = torch.zeros((), device=g.device)
+            loss_adv = loss_semi_adv = empty_adv = torch.zeros((), device=d.device)
+            loss_semi = semi_ratio = empty_semi = torch.zeros((), device=g.device)
+            empty_l = empty_selection(valid_l_d)  # the labeled batch's labelled pixels
             adversarial = self.adversarial_active(step)
             if adversarial or use_unlabeled:
                 d_out = discriminator_view(d, probs_d)
                 if adversarial:
-                    loss_adv = gan_loss(d_out[:n_l], LABELS.real, valid_l_d)
+                    loss_adv, empty_adv = gan_loss(d_out[:n_l], LABELS.real, valid_l_d), empty_l
                     loss = loss + self.lambda_adv * to_device(loss_adv, g.device)
             if use_unlabeled:
                 d_out_u = d_out[n_l:]
@@ -117,6 +117,7 @@ class AdvSemiSeg(AdvSemiSegSpec, LabeledAdversarial):
                 semi_ratio = (pseudo != ignore).float().mean()
                 if self.semi_active(step):
                     loss_semi = masked_cross_entropy(logits_u, pseudo, ignore)
+                    empty_semi = empty_selection(pseudo != ignore)
                     loss = loss + self.settings.lambda_semi * loss_semi
             g.opt.backward(loss)
         optimizer_step(self.phases, g)
@@ -140,6 +141,10 @@ class AdvSemiSeg(AdvSemiSegSpec, LabeledAdversarial):
             "semi_pixel_ratio": semi_ratio,
             "d_acc_real": d_accuracy(logits_real, LABELS.real, valid_gt),
             "d_acc_fake": d_accuracy(logits_fake, LABELS.fake, valid_fake),
+            EMPTY_PREFIX + "loss_seg": empty_l,
+            EMPTY_PREFIX + "loss_adv": empty_adv,
+            EMPTY_PREFIX + "loss_d": empty_selection(valid_gt, valid_fake),
+            EMPTY_PREFIX + "loss_semi": empty_semi,
         }
 
     @torch.no_grad()

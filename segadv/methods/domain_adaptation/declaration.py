@@ -60,6 +60,7 @@ class DomainAdaptationSpec(Method):
     # The main level's adversarial weight (the aux level's: lambda_adv_aux): AdaptSegNet's and
     # ADVENT's --lambda-adv-target2 / TRAIN.LAMBDA_ADV_MAIN.
     lambda_adv_default = 0.001
+    selection_losses = ("loss_seg", "loss_seg_aux")  # the source batch's labelled pixels
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from segadv.data.streams import Stream
+from segadv.engine.losses import EMPTY_PREFIX, empty_selection, masked_cross_entropy
 from segadv.engine.network import Network
 from segadv.methods.adversarial import (
     SOURCE_REAL as LABELS,
@@ -176,11 +177,13 @@ class DomainAdaptation:
         # backward per forward). The gradients add up; one step follows.
         with phase("g_fwd_bwd", g.device):
             logits = self.generator_levels(images_s)
-            loss = F.cross_entropy(logits["main"], labels_s, ignore_index=self.ignore_index)
+            loss = masked_cross_entropy(logits["main"], labels_s, self.ignore_index)
             losses["loss_seg"] = loss.detach()
+            losses[EMPTY_PREFIX + "loss_seg"] = empty_source = empty_selection(labels_s != self.ignore_index)
             if self.multi_level:
-                loss_seg_aux = F.cross_entropy(logits["aux"], labels_s, ignore_index=self.ignore_index)
+                loss_seg_aux = masked_cross_entropy(logits["aux"], labels_s, self.ignore_index)
                 losses["loss_seg_aux"] = loss_seg_aux.detach()
+                losses[EMPTY_PREFIX + "loss_seg_aux"] = empty_source
                 loss = loss + s.lambda_seg_aux * loss_seg_aux
         with torch.no_grad():  # D's source half, from G before its step
             source_maps = {level.name: self.discriminator_maps(level, logits[level.name]) for level in adversarial}

@@ -98,6 +98,9 @@ class MeanTeacherSpec(Method):
     streams = SEMI_STREAMS + (GT_STREAM,) + ADAPTATION_STREAMS  # every stream it may draw; data_streams: which
     losses = ("loss_seg", "loss_unsup", "pseudo_confidence", "loss_adv", "loss_d")
     d_losses = ("loss_d",)
+    # the labeled/source batch's labelled pixels; the mixed image's labelled pixels of non-zero
+    # weight; D's (semi-supervised): the gt batch's and G's labeled maps'
+    selection_losses = ("loss_seg", "loss_unsup", "loss_d")
     # G's aux head (configs/uda.yaml's) is accepted and carried at weight 0: the teacher and the
     # losses read the main output, as the references' one-output DeepLab-v2.
     trains_aux_output = True

@@ -28,11 +28,11 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 import torch
-import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from segadv.data.resumable import derived_seed
 from segadv.data.streams import Stream
+from segadv.engine.losses import EMPTY_PREFIX, empty_selection, masked_cross_entropy
 from segadv.engine.network import Network
 from segadv.errors import UserError
 from segadv.methods import mixing
@@ -140,10 +140,11 @@ class MeanTeacher(MeanTeacherSpec):
         # ---- the supervised loss on the labeled/source batch (its forward, then its backward)
         with phase("g_fwd_bwd", g.device):
             logits_l, unused = self.student(images_l)
-            loss_seg = F.cross_entropy(logits_l, labels_l, ignore_index=self.ignore_index)
+            loss_seg = masked_cross_entropy(logits_l, labels_l, self.ignore_index)
             probs_l = logits_l.detach().softmax(dim=1)  # D's labeled/source maps
             g.opt.backward(loss_seg + unused)
         losses["loss_seg"] = loss_seg.detach()
+        losses[EMPTY_PREFIX + "loss_seg"] = empty_selection(labels_l != self.ignore_index)
 
         # ---- the teacher's pseudo labels on the unmixed unlabeled/target images
         pseudo, confidence = self.pseudo_labels(images_u)
@@ -180,12 +181,15 @@ class MeanTeacher(MeanTeacherSpec):
             loss_unsup = mixing.pixel_weighted_cross_entropy(logits_m, mixed_labels, pixel_weight, self.ignore_index)
             g.opt.backward(s.lambda_unsup * loss_unsup + unused)
         losses["loss_unsup"] = loss_unsup.detach()
+        # its mean is over every pixel (DACS's): defined when none has a label of non-zero weight, and then 0
+        losses[EMPTY_PREFIX + "loss_unsup"] = empty_selection((mixed_labels != self.ignore_index) & (pixel_weight > 0))
         optimizer_step(self.phases, g)
         if g.opt.micro_batches == 0:  # G stepped (the last micro-batch of an accumulated step)
             self.update_teacher(step)
 
         if adversarial:
-            losses["loss_d"] = self.update_discriminator(streams, probs_l, labels_l, probs_u_d.detach())
+            losses["loss_d"], losses[EMPTY_PREFIX + "loss_d"] = self.update_discriminator(
+                streams, probs_l, labels_l, probs_u_d.detach())
         return losses
 
     def student(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float]:
@@ -230,11 +234,11 @@ class MeanTeacher(MeanTeacherSpec):
     # ------------------------------------------------------------------ D on top
 
     def update_discriminator(self, streams: Mapping[str, Stream], probs_l: torch.Tensor, labels_l: torch.Tensor,
-                             probs_u: torch.Tensor) -> torch.Tensor:
+                             probs_u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """D's update as the method it comes from: AdvSemiSeg's (G's labeled and unlabeled maps as
         fake against the ``gt`` stream's one-hot labels as real) or AdaptSegNet's (source maps real,
         target maps fake, each its own forward and backward); each half weighted 1/2. Returns D's
-        detached loss."""
+        detached loss and its ``empty/loss_d`` (AdaptSegNet's halves average over every pixel: 0)."""
         d = self.d
         if self.adapts:
             d.module.train()
@@ -244,6 +248,6 @@ class MeanTeacher(MeanTeacherSpec):
             loss_target, _ = discriminator_backward(self.phases, d, [DiscriminatorBatch(probs_u, self.d_labels.fake)],
                                                     weight=0.5)
             optimizer_step(self.phases, d)
-            return loss_source + loss_target
+            return loss_source + loss_target, torch.zeros((), device=d.device)
         return semi_supervised_discriminator_update(self.phases, self.g, d, streams["gt"], probs_l, labels_l, probs_u,
                                                     num_classes=self.num_classes, ignore_index=self.ignore_index)

@@ -56,6 +56,7 @@ class S4GanSpec(Method):
                         "weighted by method.s4gan.lambda_fm"
     losses = ("loss_seg", "loss_fm", "loss_st", "loss_d", "st_image_ratio", "d_acc_real", "d_acc_fake")
     d_losses = ("loss_d",)
+    selection_losses = ("loss_seg", "loss_st")  # the labeled batch's labelled pixels; the selected images'
     diagnostics = ("train/loss_seg", "train/loss_d", "train/d_acc_real", "train/d_acc_fake", "train/st_image_ratio")
 
     @classmethod

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from segadv.data.streams import Stream
-from segadv.engine.losses import masked_cross_entropy, one_hot_labels
+from segadv.engine.losses import EMPTY_PREFIX, empty_selection, masked_cross_entropy, one_hot_labels
 from segadv.engine.network import Network
 from segadv.methods.adversarial import (
     GROUND_TRUTH_REAL as LABELS,
@@ -104,7 +104,7 @@ class S4Gan(S4GanSpec):
         # ---- G, with D frozen: the labeled CE (forward, backward), then the unlabeled terms
         # (forward, backward); the gradients add up, one step follows.
         with phase("g_fwd_bwd", g.device):
-            loss_seg = F.cross_entropy(generator_logits(g, images_l), labels_l, ignore_index=ignore)
+            loss_seg = masked_cross_entropy(generator_logits(g, images_l), labels_l, ignore)
             g.opt.backward(loss_seg)
             logits_u = generator_logits(g, images_u)
             probs_u = logits_u.softmax(dim=1)
@@ -120,9 +120,10 @@ class S4Gan(S4GanSpec):
             scores = to_device(torch.sigmoid(fake_logits.detach().float()).squeeze(1), g.device)
             pseudo, selected = selected_pseudo_labels(logits_u, scores, s.threshold, ignore)
             loss = s.lambda_fm * to_device(loss_fm, g.device)
-            loss_st = torch.zeros((), device=g.device)  # 0 while off
+            loss_st = empty_st = torch.zeros((), device=g.device)  # 0 while off
             if self.st_active(step):
                 loss_st = masked_cross_entropy(logits_u, pseudo, ignore)
+                empty_st = empty_selection(selected)
                 loss = loss + s.lambda_st * loss_st
             g.opt.backward(loss)
         optimizer_step(self.phases, g)
@@ -141,4 +142,6 @@ class S4Gan(S4GanSpec):
             "st_image_ratio": selected.float().mean(),
             "d_acc_real": d_accuracy(logits_real, LABELS.real),
             "d_acc_fake": d_accuracy(logits_fake, LABELS.fake),
+            EMPTY_PREFIX + "loss_seg": empty_selection(labels_l != ignore),
+            EMPTY_PREFIX + "loss_st": empty_st,
         }

@@ -32,6 +32,7 @@ class SupervisedSpec(Method):
     streams = (StreamSpec("labeled", "labeled"),)
     losses = ("loss_seg", "loss_adv", "loss_d", "d_acc_real", "d_acc_fake")
     d_losses = ("loss_d",)
+    selection_losses = ("loss_seg", "loss_adv", "loss_d")  # the labeled batch's labelled pixels, each
     d_loss_scale = 2.0  # loss_d is the sum of D's BCE on real and fake (weight 1 each): chance 2 ln 2
     diagnostics = ("train/loss_seg", "train/loss_d", "train/d_acc_real", "train/d_acc_fake")
 

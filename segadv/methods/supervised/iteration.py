@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import torch
-import torch.nn.functional as F
 
 from segadv.data.streams import Stream
+from segadv.engine.losses import EMPTY_PREFIX, empty_selection, masked_cross_entropy
 from segadv.methods.adversarial import (
     GROUND_TRUTH_REAL as LABELS,
     LabeledAdversarial,
@@ -37,10 +37,12 @@ class StepLosses:
     loss_d: torch.Tensor
     d_acc_real: torch.Tensor  # D's accuracy on the one-hot maps (valid pixels), in its update
     d_acc_fake: torch.Tensor  # and on G's maps
+    empty: torch.Tensor  # 1 where the batch had no labelled pixel: every loss above averaged over none
 
     def as_dict(self) -> dict[str, torch.Tensor]:
-        return {"loss_seg": self.loss_seg, "loss_adv": self.loss_adv, "loss_d": self.loss_d,
-                "d_acc_real": self.d_acc_real, "d_acc_fake": self.d_acc_fake}
+        losses = {"loss_seg": self.loss_seg, "loss_adv": self.loss_adv, "loss_d": self.loss_d,
+                  "d_acc_real": self.d_acc_real, "d_acc_fake": self.d_acc_fake}
+        return {**losses, **{EMPTY_PREFIX + name: self.empty for name in SupervisedSpec.selection_losses}}
 
 
 class Supervised(SupervisedSpec, LabeledAdversarial):
@@ -59,7 +61,7 @@ class Supervised(SupervisedSpec, LabeledAdversarial):
             # Same value G's update would have seen: D was frozen there and G's output is the same.
             loss_adv = gan_loss(fake_logits, LABELS.real, valid_d)
         return StepLosses(loss_seg, loss_adv, loss_d, d_accuracy(real_logits, LABELS.real, valid_d),
-                          d_accuracy(fake_logits, LABELS.fake, valid_d))
+                          d_accuracy(fake_logits, LABELS.fake, valid_d), empty_selection(valid_d))
 
     def update_generator(
         self, images: torch.Tensor, labels: torch.Tensor, valid_d: torch.Tensor, step: int
@@ -68,7 +70,7 @@ class Supervised(SupervisedSpec, LabeledAdversarial):
         (None while the adversarial term is off)."""
         with self.phases.phase("g_fwd_bwd", self.g.device):
             logits = generator_logits(self.g, images)
-            loss_seg = F.cross_entropy(logits, labels, ignore_index=self.ignore_index)
+            loss_seg = masked_cross_entropy(logits, labels, self.ignore_index)
             probs = logits.softmax(dim=1)
         probs_d = hand_over(self.phases, probs, self.g, self.d)
         with self.phases.phase("g_fwd_bwd", self.g.device):

@@ -77,6 +77,9 @@ class UniMatchSpec(Method):
     streams = STREAMS + (MIX_STREAM, GT_STREAM)  # every stream it may draw; data_streams: which
     losses = ("loss_seg", "loss_strong", "loss_fp", "pseudo_confidence", "loss_adv", "loss_d")
     d_losses = ("loss_d",)
+    # the labeled batch's labelled pixels; the confident pixels of the strong views and of V1's
+    # perturbed stream; D's: the gt batch's and G's labeled maps'
+    selection_losses = ("loss_seg", "loss_strong", "loss_fp", "loss_d")
     diagnostics = ("train/loss_seg", "train/loss_strong", "train/pseudo_confidence", "train/loss_d")
 
     @classmethod

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from segadv.data.resumable import derived_seed
 from segadv.data.streams import Stream
+from segadv.engine.losses import EMPTY_PREFIX, empty_selection, masked_cross_entropy
 from segadv.engine.network import Network
 from segadv.errors import UserError
 from segadv.methods import mixing
@@ -158,7 +159,7 @@ class UniMatch(UniMatchSpec):
         with phase("g_fwd_bwd", g.device):
             if self.v2:
                 logits_x = generator_logits(g, images_x)
-                loss_x = F.cross_entropy(logits_x, labels_x, ignore_index=self.ignore_index)
+                loss_x = masked_cross_entropy(logits_x, labels_x, self.ignore_index)
                 g.opt.backward(loss_x / 2.0)
             else:
                 scales = views.dropout_scales(len(images_x) + batch, self.feature_channels, self.generator, g.device)
@@ -168,7 +169,7 @@ class UniMatch(UniMatchSpec):
                 logits_x, logits_w = clean.float().split([len(images_x), batch])
                 logits_fp = perturbed.float()[len(images_x):]
                 confidence_w, pseudo_w = mixing.teacher_confidence(logits_w)
-                loss_x = F.cross_entropy(logits_x, labels_x, ignore_index=self.ignore_index)
+                loss_x = masked_cross_entropy(logits_x, labels_x, self.ignore_index)
                 loss_fp = confident_cross_entropy(logits_fp, pseudo_w, confidence_w, self.settings.confidence)
                 loss = (loss_x + self.weights["fp"] * loss_fp) / 2.0
                 if self.adversarial(step):
@@ -177,8 +178,10 @@ class UniMatch(UniMatchSpec):
                     losses["loss_adv"] = loss_adv.detach()
                 g.opt.backward(loss)
                 losses["loss_fp"] = loss_fp.detach()
+                losses[EMPTY_PREFIX + "loss_fp"] = empty_selection(confidence_w >= self.settings.confidence)
             probs_x = logits_x.detach().softmax(dim=1)  # D's labeled maps
         losses["loss_seg"] = loss_x.detach()
+        losses[EMPTY_PREFIX + "loss_seg"] = empty_selection(labels_x != self.ignore_index)
 
         # ---- the pseudo labels of each view: the weak view's, the pasted image's inside the box
         with torch.no_grad():
@@ -203,6 +206,7 @@ class UniMatch(UniMatchSpec):
             loss_s2 = confident_cross_entropy(logits_s2, pseudo[1], confidence[1], threshold)
             g.opt.backward(self.weights["strong"] * (loss_s1 + loss_s2) / 2.0)
         losses["loss_strong"] = ((loss_s1 + loss_s2) / 2.0).detach()
+        losses[EMPTY_PREFIX + "loss_strong"] = empty_selection(confident, confidence[1] >= threshold)
 
         if self.v2 and self.adversarial(step):  # V2's student never predicts the weak view: D's own forward
             with phase("g_fwd_bwd", g.device):
@@ -214,7 +218,7 @@ class UniMatch(UniMatchSpec):
             self.update_teacher(step)
 
         if self.adversarial(step):
-            losses["loss_d"] = semi_supervised_discriminator_update(
+            losses["loss_d"], losses[EMPTY_PREFIX + "loss_d"] = semi_supervised_discriminator_update(
                 self.phases, g, self.d, streams["gt"], probs_x, labels_x, probs_u,
                 num_classes=self.num_classes, ignore_index=self.ignore_index)
         return losses
