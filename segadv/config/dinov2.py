@@ -57,6 +57,16 @@ class DinoV2Config(GeneratorConfig):
             raise ValueError("dinov2 has no aux output (multi-level adaptation needs a DeepLab arch)")
         return value
 
+    @field_validator("layers")
+    @classmethod
+    def _shallow_to_deep(cls, layers: Optional[list[int]]) -> Optional[list[int]]:
+        # The head fuses its four maps coarse to fine as they come (segadv/models/vit/dpt.py): read
+        # in another order, a deep block would take a shallow one's branch and train as it.
+        if layers is not None and any(later < earlier for earlier, later in zip(layers, layers[1:])):
+            raise ValueError(f"{layers} is not in order: the head reads its four blocks shallow to deep, each index "
+                             f"at least the one before, e.g. {sorted(layers)}")
+        return layers
+
     @field_validator("norm")
     @classmethod
     def _no_batchnorm(cls, value: str) -> str:
