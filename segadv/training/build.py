@@ -15,6 +15,7 @@ from torch import nn
 
 from segadv.checkpoint import load_encoder_weights
 from segadv.config import Config
+from segadv.config.archs import generator_arch, resolve
 from segadv.config.roles import ROLES, built_as, role, setting
 from segadv.config.schema import (
     DataConfig,
@@ -31,7 +32,7 @@ from segadv.data.listing import Listed
 from segadv.engine.accumulation import Accumulation
 from segadv.engine.amp_optimizer import AmpOptimizer, resolve_auto, uses_float16
 from segadv.engine.network import Network
-from segadv.engine.optim import build_optimizer, build_poly_scheduler, poly_horizon
+from segadv.engine.optim import build_optimizer, build_poly_scheduler, check_groups, poly_horizon
 from segadv.errors import UserError
 from segadv.methods import Method, method_class
 from segadv.models import build_discriminator, build_generator
@@ -80,6 +81,7 @@ class Role:
     # Trained by a backward and an optimizer step (RoleSpec.trained); else no optimizer, no
     # GradScaler, no gradient-syncing wrapper, no gradients: its method updates it (the teacher).
     trained: bool = True
+    horizon: int | None = None  # the steps its poly schedule decays over (trained only; poly_horizon)
 
 
 @dataclass
@@ -191,6 +193,7 @@ class CheckedRole:
     compiled: bool
     sync_bn: bool
     trained: bool
+    horizon: int | None  # the steps its poly schedule decays over (None: untrained, no schedule)
 
 
 @dataclass(frozen=True)
@@ -224,13 +227,23 @@ def check_build(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) ->
 
 
 def check_role(cfg: Config, name: str, device_map: DeviceMap, env: DistEnv, micro_batch: int) -> CheckedRole:
-    """One network's checks and decisions before it is built: a D's depth against its input, its
-    wrapper against its devices and the launch, the micro-batch over its replicas, its compile
+    """One network's checks and decisions before it is built: G's settings as its arch's builder
+    would refuse them (``check``, where the builder has one: a DeepLab's encoder name) and its
+    optimizer's groups against its arch, a D's depth against its input, its schedule's horizon,
+    its wrapper against its devices and the launch, the micro-batch over its replicas, its compile
     and G's SyncBatchNorm."""
     generator = built_as(name) == "generator"
     trained = role(name).trained
-    if not generator:
+    if generator:
+        row = generator_arch(cfg.model.generator.arch)
+        check = getattr(resolve(row.builder), "check", None)
+        if check is not None:
+            check(cfg.model.generator)
+        if trained:
+            check_groups(setting(cfg.optim, name), row)
+    else:
         check_discriminator_input(cfg, setting(cfg.model, name), f"model.{name}")
+    horizon = poly_horizon(setting(cfg.optim, name), cfg.train.max_steps, name) if trained else None
     devices = device_map.devices_of(name)
     # An untrained network has no gradients to sync: under DDP each rank holds its own copy,
     # kept equal by its method (the teacher: an EMA of G's synced weights).
@@ -248,7 +261,7 @@ def check_role(cfg: Config, name: str, device_map: DeviceMap, env: DistEnv, micr
         raise UserError("parallel.sync_bn needs the generator under DDP (a multi-process launch)")
     if sync_bn and devices[0].type != "cuda":
         raise UserError("parallel.sync_bn needs the generator on CUDA (SyncBatchNorm has no CPU kernel)")
-    return CheckedRole(name, devices, mode, checkpointing, compiled, sync_bn, trained)
+    return CheckedRole(name, devices, mode, checkpointing, compiled, sync_bn, trained, horizon)
 
 
 def network_roles(cfg: Config, device_map: DeviceMap, env: DistEnv, checked: Checked) -> tuple[Role, ...]:
@@ -268,7 +281,7 @@ def network_roles(cfg: Config, device_map: DeviceMap, env: DistEnv, checked: Che
             checkpointing=decided.checkpointing, compiled=decided.compiled,
             build=generator_model if generator else build_discriminator, broadcast_buffers=generator,
             loss_scaling=(uses_float16(own.amp) or through_float16) if generator else None, sync_bn=decided.sync_bn,
-            trained=decided.trained))
+            trained=decided.trained, horizon=decided.horizon))
     return tuple(roles)
 
 
@@ -280,13 +293,13 @@ def generator_model(cfg: GeneratorConfig, num_classes: int) -> nn.Module:
 
 
 def build_amp_optimizer(
-    model: nn.Module, optim: OptimizerConfig, amp: NetworkAmpConfig, device: torch.device, max_steps: int,
+    model: nn.Module, optim: OptimizerConfig, amp: NetworkAmpConfig, device: torch.device, horizon: int,
     lr_multiplier: float = 1.0, loss_scaling: bool | None = None, name: str = "network",
     skip_nonfinite: bool = False, accumulation_steps: int = 1,
 ) -> AmpOptimizer:
+    """``horizon``: the steps the poly schedule decays over (``poly_horizon``, checked at start)."""
     optimizer = build_optimizer(model, optim.model_copy(update={"lr": optim.lr * lr_multiplier}))
-    scheduler = build_poly_scheduler(optimizer, poly_horizon(optim, max_steps, name), optim.poly_power,
-                                     optim.warmup_steps)
+    scheduler = build_poly_scheduler(optimizer, horizon, optim.poly_power, optim.warmup_steps)
     return AmpOptimizer(optimizer, scheduler, device, amp, loss_scaling, name, skip_nonfinite, accumulation_steps)
 
 
@@ -328,7 +341,7 @@ def build_network(cfg: Config, env: DistEnv, role: Role, model: nn.Module) -> Ne
     if not role.trained:
         return Network(role.name, wrapped, None, role.devices, amp=own.amp)
     lr_multiplier = float(env.world_size) if cfg.train.lr_scaling == "linear" else 1.0
-    opt = build_amp_optimizer(model, own.optim, own.amp, role.devices[0], cfg.train.max_steps, lr_multiplier,
+    opt = build_amp_optimizer(model, own.optim, own.amp, role.devices[0], role.horizon, lr_multiplier,
                               loss_scaling=role.loss_scaling, name=role.name,
                               skip_nonfinite=cfg.train.on_nonfinite == "skip_step",
                               accumulation_steps=cfg.train.accumulation_steps)

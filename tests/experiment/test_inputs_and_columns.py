@@ -117,6 +117,26 @@ def test_every_row_goes_through_its_trainers_start_checks_before_any_run(tmp_pat
     assert f"row 'proxy watched': {err.value}" in lines[4]
 
 
+def test_what_the_build_would_refuse_from_the_config_alone_is_a_start_check_too(tmp_path, monkeypatch, capsys, no_runs):
+    """An encoder smp does not have, a poly horizon short of train.max_steps, layer_decay on an arch
+    that numbers no layers: each found at start, before a network is built, so the dry run names
+    them as the trainer's start would."""
+    monkeypatch.chdir(tmp_path)
+    grid = write_grid(tmp_path / "grid.yaml", rows=[
+        {"name": "typo", "config": DEFAULT, "overrides": ["model.generator.encoder=resnet19"]},
+        {"name": "short", "config": DEFAULT, "overrides": ["train.max_steps=10", "optim.discriminator.poly_horizon=5"]},
+        {"name": "decay", "config": DEFAULT, "overrides": ["optim.generator.layer_decay=0.5"]}])
+    assert experiment.main(["run", str(grid), "--out", "out", "--dry-run"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1].startswith("row 'typo': model.generator.encoder: 'resnet19' is not one of "
+                               "segmentation-models-pytorch's") and "did you mean 'resnet18'" in lines[1]
+    assert lines[2] == ("row 'short': optim.discriminator.poly_horizon: 5 is short of train.max_steps 10 (the steps "
+                        "after it would train at lr 0); give at least max_steps, or null")
+    assert lines[3] == ("row 'decay': optim.generator.layer_decay=0.5: arch deeplabv3plus numbers no encoder layers; "
+                        "leave it at 1.0")
+    assert not (tmp_path / "out").exists()
+
+
 def test_with_its_inputs_there_the_dry_run_prints_commands_a_shell_takes(tmp_path, monkeypatch, capsys, no_runs):
     monkeypatch.chdir(tmp_path)
     checkpoint = tmp_path / "runs" / "pretext" / "checkpoints" / "last.pt"
