@@ -507,9 +507,10 @@ def input_fix(inputs: ImageInputs, height: int, width: int, divisor: int) -> str
         return max(round(side / divisor), -(-least // divisor), 1) * divisor
 
     key = inputs.key
-    if inputs.split == "train":
-        return (f"crop or resize them to a multiple in {key}.train_transforms, e.g. {{name: RandomCrop, height: "
-                f"{multiple(height)}, width: {multiple(width)}}}")
+    if inputs.split == "train":  # a crop no larger than the images, or where they are smaller, a resize
+        step = "RandomCrop" if min(height, width) >= divisor else "Resize"
+        return (f"crop or resize them to a multiple in {key}.train_transforms, e.g. {{name: {step}, height: "
+                f"{max(height // divisor, 1) * divisor}, width: {max(width // divisor, 1) * divisor}}}")
     return (f"set {key}.val_input_size: [{multiple(width, 16)}, {multiple(height, 16)}] (G predicts at that size, its "
             f"output upsampled to the labels), or pad the val images to a multiple: {key}.val_transforms: [..., "
             f"{{name: PadIfNeeded, min_height: null, min_width: null, pad_height_divisor: {divisor}, pad_width_divisor: "
