@@ -5,10 +5,11 @@
     segadv-experiment --list-grids
 
 ``run``: NAME is a shipped grid (``semi``: configs/experiments/semi.yaml, segadv/experiment/grid.py
-gives the format). The whole grid is checked first (every row's config, seeds in range, and the
-files and data each run still to run reads: warm starts, local encoder weights, data roots and the
-folders their layout reads): a mistake or a missing file anywhere exits 2, naming each with its rows,
-before any run starts; ``--dry-run`` makes the same check, then prints the commands. Runs go one after another, each in ``OUT/<row>/seed<k>`` through
+gives the format). The whole grid is checked first (every row's config, seeds in range, and each
+run still to run through its trainer's own start checks, segadv/training/preflight.py: the config's,
+the warm starts and local encoder weights, the data roots and the folders their layout reads, the
+batches and the input sizes): a mistake or a missing file anywhere exits 2, naming each with its
+rows, before any run starts; ``--dry-run`` makes the same check, then prints the commands. Runs go one after another, each in ``OUT/<row>/seed<k>`` through
 ``segadv-train`` in a subprocess (its log in ``experiment.log`` there); a run is finished when its
 ``status.json`` says so (segadv/experiment/launcher.py). The table goes to ``OUT/results.md`` and
 ``OUT/results.json`` (segadv/experiment/results.py): per run the final and the best val mIoU, per
@@ -52,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help="output directory (default: runs/experiments/<name>)")
     run.add_argument("--seeds", type=int, nargs="+", help="override the grid's seeds (every row's)")
     run.add_argument("--dry-run", action="store_true",
-                     help="check the grid and the files and data its runs read (exit 2 naming what is missing), "
-                          "print the commands, run nothing")
+                     help="check the grid and put each run through its trainer's start checks (exit 2 naming "
+                          "every problem), print the commands, run nothing")
     run.add_argument("--table-only", action="store_true", help="write the table from finished runs")
     run.add_argument("--baseline", metavar="ROW",
                      help="compare every other row with ROW instead of the grid's baselines; the table goes to "

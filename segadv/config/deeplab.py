@@ -32,6 +32,7 @@ class DeepLabConfig(GeneratorConfig):
     """A DeepLab G on an smp encoder: the keys its three archs share."""
 
     limits: ClassVar[DeepLabLimits]
+    divisible_input: ClassVar[bool] = True  # smp's models check their input's sides against the encoder's stride
 
     encoder: str = Field("resnet18", min_length=1, description="smp encoder name, e.g. resnet18, resnet101, mobilenet_v2")
     encoder_depth: int = Field(
@@ -61,11 +62,28 @@ class DeepLabConfig(GeneratorConfig):
     def summary(self) -> dict[str, Any]:
         return {"arch": self.arch, "encoder": self.encoder, "output_stride": self.output_stride}
 
+    @property
+    def encoder_stride(self) -> int:
+        """The encoder's last map's stride: 2 per stage up to ``output_stride`` (dilated beyond) or
+        ``encoder_depth`` stages (smp's ``encoder.output_stride``)."""
+        return min(2 ** self.encoder_depth, self.output_stride)
+
+    @property
+    def input_divisor(self) -> int:
+        """smp's DeepLabV3 and V3+ take sides divisible by the encoder's stride (their forward's
+        ``check_input_shape``); DeepLab-v2 any size."""
+        return self.encoder_stride if self.divisible_input else 1
+
+    @property
+    def input_requirement(self) -> str:
+        return (f"the encoder's stride {self.input_divisor}, which smp's {self.arch} needs (model.generator.arch="
+                f"{self.arch}, encoder_depth={self.encoder_depth}, output_stride={self.output_stride})")
+
     def deepest_map(self, height: int, width: int) -> tuple[int, int]:
         """The encoder's last map: each stride-2 step halves a side rounding up (smp's padded
-        convolutions), up to ``output_stride`` (dilated beyond) or ``encoder_depth`` stages; the
-        caffe layout's max-pool rounds up from one pixel less (``ceil_mode``, no padding)."""
-        stride = min(2 ** self.encoder_depth, self.output_stride)
+        convolutions), up to :attr:`encoder_stride`; the caffe layout's max-pool rounds up from one
+        pixel less (``ceil_mode``, no padding)."""
+        stride = self.encoder_stride
 
         def side(n: int) -> int:
             if self.layout != "caffe":
@@ -132,6 +150,7 @@ class DeepLabV2Config(DeepLabConfig):
     # its own rates (aspp_v2_rates); the references' Caffe layout: any input size, their weights
     limits: ClassVar[DeepLabLimits] = DeepLabLimits(min_encoder_depth=1, atrous_rates=None, layouts=("smp", "caffe"))
     pools_the_image: ClassVar[bool] = False  # a classifier of dilated convolutions, no image pooling
+    divisible_input: ClassVar[bool] = False  # any size (segadv/models/deeplabv2.py)
 
 
 # smp init kwarg -> the config key that sets it (an smp save_pretrained directory's config.json);

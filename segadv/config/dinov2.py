@@ -10,7 +10,6 @@ from typing import Annotated, ClassVar, Literal, Optional
 from pydantic import Field, field_validator
 
 from segadv.config.generator_section import GeneratorConfig, arch_field
-from segadv.errors import UserError
 
 PATCH = 14  # DINOv2's patch: an input side must be a multiple of it
 DINOV2_ENCODERS = tuple(f"vit_{size}_patch14{reg}_dinov2" for size in ("small", "base", "large") for reg in ("", "_reg4"))
@@ -57,6 +56,16 @@ class DinoV2Config(GeneratorConfig):
             raise ValueError("dinov2 has no aux output (multi-level adaptation needs a DeepLab arch)")
         return value
 
+    @field_validator("layers")
+    @classmethod
+    def _shallow_to_deep(cls, layers: Optional[list[int]]) -> Optional[list[int]]:
+        # The head fuses its four maps coarse to fine as they come (segadv/models/vit/dpt.py): read
+        # in another order, a deep block would take a shallow one's branch and train as it.
+        if layers is not None and any(later < earlier for earlier, later in zip(layers, layers[1:])):
+            raise ValueError(f"{layers} is not in order: the head reads its four blocks shallow to deep, each index "
+                             f"at least the one before, e.g. {sorted(layers)}")
+        return layers
+
     @field_validator("norm")
     @classmethod
     def _no_batchnorm(cls, value: str) -> str:
@@ -64,12 +73,14 @@ class DinoV2Config(GeneratorConfig):
             raise ValueError("dinov2 has no BatchNorm to freeze (its LayerNorms always train)")
         return value
 
-    def check_input_size(self, height: int, width: int, source: str) -> None:
+    @property
+    def input_divisor(self) -> int:
         """The encoder cuts the input into 14-pixel patches: both sides must be multiples."""
-        if height % PATCH or width % PATCH:
-            raise UserError(f"{source}: {height}x{width} is not a multiple of DINOv2's patch size {PATCH} "
-                            f"(model.generator.arch=dinov2); use e.g. {height - height % PATCH or PATCH}x"
-                            f"{width - width % PATCH or PATCH}")
+        return PATCH
+
+    @property
+    def input_requirement(self) -> str:
+        return f"DINOv2's patch size {PATCH} (model.generator.arch=dinov2)"
 
     def summary(self) -> dict[str, object]:
         return {"arch": self.arch, "encoder": self.encoder}

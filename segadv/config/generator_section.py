@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal, Mapping, Optional
 from pydantic import Field, create_model, field_validator, model_validator
 
 from segadv.config.section import Section, registered_choice
+from segadv.errors import UserError
 
 ARCH_TABLE = "segadv.config.archs"
 DEFAULT_ARCH = "deeplabv3plus"
@@ -106,10 +107,28 @@ class GeneratorConfig(Section):
         map's pixels, as the references train it (AdaptSegNet, ADVENT: batch 1, statistics updating)."""
         return not self.trains_batch_statistics or not self.pools_the_image
 
-    def check_input_size(self, height: int, width: int, source: str) -> None:
-        """A UserError naming ``source`` (the config key the size comes from) where G cannot take an
-        input of ``height`` x ``width`` (checked at start for the training crops and the evaluation
-        resize); any size by default."""
+    @property
+    def input_divisor(self) -> int:
+        """G takes inputs whose sides are multiples of this (1: any size)."""
+        return 1
+
+    @property
+    def input_requirement(self) -> str:
+        """What :attr:`input_divisor` is, with the keys that set it, for a message."""
+        return f"{self.input_divisor} (model.generator.arch={self.arch})"
+
+    def check_input_size(self, height: int, width: int, source: str, fix: Optional[str] = None) -> None:
+        """A UserError naming ``source`` (where the size comes from: a config key, a split's
+        images) where G cannot take an input of ``height`` x ``width``: a side that is not a
+        multiple of :attr:`input_divisor`. ``fix``: what to change (default: the size rounded down
+        to a multiple). Checked at start for every input size G is given (segadv/training/build.py
+        ``check_build`` and ``check_image_inputs``)."""
+        divisor = self.input_divisor
+        if height % divisor == 0 and width % divisor == 0:
+            return
+        if fix is None:
+            fix = f"use e.g. {height - height % divisor or divisor}x{width - width % divisor or divisor}"
+        raise UserError(f"{source}: {height}x{width} is not a multiple of {self.input_requirement}; {fix}")
 
     def deepest_map(self, height: int, width: int) -> Optional[tuple[int, int]]:
         """The height and width of G's deepest feature map at an input of ``height`` x ``width``,

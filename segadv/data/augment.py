@@ -79,6 +79,54 @@ def transform_names() -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+# Spatial steps that keep an image's size whatever their settings; every pixel-level step
+# (albumentations' ImageOnlyTransform) keeps it too.
+_SIZE_KEEPING = frozenset({"HorizontalFlip", "VerticalFlip", "CoarseDropout", "GridDropout", "XYMasking", "MaskDropout",
+                           "PixelDropout", "ElasticTransform", "GridDistortion", "OpticalDistortion"})
+_PAD_DEFAULT = 1024  # PadIfNeeded's min_height and min_width where a step leaves them out
+
+
+def pipeline_size(steps: Sequence[Any], size: tuple[int, int]) -> Optional[tuple[int, int]]:
+    """The ``(height, width)`` a pipeline of config ``steps`` makes of an image of ``size``, where
+    their settings say: a step with an integer ``height`` and ``width`` makes that size (Resize,
+    the crops), PadIfNeeded pads up to its minimum or to a multiple of its divisor, and a step
+    that keeps a size keeps it. None where a step's output depends on more than its settings
+    (RandomScale, LongestMaxSize, a rotation that fits its output, ...)."""
+    height, width = size
+    for step in steps:
+        if not isinstance(step, Mapping):
+            return None
+        name, h, w = step.get("name"), step.get("height"), step.get("width")
+        if _is_side(h) and _is_side(w):
+            height, width = h, w
+        elif name == "PadIfNeeded":
+            height = _padded(height, step.get("min_height", _PAD_DEFAULT), step.get("pad_height_divisor"))
+            width = _padded(width, step.get("min_width", _PAD_DEFAULT), step.get("pad_width_divisor"))
+        elif not _keeps_size(name):
+            return None
+    return height, width
+
+
+def _is_side(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _padded(side: int, minimum: Any, divisor: Any) -> int:
+    """PadIfNeeded's side: up to ``minimum`` where it is given, else to a multiple of ``divisor``."""
+    if _is_side(minimum):
+        return max(side, minimum)
+    if _is_side(divisor):
+        return -(-side // divisor) * divisor
+    return side
+
+
+def _keeps_size(name: Any) -> bool:
+    if name in _SIZE_KEEPING:
+        return True
+    cls = getattr(A, name, None) if isinstance(name, str) and name in transform_names() else None
+    return cls is not None and issubclass(cls, A.ImageOnlyTransform)
+
+
 def _suggest(word: str, choices: Sequence[str]) -> str:
     """``"; did you mean 'X'?"`` for the closest choice, or ``""`` when nothing is close."""
     close = difflib.get_close_matches(word, choices, n=1)

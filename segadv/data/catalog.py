@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from segadv.config.schema import DataConfig
 from segadv.data.batch_checks import Pool, check_stream_pools
-from segadv.data.config_checks import check_config
+from segadv.data.config_checks import check_config, training_shape
 from segadv.data.listing import Listed, list_source, list_target
 from segadv.data.stream_spec import StreamSpec
 from segadv.errors import UserError
@@ -25,7 +25,7 @@ from segadv.errors import UserError
 if TYPE_CHECKING:
     from segadv.data.mask_survey import MaskSurvey
 
-__all__ = ["Catalog", "listed_pools"]
+__all__ = ["Catalog", "ImageInputs", "image_inputs", "listed_pools"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Catalog:
         """The catalog opened, and each stream's batch (``batch_sizes``: by stream name) checked
         against its pool as listed, on ``world_size`` ranks."""
         catalog = cls.open(data, target)
-        check_stream_pools(streams, listed_pools(catalog), batch_sizes, data.drop_last, world_size)
+        catalog.check_streams(streams, batch_sizes, world_size)
         return catalog
 
     def surveyed(self) -> "Catalog":
@@ -73,6 +73,11 @@ class Catalog:
         from segadv.data.mask_survey import survey_masks
 
         return replace(self, survey=survey_masks(self.source))
+
+    def check_streams(self, streams: Sequence[StreamSpec], batch_sizes: Mapping[str, int], world_size: int) -> None:
+        """Each stream's batch (``batch_sizes``: by stream name) against its pool as listed, on
+        ``world_size`` ranks."""
+        check_stream_pools(streams, listed_pools(self), batch_sizes, self.data.drop_last, world_size)
 
     @property
     def data(self) -> DataConfig:
@@ -107,3 +112,55 @@ def listed_pools(catalog: Catalog) -> dict[str, Optional[Pool]]:
     if catalog.target is not None:
         pools["target"] = Pool.counted("target", len(catalog.target.unlabeled_idx))
     return pools
+
+
+@dataclass(frozen=True)
+class ImageInputs:
+    """The sizes one split's images reach G at through the split's pipeline, where the config
+    leaves the images their own sizes (:func:`image_inputs`)."""
+
+    key: str  # the section: data or target_data
+    split: str  # train or val
+    groups: list[tuple[tuple[int, int], tuple[int, int], list[str]]]  # (size G gets, the images' own, their ids)
+    synthetic: bool = False  # the images are data.synthetic's (one size, generated)
+
+    def source(self, groups: Sequence[tuple[tuple[int, int], tuple[int, int], list[str]]]) -> str:
+        """Where ``groups`` (some of :attr:`groups`) come from, for a message: the split, how many
+        images, the first with its size, and the pipeline where it changes the size."""
+        size, own, ids = groups[0]
+        through = f", {size[0]}x{size[1]} after {self.key}.{self.split}_transforms" if size != own else ""
+        if self.synthetic:
+            return f"the {self.split} split of {self.key} ({self.key}.synthetic.image_size={own[0]}{through})"
+        count, total = sum(len(g[2]) for g in groups), sum(len(g[2]) for g in self.groups)
+        return (f"the {self.split} split of {self.key} ({count} of its {total} image{'s' if total > 1 else ''}, "
+                f"the first {ids[0]!r} of {own[0]}x{own[1]} px{through})")
+
+
+def image_inputs(listed: Listed, key: str, split: str) -> Optional[ImageInputs]:
+    """The sizes the images of ``listed``'s ``split`` (train or val; ``key``: the section's config
+    key) reach G at through the split's pipeline, where the config leaves the images their own sizes:
+    None where it fixes the size G gets (``data.val_input_size``; a training pipeline's fixed-size
+    step or the synthetic image size, ``config_checks.training_shape``) or a step's output depends
+    on more than its settings (``augment.pipeline_size``). Reads the split's image headers, once
+    (``Listing.image_sizes``)."""
+    from segadv.data.augment import pipeline_size
+
+    cfg = listed.cfg
+    if split == "val" and cfg.val_input_size is not None:
+        return None
+    if split == "train" and training_shape(cfg, key) is not None:
+        return None
+    steps = cfg.train_transforms if split == "train" else cfg.val_transforms
+    listing = listed.train if split == "train" else listed.val
+    if listing is None:  # synthetic: generated at one size
+        side = cfg.synthetic.image_size
+        sizes = {(side, side): [str(i) for i in range(cfg.synthetic.val_size)]}
+    else:
+        sizes = listing.image_sizes
+    groups = []
+    for own, ids in sizes.items():
+        size = pipeline_size(steps, own)
+        if size is None or (listing is None and size == training_shape(cfg, key)[:2]):  # checked as the training size
+            return None
+        groups.append((size, own, ids))
+    return ImageInputs(key, split, groups, synthetic=listing is None)

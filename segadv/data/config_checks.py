@@ -68,15 +68,16 @@ def data_root(cfg: DataConfig) -> Path:
 
 def training_shape(cfg: DataConfig, key: str = "data") -> Optional[tuple[int, int, str]]:
     """The height and width of the training images as the networks get them, and where they come
-    from, when the config alone says: the synthetic image size, or the last pipeline step with an
-    integer ``height`` and ``width`` (RandomCrop, Resize, ...). None: images keep their own sizes."""
-    if cfg.kind == "synthetic":
-        size = cfg.synthetic.image_size
-        return size, size, f"{key}.synthetic.image_size={size}"
+    from, when the config alone says: the last pipeline step with an integer ``height`` and
+    ``width`` (RandomCrop, Resize, ...), else the synthetic image size. None: images keep their own
+    sizes."""
     for step in reversed(cfg.train_transforms):
         h, w = step.get("height"), step.get("width")
         if isinstance(h, int) and isinstance(w, int) and h > 0 and w > 0:
             return h, w, f"{key}.train_transforms' {step.get('name')} to {h}x{w}"
+    if cfg.kind == "synthetic":
+        size = cfg.synthetic.image_size
+        return size, size, f"{key}.synthetic.image_size={size}"
     return None
 
 

@@ -11,6 +11,7 @@ error: its colours are not class ids.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -86,6 +87,20 @@ class Listing:
     samples: list[Sample]
     source: str
     problems: list[Problem] = field(default_factory=list)
+
+    @functools.cached_property
+    def image_sizes(self) -> dict[tuple[int, int], list[str]]:
+        """Each upright ``(height, width)`` among the samples' images, from their headers (nothing
+        decoded), -> the ids of its samples in listing order; read once. An image that cannot be
+        read is left out: the header scan names it."""
+        sizes: dict[tuple[int, int], list[str]] = {}
+        for sample in self.samples:
+            try:
+                size = probe_image(sample.image)
+            except SampleError:
+                continue
+            sizes.setdefault(tuple(size), []).append(sample.id)
+        return sizes
 
 
 def display(path: os.PathLike | str) -> str:

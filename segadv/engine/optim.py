@@ -7,7 +7,7 @@ import logging
 import torch
 from torch import nn
 
-from segadv.config.archs import ARCH_ATTRIBUTE, generator_arch, resolve
+from segadv.config.archs import ARCH_ATTRIBUTE, GeneratorArch, generator_arch, resolve
 from segadv.config.schema import OptimizerConfig
 from segadv.errors import UserError
 
@@ -30,9 +30,7 @@ def parameter_groups(model: nn.Module, cfg: OptimizerConfig) -> list[dict]:
         return [{"params": params}]
     arch = getattr(model, ARCH_ATTRIBUTE, None)
     row = generator_arch(arch) if arch is not None else None
-    if row is None or row.backbone is None:
-        raise UserError(f"optim.*.head_lr_mult / head_weight_decay / layer_decay set a head apart from a backbone; "
-                        f"{type(model).__name__} has none (arch {arch})")
+    check_groups(cfg, row, type(model).__name__)
     backbone = model.get_submodule(row.backbone)
     in_backbone = {id(p) for p in backbone.parameters()}
     head = {"name": "head", "params": [p for p in params if id(p) not in in_backbone],
@@ -44,12 +42,24 @@ def parameter_groups(model: nn.Module, cfg: OptimizerConfig) -> list[dict]:
     return [group for group in groups if group["params"]]
 
 
+def check_groups(cfg: OptimizerConfig, row: GeneratorArch | None, network: str = "G") -> None:
+    """The groups ``cfg`` asks of G against its arch's row (None: a network built by no arch row,
+    ``network`` its name): a head set apart needs the row's backbone, ``layer_decay`` its numbered
+    encoder layers. Made at start (segadv/training/build.py ``check_role``) and by
+    :func:`parameter_groups`."""
+    if cfg.head_lr_mult == 1.0 and cfg.head_weight_decay in (None, cfg.weight_decay) and cfg.layer_decay == 1.0:
+        return
+    if row is None or row.backbone is None:
+        raise UserError(f"optim.*.head_lr_mult / head_weight_decay / layer_decay set a head apart from a backbone; "
+                        f"{network} has none (arch {row.name if row is not None else None})")
+    if cfg.layer_decay != 1.0 and row.encoder_layers is None:
+        raise UserError(f"optim.generator.layer_decay={cfg.layer_decay}: arch {row.name} numbers no encoder layers; "
+                        "leave it at 1.0")
+
+
 def layer_groups(model: nn.Module, backbone: nn.Module, row, cfg: OptimizerConfig) -> list[dict]:
     """The backbone's trained parameters a group per layer its arch row numbers, layer k of L at
     ``lr * layer_decay ** (L - k)`` (BEiT's and DINOv2's fine-tuning rule)."""
-    if row.encoder_layers is None:
-        raise UserError(f"optim.generator.layer_decay={cfg.layer_decay}: arch {row.name} numbers no encoder layers; "
-                        "leave it at 1.0")
     layer_of, last = resolve(row.encoder_layers)(model)
     by_layer: dict[int, list] = {}
     for name, p in backbone.named_parameters():

@@ -16,8 +16,10 @@
 
 A mistake is a :class:`segadv.errors.UserError` (exit 2) naming the grid file and the key. The
 file is read as a config is (segadv/config/loading.py: its caps, duplicate keys refused); seeds are
-in ``train.seed``'s range; a row's override that a common override would replace, in either form
-(``train.max_steps=5`` or ``train={max_steps: 5}``), is refused. That every run's config loads is
+in ``train.seed``'s range; the name is one directory's (not empty, ``.``, ``..`` or a path), as a
+row's directory is; a row's override that a common override would replace, in either form
+(``train.max_steps=5`` or ``train={max_steps: 5}``), is refused, and so is an override of what the
+launcher sets for each run (``run_dir``). That every run's config loads is
 checked before the first run (segadv/experiment/launcher.py, :func:`check_runs`).
 """
 
@@ -62,6 +64,29 @@ def covers(key: str, setting: str) -> bool:
     return a[:n] == b[:n]
 
 
+def slug(name: str) -> str:
+    """``name`` as one directory's name: lower case letters and digits, each other run of
+    characters one ``-`` (a row's run directory)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def directory_name(name: str) -> str:
+    """A grid's name, which names its output directory (``runs/experiments/<name>``): one path
+    component, as a row's directory is (:func:`slug`), so that no grid writes beside or outside
+    the others'."""
+    if name in ("", ".", "..") or not name.strip() or any(c in name for c in "/\\\0"):
+        safe = slug(name)
+        fix = f"e.g. {safe!r}" if safe else "letters, digits and -"
+        raise ValueError(f"{name!r} cannot name the grid's output directory (runs/experiments/<name>): a name is one "
+                         f"folder's, not empty, not . or .., without / or \\; use {fix}, or leave name out (the grid "
+                         "file's stem)")
+    return name
+
+
+# The launcher gives each run its own run dir (OUT/<row>/seed<k>, segadv/experiment/results.py)
+# and passes it as --run-dir, which would replace a run_dir override.
+LAUNCHER_KEYS = ("run_dir",)
+
 Seeds = Annotated[list[Annotated[Seed, Strict()]], Field(min_length=1), AfterValidator(distinct_seeds)]
 Override = Annotated[str, AfterValidator(dotted_override)]
 
@@ -80,13 +105,13 @@ class Row(BaseModel):
     @property
     def slug(self) -> str:
         """The row's directory under the grid's output."""
-        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-") or "row"
+        return slug(self.name) or "row"
 
 
 class Grid(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: Optional[str] = None  # None: the file's stem
+    name: Optional[Annotated[str, AfterValidator(directory_name)]] = None  # None: the file's stem
     seeds: Seeds = [0]
     rows: list[Row] = Field(min_length=1)
     common_overrides: list[Override] = []
@@ -114,6 +139,10 @@ class Grid(BaseModel):
         # silently take the common value: the row's setting would never run. A common override
         # replaces what lies under its key, and a row's mapping value sets each of its leaves.
         common = [override_key(o) for o in self.common_overrides]
+        for where, overrides in [("common_overrides", self.common_overrides),
+                                 *((f"rows[{i}] ({row.name!r}).overrides", row.overrides)
+                                   for i, row in enumerate(self.rows))]:
+            _no_launcher_keys(where, overrides)
         for i, row in enumerate(self.rows):
             try:
                 settings = [key for o in row.overrides for key in override_settings(o)]
@@ -150,6 +179,20 @@ class Grid(BaseModel):
         self.row_named(name, "--baseline")
         return self.model_copy(update={"baseline": name,
                                        "rows": [r.model_copy(update={"baseline": None}) for r in self.rows]})
+
+
+def _no_launcher_keys(where: str, overrides: list[str]) -> None:
+    """No override sets what the launcher decides for each run (``LAUNCHER_KEYS``)."""
+    for text in overrides:
+        try:
+            settings = override_settings(text)
+        except UserError:
+            continue  # named where the row's overrides are read (below)
+        taken = [key for key in LAUNCHER_KEYS if any(covers(key, setting) for setting in settings)]
+        if taken:
+            raise ValueError(f"{where}: {text!r} sets {', '.join(taken)}, which segadv-experiment sets for each run "
+                             "(OUT/<row>/seed<k>, OUT from --out, by default runs/experiments/<grid name>): take "
+                             "it out")
 
 
 def _location(loc: tuple) -> str:

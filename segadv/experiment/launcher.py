@@ -3,9 +3,10 @@
 A run whose ``status.json`` says ``finished`` is never repeated (a run whose row has changed since
 is kept, with a warning naming what changed: delete its directory to run it again); any other run
 dir continues with ``--resume auto``. Every run's config is loaded before the first one starts,
-and the files and data each run still to run reads are checked as its trainer's start checks them
-(:func:`check_runs`, for ``--dry-run`` too): a typo in the last row, or a warm start's checkpoint
-not made yet, is found before the first run has trained.
+and each run still to run is put through its trainer's start checks, the same functions, without
+building a network (:func:`check_runs`, for ``--dry-run`` too): a typo in the last row, a size its
+G cannot take, or a warm start's checkpoint not made yet, is found before the first run has
+trained.
 
 The trainer runs in a process group of its own, and SIGINT, SIGTERM and SIGHUP sent to
 ``segadv-experiment`` are passed on to it: it stops at its next step and saves a checkpoint, the
@@ -100,10 +101,10 @@ def _same(a: object, b: object) -> bool:
 def check_runs(specs: Sequence[RunSpec], grid_name: str) -> None:
     """Before the first run, for ``segadv-experiment run`` and its ``--dry-run`` alike: every row's
     config loads with its overrides, the common ones and its seed (the seeds themselves are
-    range-checked by the grid), and every file and folder a run still to run reads is there, as its
-    trainer's start checks them (:func:`missing_inputs`). Otherwise one UserError names each row
-    that does not load and each problem with the rows that have it, so that nothing trains before
-    a later row's mistake is found."""
+    range-checked by the grid), and every run still to run passes its trainer's start checks
+    (:func:`start_problems`). Otherwise one UserError names each row that does not load and each
+    problem with the rows that have it, so that nothing trains before a later row's mistake is
+    found."""
     configs: dict[str, Config] = {}
     broken: dict[str, UserError] = {}
     for spec in specs:
@@ -113,17 +114,16 @@ def check_runs(specs: Sequence[RunSpec], grid_name: str) -> None:
             configs[spec.row.name] = spec.config()
         except UserError as err:
             broken[spec.row.name] = err
-    missing = missing_inputs([spec for spec in specs if spec.row.name in configs], configs)
-    if not broken and not missing:
-        log.info("checked: %d row(s) load, and the files and data their runs still to run read are there",
-                 len(configs))
+    problems = start_problems([spec for spec in specs if spec.row.name in configs], configs)
+    if not broken and not problems:
+        log.info("checked: %d row(s) load, and their runs still to run pass segadv-train's start checks", len(configs))
         return
     said = ([f"{len(broken)} row(s) do not load"] if broken else []) + (
-        [f"{len(missing)} problem(s) with the files and data the runs read"] if missing else [])
+        [f"{len(problems)} problem(s) their runs' starts would refuse"] if problems else [])
     every = list(dict.fromkeys(spec.row.name for spec in specs))
     to_run = [name for name in every if any(not spec.finished() for spec in specs if spec.row.name == name)]
     lines = [f"row {name!r}: {err}" for name, err in broken.items()] + [
-        f"{_rows_text(rows, every, to_run)}: {message}" for message, rows in missing.items()]
+        f"{_rows_text(rows, every, to_run)}: {message}" for message, rows in problems.items()]
     raise UserError(f"grid {grid_name}: {' and '.join(said)}, so no run was started:\n" + "\n".join(lines))
 
 
@@ -134,25 +134,37 @@ def _rows_text(rows: Sequence[str], every: Sequence[str], to_run: Sequence[str])
     return ("row " if len(rows) == 1 else "rows ") + ", ".join(map(repr, rows))
 
 
-def missing_inputs(specs: Sequence[RunSpec], configs: Mapping[str, Config]) -> dict[str, list[str]]:
-    """What the trainer's start would refuse in the files and data each row's config names
-    (segadv/training/preflight.py: warm starts ``init.<role>.path``, a local
-    ``model.generator.encoder_weights``; ``data`` and ``target_data`` listed), for the rows with a
-    run still to run (``configs``: by row name, as :meth:`RunSpec.config` loads them): each problem
-    (its message, naming the key and the path) -> the rows that have it, in the grid's order. A
-    file that lies in the run dir of a run still to run before the row's (a checkpoint an earlier
-    row writes) is not missing."""
+def start_problems(specs: Sequence[RunSpec], configs: Mapping[str, Config]) -> dict[str, list[str]]:
+    """What each row's trainer would refuse at its start, for the rows with a run still to run
+    (``configs``: by row name, as :meth:`RunSpec.config` loads them), made by segadv-train's own
+    start checks (segadv/training/preflight.py), none of them building a network: the config's
+    (``check_config``: the device map, the method against the model and the data, the sizes G
+    takes, ``train.early_stop``, the wrappers), the files it names (``missing_files``: warm starts
+    ``init.<role>.path``, a local ``model.generator.encoder_weights``) and its data (listed,
+    ``missing_data`` naming each section's problem, then ``check_data``: the batches against the
+    pools, G against the images' sizes). Each problem (its message, naming the key) -> the rows
+    that have it, in the grid's order. A file that lies in the run dir of a run still to run
+    before the row's (a checkpoint an earlier row writes) is not missing."""
+    from segadv.data.catalog import Catalog
     from segadv.methods import method_class
-    from segadv.training.preflight import missing_data, missing_files
+    from segadv.parallel import parse_device_map
+    from segadv.training.preflight import check_config, check_data, missing_data, missing_files
 
     found: dict[str, list[str]] = {}
-    data_checked: dict[str, list] = {}  # rows often share their data: each section pair listed once
+    listed: dict[str, Catalog | list[str]] = {}  # rows often share their data: each section pair listed once
     earlier: list[Path] = []  # the run dirs of the rows before
     for row_specs in _by_row(specs):
         row, cfg = row_specs[0].row, configs[row_specs[0].row.name]
         if not all(spec.finished() for spec in row_specs):
-            problems = []
-            for problem in missing_files(cfg, None, method_class(cfg.method.name)):
+            problems, replicas = [], 1
+            method = method_class(cfg.method.name)
+            try:
+                device_map = parse_device_map(cfg.device_map)  # as the trainer's one process parses it
+                replicas = len(device_map.devices_of("generator"))
+                check_config(cfg, device_map)
+            except UserError as err:
+                problems.append(str(err))
+            for problem in missing_files(cfg, None, method):
                 writer = _written_by(problem.path, earlier)
                 if writer is not None:
                     log.info("row %r: %s is not there yet; a run before it writes it (%s)", row.name, problem.path,
@@ -161,9 +173,20 @@ def missing_inputs(specs: Sequence[RunSpec], configs: Mapping[str, Config]) -> d
                 problems.append(problem.message)
             data_key = json.dumps([config_to_dict(cfg)[key] for key in ("data", "target_data")], sort_keys=True,
                                   default=str)
-            if data_key not in data_checked:
-                data_checked[data_key] = [problem.message for problem in missing_data(cfg)]
-            for message in problems + data_checked[data_key]:
+            if data_key not in listed:
+                try:
+                    listed[data_key] = Catalog.open(cfg.data, cfg.target_data)
+                except UserError:
+                    listed[data_key] = [problem.message for problem in missing_data(cfg)]
+            catalog = listed[data_key]
+            if isinstance(catalog, Catalog):
+                try:
+                    check_data(cfg, method, 1, catalog, replicas)
+                except UserError as err:
+                    problems.append(str(err))
+            else:
+                problems += catalog
+            for message in problems:
                 found.setdefault(message, []).append(row.name)
         earlier += [spec.run_dir for spec in row_specs if not spec.finished()]
     return found

@@ -7,6 +7,7 @@ Pure ``nn.Module`` construction: no device, wrapper or AMP code lives here.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
 from dataclasses import dataclass, replace
@@ -171,6 +172,20 @@ class DeepLabBuilder:
 
     def __call__(self, cfg: DeepLabConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
         return build_deeplab(self, cfg, num_classes, in_channels, inference=self.inference)
+
+    @staticmethod
+    def check(cfg: DeepLabConfig) -> None:
+        """What the build would refuse that the config alone says, before anything is built (a
+        start's checks, segadv/training/build.py ``check_role``): an encoder smp does not have
+        (``tu-<name>``: timm's, which smp finds as it builds)."""
+        names = smp.encoders.get_encoder_names()
+        if cfg.encoder.startswith("tu-") or cfg.encoder in names:
+            return
+        close = difflib.get_close_matches(cfg.encoder, names, n=3)
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise UserError(f"model.generator.encoder: {cfg.encoder!r} is not one of segmentation-models-pytorch's "
+                        f"{len(names)} encoders{hint} (they are listed by python -c \"import segmentation_models_pytorch "
+                        "as smp; print(smp.encoders.get_encoder_names())\"; timm's encoders as tu-<name>)")
 
 
 DEEPLABV3 = DeepLabBuilder(smp.DeepLabV3, DeepLabV3Aux, aspp_settings, DeepLabV3Trained)

@@ -70,7 +70,7 @@ def train(
     env, device_map = start_processes(cfg)
     site = RunSite(run_dir, env, device_map)
     distributed.check_ranks_agree({**flat_config(cfg), "--resume": resume, "world size": env.world_size})
-    start = preflight.check_start(cfg, resume, device_map, env.world_size)  # before anything slow
+    start = preflight.check_start(cfg, resume, device_map, env)  # before anything slow
     cleanup = rundir.StartCleanup(run_dir, env)
     rundir.check_writable(run_dir)
     try:

@@ -1,13 +1,20 @@
 """What a start of ``segadv-train`` checks before anything slow (building networks, fetching
-pretrained weights, reading checkpoints): the method against the model and the data, the files
-the config names (``init.*``, a local ``model.generator.encoder_weights``, ``--resume PATH``), the
-trackers it turns on (``log.wandb``, ``log.mlflow``: their packages installed),
-and the data: each section checked against itself, its splits listed (no file opened) and each
-stream's batch against its pool. The files and the data listed are also checked for every row of a
-grid before its first run (``segadv-experiment run``, segadv/experiment/launcher.py
-``missing_inputs``), through :func:`missing_files` and :func:`missing_data`, which name every
-problem rather than the first. A mistake in any of them is one UserError naming the key, before
-a download's retries or a network's build: ``segadv-train --config voc data.root=/nonexistent``
+pretrained weights, reading checkpoints), in the order a user would fix them: the config alone
+(:func:`check_config`: the trackers it turns on, ``log.wandb`` and ``log.mlflow``, with their
+packages installed; the method against the model and the data; G against the input sizes the
+config fixes; the accumulation, the device map and each network's wrapper, compile and
+SyncBatchNorm, segadv/training/build.py ``check_build``), the files the config names
+(``init.*``, a local ``model.generator.encoder_weights``, ``--resume PATH``), and the data: each
+section checked against itself, its splits listed, each stream's batch against its pool and G
+against the input sizes the images give where the config leaves them their own (the val split's
+through its pipeline, and the training images' where their pipeline keeps their size: a header
+read each, no file decoded).
+
+The same functions check every row of a grid before its first run (``segadv-experiment run`` and
+its ``--dry-run``, segadv/experiment/launcher.py ``start_problems``): :func:`check_config`,
+:func:`missing_files` and :func:`missing_data`, which name every problem rather than the first,
+and :func:`check_data`. A mistake in any of them is one UserError naming the key, before a
+download's retries or a network's build: ``segadv-train --config voc data.root=/nonexistent``
 answers at once. The data so listed, the ``Catalog``, is handed on to the data builders
 (segadv/training/run_data.py), which read on from it, as the checks of the config for its build
 are handed to the build: each check runs once. The device map is parsed before this
@@ -27,6 +34,7 @@ if TYPE_CHECKING:
     from segadv.data.catalog import Catalog
     from segadv.methods import Method
     from segadv.parallel.device_map import DeviceMap
+    from segadv.parallel.distributed import DistEnv
     from segadv.training.build import Checked
 
 log = logging.getLogger(__name__)
@@ -40,17 +48,27 @@ class Start:
     catalog: "Catalog"  # the data as listed
 
 
-def check_start(cfg: Config, resume: str | None, device_map: "DeviceMap", world_size: int = 1) -> Start:
-    """Every cheap check of a start, in the order a user would fix them."""
+def check_start(cfg: Config, resume: str | None, device_map: "DeviceMap", env: "DistEnv | None" = None) -> Start:
+    """Every cheap check of a start, in the order a user would fix them (``env``: the launch;
+    None: one process)."""
     from segadv.methods import method_class
+
+    checked = check_config(cfg, device_map, env)
+    method = method_class(cfg.method.name)
+    check_files(cfg, resume, method)
+    return Start(checked, check_data(cfg, method, env.world_size if env is not None else 1,
+                                     replicas=len(device_map.devices_of("generator"))))
+
+
+def check_config(cfg: Config, device_map: "DeviceMap", env: "DistEnv | None" = None) -> "Checked":
+    """The checks of the config alone, on ``device_map`` and in the launch ``env`` (None: one
+    process), no file opened: the trackers' packages, then the build's (``check_build``)."""
     from segadv.monitor.trackers import check_installed
+    from segadv.parallel.distributed import DistEnv
     from segadv.training.build import check_build
 
     check_installed(cfg.log)  # log.wandb / log.mlflow on without their package
-    checked = check_build(cfg, device_map)
-    method = method_class(cfg.method.name)
-    check_files(cfg, resume, method)
-    return Start(checked, check_data(cfg, method, world_size))
+    return check_build(cfg, device_map, env if env is not None else DistEnv())
 
 
 def check_files(cfg: Config, resume: str | None, method: "type[Method]") -> None:
@@ -114,11 +132,18 @@ def missing_data(cfg: Config) -> list[Missing]:
     return [Missing(key, message) for key, message in Catalog.problems(cfg.data, cfg.target_data)]
 
 
-def check_data(cfg: Config, method: "type[Method]", world_size: int) -> "Catalog":
-    """``data`` and ``target_data`` each checked against itself and listed (segadv/data/catalog.py),
-    each of ``method``'s streams' batch against its pool as listed, on ``world_size`` ranks, and the
+def check_data(cfg: Config, method: "type[Method]", world_size: int, catalog: "Catalog | None" = None,
+               replicas: int = 1) -> "Catalog":
+    """``data`` and ``target_data`` each checked against itself and listed (segadv/data/catalog.py;
+    ``catalog``: as listed already, for the rows of a grid that share their data), each of
+    ``method``'s streams' batch against its pool as listed, on ``world_size`` ranks, G (on
+    ``replicas`` devices) against the input sizes the images give (``check_image_inputs``), and the
     labeled training masks surveyed: none holding a labelled pixel is a UserError naming them."""
     from segadv.data.catalog import Catalog
+    from segadv.training.build import check_image_inputs
 
-    return Catalog.for_streams(cfg.data, cfg.target_data, method.data_streams(cfg), method.stream_batch_sizes(cfg),
-                               world_size).surveyed()
+    if catalog is None:
+        catalog = Catalog.open(cfg.data, cfg.target_data)
+    catalog.check_streams(method.data_streams(cfg), method.stream_batch_sizes(cfg), world_size)
+    check_image_inputs(cfg, catalog, replicas)
+    return catalog.surveyed()

@@ -60,7 +60,7 @@ def build_data(cfg: Config, parts: Training, run_dir: Path, catalog: Catalog | N
     )
     keys = {spec.name: spec.batch_size_key for spec in specs}
     check_last_batches(loaders.streams, keys, cfg.train.accumulation_steps,
-                       not trains_on_one_sample(cfg))
+                       not trains_on_one_sample(cfg, catalog))  # at the images' own sizes where the start listed them
     streams = Streams({name: Stream(name, loader, keys[name]) for name, loader in loaders.streams.items()})
     panel_images = first_images(streams[parts.method.panel_stream], cfg.log.num_images) \
         if parts.method.panel_stream and cfg.log.num_images else None

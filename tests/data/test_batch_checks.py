@@ -105,3 +105,38 @@ def test_deeplabv2_refuses_a_batch_of_one_where_its_deepest_map_is_1x1():
     assert check_accumulation(load_config(None, [*v2, crop.format(16), "data.batch_size=2"])) == 2
     assert check_accumulation(load_config(None, [*v2, crop.format(32), "data.batch_size=1"])) == 1  # a 2x2 map
     assert trains_on_one_sample(load_config(None, [*v2, crop.format(16), "model.generator.norm=frozen"]))
+
+
+def test_deeplabv2_at_a_batch_of_one_on_images_whose_own_size_gives_a_1x1_map_is_refused_at_start(tmp_path, capsys):
+    """Folder images of 8x8 px kept at their own size (no crop: the config does not say their size)
+    give DeepLab-v2 (stride 16) a 1x1 deepest map, where its BatchNorm on batch statistics sees one
+    value per channel in a batch of one (torch's ValueError at the first step). The images' headers
+    say so at start: exit 2 before the run dir exists, naming the split, the size, the norm, the
+    batch and the fixes; larger images, a batch of two or frozen BatchNorm pass the same checks."""
+    from data_builders import make_folder
+
+    from segadv.cli import train as train_cli
+    from segadv.parallel import parse_device_map
+    from segadv.training import preflight
+
+    for side in (8, 32):
+        make_folder(tmp_path / f"images{side}", n_train=4, n_val=2, num_classes=3, h=side, w=side)
+
+    def overrides(side, *extra):
+        return ["model.generator.arch=deeplabv2", "model.generator.encoder=resnet18", "model.generator.encoder_depth=5",
+                "model.generator.output_stride=16", "model.generator.norm=train", "data.kind=folder",
+                f"data.root={tmp_path / f'images{side}'}", "data.num_classes=3", "data.batch_size=1",
+                "data.train_transforms=[]", "data.num_workers=0", "train.max_steps=1", *extra]
+
+    capsys.readouterr()
+    code = train_cli.main(["--device-map", "g:cpu,d:cpu", "--run-dir", str(tmp_path / "run"), *overrides(8)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert ("the train split of data (4 of its 4 images, the first 'train_000' of 8x8 px): model.generator.arch="
+            "deeplabv2 (encoder_depth=5, output_stride=16) makes G's deepest feature map 1x1 there, where its "
+            "BatchNorm (model.generator.norm=train: batch statistics) has one value per channel in a batch of one, "
+            "and data.batch_size=1: G's BatchNorm cannot train on a batch of one sample; use data.batch_size=2 or "
+            "more (or model.generator.norm=frozen); or train on larger images (data.train_transforms)") in err
+    assert not (tmp_path / "run").exists()
+    for passing in (overrides(32), overrides(8, "data.batch_size=2"), overrides(8, "model.generator.norm=frozen")):
+        preflight.check_start(load_config(None, passing), None, parse_device_map("g:cpu,d:cpu"))

@@ -457,3 +457,33 @@ def test_the_target_must_reach_g_as_the_source_does():
     cfg = load_config(None, [*sys_path_helpers.UDA_OVERRIDES, "target_data.normalization=caffe_bgr"])
     with pytest.raises(UserError, match=r"target_data\.normalization: .*data has imagenet"):
         Catalog.open(cfg.data, cfg.target_data)
+
+
+def test_pipeline_size_follows_the_steps_whose_settings_say_it():
+    """The size a pipeline makes of an image, from its steps' settings alone (what a start checks
+    G's input sizes with): fixed-size steps, PadIfNeeded to its minimum (1024 where not given) or
+    to a multiple of its divisor, size-keeping steps; unknown (None) after a step whose output
+    depends on more than its settings. The real pipeline agrees."""
+    from segadv.data.augment import build_transform, pipeline_size
+
+    pad_min = {"name": "PadIfNeeded", "min_height": 504, "min_width": 504, "position": "top_left"}
+    pad_div = {"name": "PadIfNeeded", "min_height": None, "min_width": None, "pad_height_divisor": 14,
+               "pad_width_divisor": 14}
+    cases = [
+        ([], (60, 61), (60, 61)),
+        ([pad_min], (375, 500), (504, 504)),
+        ([pad_min], (375, 600), (504, 600)),
+        ([pad_div], (1024, 2048), (1036, 2058)),
+        ([{"name": "PadIfNeeded"}], (500, 700), (1024, 1024)),
+        ([{"name": "Resize", "height": 40, "width": 50}, {"name": "HorizontalFlip", "p": 0.5},
+          {"name": "ColorJitter"}], (300, 200), (40, 50)),
+        ([{"name": "CenterCrop", "height": 32, "width": 48}, pad_div], (100, 100), (42, 56)),
+    ]
+    for steps, size, made in cases:
+        assert pipeline_size(steps, size) == made
+        image = np.zeros((*size, 3), np.uint8)
+        out = build_transform(steps, resolve_normalization("imagenet", [0.5] * 3, [0.5] * 3), "data.val_transforms")(
+            image=image, mask=np.zeros(size, np.uint8))
+        assert tuple(out["image"].shape[1:]) == made
+    assert pipeline_size([{"name": "RandomScale", "scale_limit": 0.5}], (60, 60)) is None
+    assert pipeline_size([{"name": "LongestMaxSize", "max_size": 32}, pad_div], (60, 60)) is None

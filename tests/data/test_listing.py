@@ -138,3 +138,19 @@ def test_a_folder_behind_one_that_cannot_be_searched_is_not_called_missing(tmp_p
     err = capsys.readouterr().err
     assert "data.folder.train.images:" in err and "cannot be reached: Permission denied" in err
     assert "does not exist" not in err
+
+
+def test_a_splits_image_sizes_come_from_the_headers_once(tmp_path, monkeypatch):
+    """Listing.image_sizes: each upright size -> its samples' ids, read from the headers once (a
+    start's checks of G's input sizes and the builders share it); an unreadable image is left to
+    the header scan, which names it."""
+    from segadv.data import files
+    from segadv.data.listing import list_source
+
+    make_folder(tmp_path / "d", n_train=3, n_val=2, h=30, w=40)
+    (tmp_path / "d" / "val" / "images" / "val_001.png").write_bytes(b"not a png")
+    listed = list_source(load_config(None, ["data.kind=folder", f"data.root={tmp_path / 'd'}", "data.num_classes=3"]).data)
+    assert listed.train.image_sizes == {(30, 40): ["train_000", "train_001", "train_002"]}
+    assert listed.val.image_sizes == {(30, 40): ["val_000"]}
+    monkeypatch.setattr(files, "probe_image", lambda path: pytest.fail("read twice"))
+    assert listed.val.image_sizes == {(30, 40): ["val_000"]}

@@ -120,7 +120,8 @@ def test_the_poly_horizon_is_its_own():
     with pytest.raises(UserError, match="optim.generator.poly_horizon: 100 is short of train.max_steps 150"):
         poly_horizon(cfg.model_copy(update={"poly_horizon": 100}), 150, "generator")
     model = nn.Linear(2, 2)
-    opt = build_amp_optimizer(model, cfg, NetworkAmpConfig(), torch.device("cpu"), 150, name="generator")
+    opt = build_amp_optimizer(model, cfg, NetworkAmpConfig(), torch.device("cpu"), poly_horizon(cfg, 150, "generator"),
+                              name="generator")
     assert opt.scheduler.total_iters == 250
     for _ in range(150):
         opt.optimizer.step()

@@ -61,6 +61,36 @@ def test_a_bad_grid_is_refused_whole_before_any_run(tmp_path, monkeypatch, capsy
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("name, fix", [(".", "letters, digits and -"), ("..", "letters, digits and -"),
+                                       ("a/b", "e.g. 'a-b'"), ("", "letters, digits and -"),
+                                       ("..\\x", "e.g. 'x'")])
+def test_a_grid_name_that_is_not_one_directory_is_refused(tmp_path, monkeypatch, capsys, name, fix):
+    """The name is the output directory under runs/experiments/: `.` would write the rows into
+    runs/experiments itself, `../x` outside it. Nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "rows": [{"name": "a", "config": str(ROOT / DEFAULT)}]}))
+    assert experiment.main(["run", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"name: {name!r} cannot name the grid's output directory (runs/experiments/<name>)" in err
+    assert fix in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == [path]
+
+
+@pytest.mark.parametrize("where", ["row", "common"])
+@pytest.mark.parametrize("override", ["run_dir=/tmp/elsewhere", "run_dir=null"])
+def test_an_override_of_the_run_dir_is_refused_naming_the_row(tmp_path, monkeypatch, capsys, where, override):
+    """The launcher gives each run OUT/<row>/seed<k> as --run-dir, which would replace it silently."""
+    row = {"name": "warm start", "config": DEFAULT, **({"overrides": [override]} if where == "row" else {})}
+    grid = yaml.safe_dump({"name": "t", "rows": [{"name": "a", "config": DEFAULT}, row],
+                           **({"common_overrides": [override]} if where == "common" else {})})
+    assert run_grid(tmp_path, monkeypatch, grid, "--dry-run") == 2
+    err = capsys.readouterr().err
+    named = "rows[1] ('warm start').overrides" if where == "row" else "common_overrides"
+    assert f"{named}: {override!r} sets run_dir, which segadv-experiment sets for each run" in err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
 def test_a_grid_that_is_not_utf8_names_the_byte(tmp_path, monkeypatch, capsys):
     assert run_grid(tmp_path, monkeypatch, b"name: t\xff\n") == 2
     assert "grid.yaml is not UTF-8 text: byte 7 is 0xff" in capsys.readouterr().err

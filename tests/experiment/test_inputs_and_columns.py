@@ -65,7 +65,7 @@ def test_every_missing_input_is_named_with_its_rows_before_any_run(tmp_path, mon
         captured = capsys.readouterr()
         assert captured.out == "" and "Traceback" not in captured.err
         lines = captured.err.splitlines()
-        assert lines[0] == "error: grid t: 4 problem(s) with the files and data the runs read, so no run was started:"
+        assert lines[0] == "error: grid t: 4 problem(s) their runs' starts would refuse, so no run was started:"
         assert lines[1:] == [
             f"every row (3): init.generator.path: checkpoint not found: {pretext}",
             "row 'own images': model.generator.encoder_weights: file not found: weights/enc.pth",
@@ -73,6 +73,68 @@ def test_every_missing_input_is_named_with_its_rows_before_any_run(tmp_path, mon
             "row 'adapted': target_data: data.root: target does not exist",
         ]
         assert not (tmp_path / "out").exists()
+
+
+def test_every_row_goes_through_its_trainers_start_checks_before_any_run(tmp_path, monkeypatch, capsys, no_runs):
+    """Rows whose configs load and whose files are there, but whose trainer's start refuses them
+    (segadv/training/preflight.py check_config and check_data, the functions segadv-train runs):
+    a DINOv2 row at 50 px, UniMatch with a target, a device map with an empty stage, a label-free
+    early-stop score on a supervised run. --dry-run and run both exit 2 naming every row's problem
+    at once; nothing is written; the row that is fine is not named."""
+    from segadv.parallel import parse_device_map
+    from segadv.training.preflight import check_config
+
+    monkeypatch.chdir(tmp_path)
+    rows = [
+        {"name": "dinov2 at 50 px", "config": "dinov2_tiny",
+         "overrides": ["data.synthetic.image_size=50", "target_data.synthetic.image_size=50"]},
+        {"name": "unimatch adapted", "config": "semi", "overrides": ["method.name=unimatch",
+                                                                     "target_data={kind: synthetic}"]},
+        {"name": "split on the cpu", "config": DEFAULT, "overrides": ["device_map=g:cpu//cpu"]},
+        {"name": "proxy watched", "config": DEFAULT, "overrides": ["method.name=supervised",
+                                                                   "train.early_stop.monitor=proxy/entropy"]},
+        {"name": "fine", "config": DEFAULT},
+    ]
+    grid = write_grid(tmp_path / "grid.yaml", rows=rows)
+    for extra in (["--dry-run"], []):
+        assert experiment.main(["run", str(grid), "--out", "out", *extra]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and "Traceback" not in captured.err
+        lines = captured.err.splitlines()
+        assert lines[0] == "error: grid t: 4 problem(s) their runs' starts would refuse, so no run was started:"
+        assert [line.partition(": ")[0] for line in lines[1:]] == [
+            "row 'dinov2 at 50 px'", "row 'unimatch adapted'", "row 'split on the cpu'", "row 'proxy watched'"]
+        assert "row 'dinov2 at 50 px': data.synthetic.image_size=50: 50x50 is not a multiple of DINOv2's patch " \
+               "size 14" in lines[1]
+        assert "row 'unimatch adapted': target_data: method unimatch is semi-supervised" in lines[2]
+        assert "row 'split on the cpu': device map 'g:cpu//cpu': g:cpu//cpu has an empty stage" in lines[3]
+        assert "row 'proxy watched': train.early_stop.monitor: proxy/entropy is a label-free score" in lines[4]
+        assert not (tmp_path / "out").exists()
+    # The trainer's own start says the same, from the same function.
+    cfg = load_config(DEFAULT, rows[3]["overrides"])
+    with pytest.raises(UserError) as err:
+        check_config(cfg, parse_device_map(cfg.device_map))
+    assert f"row 'proxy watched': {err.value}" in lines[4]
+
+
+def test_what_the_build_would_refuse_from_the_config_alone_is_a_start_check_too(tmp_path, monkeypatch, capsys, no_runs):
+    """An encoder smp does not have, a poly horizon short of train.max_steps, layer_decay on an arch
+    that numbers no layers: each found at start, before a network is built, so the dry run names
+    them as the trainer's start would."""
+    monkeypatch.chdir(tmp_path)
+    grid = write_grid(tmp_path / "grid.yaml", rows=[
+        {"name": "typo", "config": DEFAULT, "overrides": ["model.generator.encoder=resnet19"]},
+        {"name": "short", "config": DEFAULT, "overrides": ["train.max_steps=10", "optim.discriminator.poly_horizon=5"]},
+        {"name": "decay", "config": DEFAULT, "overrides": ["optim.generator.layer_decay=0.5"]}])
+    assert experiment.main(["run", str(grid), "--out", "out", "--dry-run"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1].startswith("row 'typo': model.generator.encoder: 'resnet19' is not one of "
+                               "segmentation-models-pytorch's") and "did you mean 'resnet18'" in lines[1]
+    assert lines[2] == ("row 'short': optim.discriminator.poly_horizon: 5 is short of train.max_steps 10 (the steps "
+                        "after it would train at lr 0); give at least max_steps, or null")
+    assert lines[3] == ("row 'decay': optim.generator.layer_decay=0.5: arch deeplabv3plus numbers no encoder layers; "
+                        "leave it at 1.0")
+    assert not (tmp_path / "out").exists()
 
 
 def test_with_its_inputs_there_the_dry_run_prints_commands_a_shell_takes(tmp_path, monkeypatch, capsys, no_runs):
@@ -132,7 +194,7 @@ def test_a_row_that_does_not_load_and_a_missing_file_are_named_together(tmp_path
         {"name": "warm", "config": DEFAULT, "overrides": ["init.discriminator.path=d.pt"]}])
     assert experiment.main(["run", str(grid), "--out", "out"]) == 2
     err = capsys.readouterr().err
-    assert "grid t: 1 row(s) do not load and 1 problem(s) with the files and data the runs read" in err
+    assert "grid t: 1 row(s) do not load and 1 problem(s) their runs' starts would refuse" in err
     assert "row 'typo': invalid config" in err
     assert "row 'warm': init.discriminator.path: checkpoint not found: d.pt" in err
 

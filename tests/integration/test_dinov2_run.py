@@ -177,6 +177,32 @@ def test_an_input_of_520_px_is_refused_naming_the_patch_and_the_key_before_any_s
     assert not list((tmp_path / "run").glob("checkpoints/*.pt"))
 
 
+def test_val_images_that_are_no_patch_multiple_are_refused_at_start_naming_the_split_and_the_fix(tmp_path, capsys):
+    """60 px folder images with 56 px training crops: the crops fit the patch, the val images (at
+    their own size) do not. Refused before the run dir exists, not at the first evaluation; the
+    fixes named (data.val_input_size, or a pad to a multiple) pass the same start checks."""
+    from data_builders import make_folder
+
+    from segadv.config import load_config
+    from segadv.parallel import parse_device_map
+    from segadv.training import preflight
+
+    make_folder(tmp_path / "data", n_train=4, n_val=3, num_classes=3, h=60, w=60)
+    folder = ["method.name=supervised", "target_data=null", "data.kind=folder", f"data.root={tmp_path / 'data'}",
+              "data.num_classes=3", "data.train_transforms=[{name: RandomCrop, height: 56, width: 56}]"]
+    capsys.readouterr()
+    code = train(tmp_path / "run", *folder, command=COMMAND[:2] + ["--device-map", "g:cpu,d:cpu"])
+    assert_refused(capsys, code, "the val split of data (3 of its 3 images, the first 'val_000' of 60x60 px): 60x60 "
+                                 "is not a multiple of DINOv2's patch size 14", "set data.val_input_size: [56, 56]",
+                   "data.val_transforms: [..., {name: PadIfNeeded, min_height: null, min_width: null, "
+                   "pad_height_divisor: 14, pad_width_divisor: 14, position: top_left}]")
+    assert not (tmp_path / "run").exists()
+    for fix in ("data.val_input_size=[56, 56]", "data.val_transforms=[{name: PadIfNeeded, min_height: null, "
+                "min_width: null, pad_height_divisor: 14, pad_width_divisor: 14, position: top_left}]"):
+        cfg = load_config("dinov2_tiny", [*SMALL, *folder, fix])
+        preflight.check_start(cfg, None, parse_device_map("g:cpu,d:cpu"))
+
+
 def test_the_static_onnx_graph_declares_the_size_it_was_traced_at(full_run, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     out = tmp_path / "g.onnx"

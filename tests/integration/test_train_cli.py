@@ -104,12 +104,15 @@ def test_eval_on_a_missing_checkpoint_exits_2(tmp_path):
 
 
 def test_images_g_cannot_take_exit_2_naming_the_size(tmp_path):
-    # smp raises a bare RuntimeError from G's forward; the size comes from the user's transforms.
+    # smp's forward would raise a bare RuntimeError at the first step; the start says it first,
+    # from the config: the size, the key it comes from and the stride G needs.
     result = run_cli("segadv.cli.train", "--run-dir", str(tmp_path / "r"), *TINY_OVERRIDES,
                      "data.train_transforms=[{name: Resize, height: 56, width: 56}]")
     assert result.returncode == 2, result.stderr
-    assert "images of 56x56 reach G, which needs height and width divisible by" in result.stderr
-    assert "data.train_transforms" in result.stderr and "Traceback" not in result.stderr
+    assert ("data.train_transforms' Resize to 56x56: 56x56 is not a multiple of the encoder's stride 16, which smp's "
+            "deeplabv3plus needs (model.generator.arch=deeplabv3plus, encoder_depth=4, output_stride=16); use e.g. "
+            "48x48") in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "r").exists()
 
 
 # ------------------------------------------------------------------ the run dir rule (segadv/training/run_dir.py)

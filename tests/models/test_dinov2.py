@@ -124,6 +124,19 @@ def test_layers_default_to_unimatch_v2s_and_are_spread_evenly_over_a_shallower_e
         DinoV2DPT("vit_small_patch16_224", 5)
 
 
+def test_layers_out_of_order_are_refused_by_the_schema_naming_the_key():
+    """The head reads its blocks shallow to deep; only the last index is the encoder's to check."""
+    from segadv.config import load_config
+
+    with pytest.raises(UserError, match=r"model\.generator\.layers: \[3, 2, 1, 0\] is not in order: the head reads "
+                                        r"its four blocks shallow to deep.*e\.g\. \[0, 1, 2, 3\]"):
+        load_config("dinov2_tiny", ["model.generator.layers=[3,2,1,0]"])
+    with pytest.raises(UserError, match="model.generator.layers: .* is not in order"):
+        load_config("dinov2_tiny", ["model.generator.layers=[0,2,1,3]"])
+    # A shallow encoder's default repeats a block (0, 0, 1, 1): a repeat is in order.
+    assert load_config("dinov2_tiny", ["model.generator.layers=[0,0,1,3]"]).model.generator.layers == [0, 0, 1, 3]
+
+
 def test_the_head_widths_are_unimatch_v2s_per_size():
     assert (SIZES["small"].features, SIZES["small"].out_channels) == (64, (48, 96, 192, 384))
     assert (SIZES["base"].features, SIZES["base"].out_channels) == (128, (96, 192, 384, 768))

@@ -90,3 +90,41 @@ def test_an_encoder_s_own_depth_limit_names_the_key():
     with pytest.raises(UserError, match=r"model\.generator\.encoder_depth: 1 does not fit encoder 'efficientnet-b0'"):
         build_generator(GeneratorConfig(arch="deeplabv3", encoder="efficientnet-b0", encoder_depth=1,
                                         decoder_channels=16), num_classes=3)
+
+
+@pytest.mark.parametrize("arch, depth, stride, divisor", [
+    ("deeplabv3plus", 4, 16, 16), ("deeplabv3plus", 3, 16, 8), ("deeplabv3", 5, 8, 8), ("deeplabv2", 5, 16, 1)])
+def test_the_configs_input_divisor_is_what_the_built_g_takes(arch, depth, stride, divisor):
+    """GeneratorConfig.input_divisor, which a start checks every input size against before anything
+    is built, is the built G's own rule: smp's DeepLabV3 / V3+ take sides divisible by the encoder's
+    stride (min(2^depth, output_stride)), DeepLab-v2 any."""
+    cfg = GeneratorConfig(arch=arch, encoder="mobilenet_v2", encoder_depth=depth, output_stride=stride,
+                          decoder_atrous_rates=[1, 2, 3])
+    assert cfg.input_divisor == divisor
+    model = build_generator(cfg, num_classes=3).eval()
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 32, 48)).shape[-2:] == (32, 48)
+        if divisor > 1:
+            with pytest.raises(RuntimeError, match=f"divisible by {divisor}"):
+                model(torch.randn(1, 3, 32 + divisor // 2, 48))
+            cfg.check_input_size(32, 48, "here")
+            from segadv.errors import UserError
+
+            with pytest.raises(UserError, match=rf"here: {32 + divisor // 2}x48 is not a multiple of the encoder's "
+                                                rf"stride {divisor}, which smp's {arch} needs"):
+                cfg.check_input_size(32 + divisor // 2, 48, "here")
+        else:
+            assert model(torch.randn(1, 3, 33, 47)).shape[-2:] == (33, 47)
+
+
+def test_an_encoder_smp_lacks_is_refused_before_anything_is_built():
+    """The DeepLab rows' builder checks the encoder's name from the config (a start's check, so
+    segadv-experiment's dry run names it too), with the nearest names."""
+    from segadv.errors import UserError
+    from segadv.models.generator import DEEPLABV3PLUS
+
+    DEEPLABV3PLUS.check(GeneratorConfig(encoder="resnet18"))
+    DEEPLABV3PLUS.check(GeneratorConfig(encoder="tu-resnet18"))  # timm's, found as smp builds it
+    with pytest.raises(UserError, match=r"model\.generator\.encoder: 'mobilenet_v3' is not one of "
+                                        r"segmentation-models-pytorch's \d+ encoders; did you mean 'mobilenet_v2'"):
+        DEEPLABV3PLUS.check(GeneratorConfig(encoder="mobilenet_v3"))
