@@ -64,7 +64,8 @@ def train(
     resumed = rundir.resume_point(run_dir, resume, config_to_dict(cfg), trusted)  # before anything is written
     if resumed is not None and resumed.finished(cfg.train.max_steps):
         return already_finished(cfg, run_dir, resumed)
-    if resumed is not None and (reason := stopped_early(cfg.train.early_stop, resumed.early_stop)) is not None:
+    if resumed is not None and \
+            (reason := stopped_early(cfg.train.early_stop, resumed.early_stop, resumed.best)) is not None:
         return already_finished(cfg, run_dir, resumed, reason)
     options = RunOptions(resume, trusted, stop_at, force)
     env, device_map = start_processes(cfg)
@@ -135,15 +136,17 @@ def evaluation_due(cfg: Config, step: int, final: bool) -> bool:
 
 def evaluate(cfg: Config, session: Session, step: int) -> dict[str, object]:
     """The evaluations due at ``step``, then train.early_stop's count (before best.pt, which
-    carries it), best.pt where the score improved and status.json."""
+    carries it), best.pt where the score improved and status.json; an early stop's reason last,
+    giving the best best.pt holds then."""
     session.stop.settle()  # no reduction in flight while the evaluation forks its loader workers
     with session.reporter.phase("evaluation"):
         val_metrics = evaluate_all(cfg, session.parts, session.data, session.reporter, step)
-    session.stop.at_evaluation(session.early_stop.update(step, val_metrics))
+    exhausted = session.early_stop.update(step, val_metrics) is not None
     with session.reporter.phase("checkpoint"):
         session.checkpoints.keep_if_best(step, val_metrics["mIoU"], val_metrics["pixel_acc"],
                                          val_metrics.get("proxies"))
         session.reporter.evaluated(step, val_metrics, session.checkpoints.best)
+    session.stop.at_evaluation(session.early_stop.reason(session.checkpoints.best) if exhausted else None)
     return val_metrics
 
 

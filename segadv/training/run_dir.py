@@ -461,9 +461,9 @@ def finished_line(run_dir: Path, step: int, evaluation: dict[str, Any] | None, b
     best_text = f"; best val mIoU {best['mIoU']:.4f} at step {best['step']}" if best else ""
     if best and best_score_by(best) != "val/mIoU":
         best_text += f" (chosen by {best['by']})"
-    if early_stop is not None:
+    if early_stop is not None:  # its reason gives best.pt's best
         return (f"{run_dir} stopped early: step {step} of train.max_steps={max_steps}, {early_stop}; nothing to "
-                f"train; {final}{best_text} (checkpoint: {checkpoint}). To train on, resume with a larger "
+                f"train; {final} (checkpoint: {checkpoint}). To train on, resume with a larger "
                 "train.early_stop.patience, or train.early_stop.monitor=null")
     return (f"{run_dir} is finished: step {step} of train.max_steps={step}, nothing to train; {final}{best_text} "
             f"(checkpoint: {checkpoint}). To train on, resume with a larger train.max_steps")
