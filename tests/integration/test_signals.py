@@ -117,8 +117,10 @@ def test_a_signal_before_the_first_step_unwinds_the_start(tmp_path, sig, point):
 
 
 # What a start writes before its first step, in order (a file of a name not here is a test to add):
-# the run dir's write probe, the lock's holder line, train.log, the data split, config.yaml.
+# the run dir's write probe, the lock's holder line, train.log, the data split, config.yaml; a
+# resume's also metrics.jsonl, its records past the step resumed at taken out.
 START_FILES = ["write-probe", ".segadv.lock", "train.log", "data_split.json", "config.yaml"]
+RESUME_START_FILES = ["write-probe", ".segadv.lock", "train.log", "data_split.json", "metrics.jsonl", "config.yaml"]
 
 
 def test_the_files_a_start_writes_are_those_the_signal_tests_cover(tmp_path, monkeypatch):
@@ -149,10 +151,15 @@ def test_the_files_a_start_writes_are_those_the_signal_tests_cover(tmp_path, mon
     monkeypatch.setattr(StartCleanup, "done", lambda self: (started.append(True), real_done(self)))
     assert train_cli.main(["--run-dir", str(tmp_path / "run"), *TRAIN, "train.max_steps=1"]) == 0
     assert written == START_FILES
+    written.clear(), started.clear()
+    assert train_cli.main(["--run-dir", str(tmp_path / "run"), "--resume", "auto", *TRAIN, "train.max_steps=2"]) == 0
+    assert written == RESUME_START_FILES
 
 
-@pytest.mark.parametrize("resume", [False, True], ids=["fresh", "resume"])
-@pytest.mark.parametrize("name", START_FILES)
+@pytest.mark.parametrize("name, resume", [
+    *(pytest.param(name, False, id=f"{name}-fresh") for name in START_FILES),
+    *(pytest.param(name, True, id=f"{name}-resume") for name in RESUME_START_FILES),
+])
 def test_a_signal_inside_any_write_of_a_start_unwinds_it(tmp_path, name, resume):
     """The command signals itself in the middle of the write (no timing decides where it lands):
     from the first file a start writes, a signal ends it with its line, the start's files put back
