@@ -103,12 +103,20 @@ def cli_entry(main: Callable[[list[str] | None], int | None]) -> Callable[[list[
 
     @functools.wraps(main)
     def wrapper(argv: list[str] | None = None) -> int:
-        with handling_signals():
-            try:
-                return _answered(main, argv)
-            except Interrupted as err:  # a signal landed while another answer was printed
+        code: int | None = None
+        try:
+            with handling_signals():
+                try:
+                    code = _answered(main, argv)
+                except Interrupted as err:  # a signal landed while another answer was printed
+                    print(f"error: {err}", file=sys.stderr)
+                    code = err.exit_code
+        except Interrupted as err:  # one that came as the handlers went back: the answer given stands
+            if code is None:
                 print(f"error: {err}", file=sys.stderr)
                 return err.exit_code
+            log.warning("%s as the command ended: it ends as it answered", err.name)
+        return code
 
     return wrapper
 

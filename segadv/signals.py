@@ -2,7 +2,8 @@
 
 SIGINT (Ctrl-C), SIGTERM (preemption, ``kill``, ``scancel``) and SIGHUP (a closed terminal or SSH
 session) are answered alike, by one handler (:func:`_dispatch`), which every command installs as
-its first instruction (:func:`handling_signals`, entered by ``segadv.errors.cli_entry``):
+its first instruction (:func:`handling_signals`, entered by ``segadv.errors.cli_entry``, and by
+``segadv.training.loop.train`` called as a library, before a run's first write):
 
 - **Outside a training loop** a signal raises :class:`Interrupted` in the main thread. It unwinds
   like any exception: every ``finally`` and ``__exit__`` runs, so an atomic write removes its temp
@@ -17,7 +18,9 @@ its first instruction (:func:`handling_signals`, entered by ``segadv.errors.cli_
 - **The first signal's answer stands**: once the loop stopped on a signal, a repeat while the
   command ends (the files closing, status.json's last record) is logged and changes nothing, so
   the exit code and status.json agree. Handlers are swapped with the signals held back
-  (:func:`_held`): no signal meets a moment between two handlers.
+  (:func:`_held`): no signal meets a moment between two handlers, and one held back while the
+  handlers found go back is taken and logged (:func:`_restore`), never released to the default
+  action they may be, which would end the process without a word.
 - **While unwinding** from an :class:`Interrupted`, a second signal is only logged, so the
   clean-up it runs is never cut short; a third takes the signal's default action (ends the
   process at once, as SIGKILL would). :func:`deferred` holds a signal back over a few lines that
@@ -140,9 +143,23 @@ def _install() -> dict[int, object]:
 
 
 def _restore(handlers: dict[int, object]) -> None:
+    """The handlers found put back. A signal that came while they were swapped (held back by
+    :func:`_held`) came while segadv still answered: it is taken here, not released to the handler
+    put back (the default action, which would end the process without a word)."""
     with _held():
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+        if handlers:
+            _take_held()
+
+
+def _take_held() -> None:
+    """Stop signals held back and pending, taken (inside :func:`_held`) and logged: they came as
+    the scope that answers them ended, when its answer was given (the first signal's answer stands)."""
+    if not hasattr(signal, "sigtimedwait"):
+        return  # macOS: no way to take one; it reaches the handler put back
+    while (info := signal.sigtimedwait(STOP_SIGNALS, 0)) is not None:
+        log.warning("%s as the command ended: it ends as it answered", signal.Signals(info.si_signo).name)
 
 
 @contextlib.contextmanager
@@ -288,7 +305,7 @@ class StopRequests:
 
     def __enter__(self) -> "StopRequests":
         if _in_main_thread():  # signal() only works there
-            if _state.installed == 0 and not _state.stops:  # train() called as a library: the same handler
+            if _state.installed == 0 and not _state.stops:  # used on its own (a test): the same handler
                 _state.reset()  # what an earlier call left (an interrupt it raised) is not this one's
                 self._previous = _install()
             _state.stops.append(self)

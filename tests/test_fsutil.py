@@ -146,3 +146,30 @@ def test_an_output_folder_is_never_an_input_folder_inside_one_or_holding_one(tmp
         with pytest.raises(UserError, match=f"--show-dir {folder} {relation} data.root {root}"):
             fsutil.refuse_folder_overlap("--show-dir", folder, inputs)
     fsutil.refuse_folder_overlap("--show-dir", tmp_path / "elsewhere", inputs)
+
+
+@pytest.mark.parametrize("writer", ["atomic_write_bytes", "staged"])
+def test_a_stop_raised_mid_write_leaves_no_temp_file_and_the_old_file(tmp_path, monkeypatch, writer):
+    """A signal's exception (segadv/signals.py's Interrupted, a KeyboardInterrupt) raised inside a
+    write, half of the bytes in the temp file: the temp file is removed, the file as it was."""
+    from segadv.signals import Interrupted
+    import signal
+
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"before")
+    real = fsutil.write_all
+
+    def half_then_signal(fh, data):
+        real(fh, data[:len(data) // 2])
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(fsutil, "write_all", half_then_signal)
+    with pytest.raises(Interrupted):
+        if writer == "atomic_write_bytes":
+            fsutil.atomic_write_bytes(target, b"0123456789")
+        else:
+            with fsutil.staged(target) as stage:
+                fsutil.write_new(stage.path, b"0123456789")
+                stage.commit()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]
+    assert target.read_bytes() == b"before"

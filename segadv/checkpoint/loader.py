@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
+from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import is_fake
 from torch import nn
 
@@ -139,8 +140,10 @@ class WeightValuesError(UserError):
 
 def has_values(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` holds values to look at: not a meta tensor, nor segadv-plan's stand-ins
-    (fake tensors: shapes and dtypes only, which its checkpoint pass loads)."""
-    return not tensor.is_meta and not is_fake(tensor)
+    (fake tensors: shapes and dtypes only, which its checkpoint pass loads), nor any tensor while
+    segadv-plan's FakeTensorMode is on: there every read of values (``numpy``, ``tolist``) goes
+    through the mode, which answers with a fake copy whose bytes are no one's (torch warns of it)."""
+    return not tensor.is_meta and not is_fake(tensor) and detect_fake_mode() is None
 
 
 def check_weight_values(state: Mapping[str, Any], expected: Mapping[str, torch.Tensor] | None, name: str) -> None:

@@ -42,6 +42,9 @@ ABANDONED_DIR = "abandoned"
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 RANKED_FILE = re.compile(r"^best_step_(\d+)_[A-Za-z_]+_-?\d+\.\d+\.pt$")  # checkpoint.keep_best's (ranked_name)
 BEST_RECORD = "best.json"
+# The temp file of a write of one of the names above (segadv/fsutil.py's _temp_path: ".NAME.tmp-PID").
+TEMP_FILE = re.compile(r"^\.(last\.pt|best\.pt|best\.json|step_\d+\.pt|best_step_\d+_[A-Za-z_]+_-?\d+\.\d+\.pt)"
+                       r"\.tmp-\d+$")
 MIB = 2**20
 
 
@@ -261,7 +264,12 @@ class CheckpointManager:
         best_step = self.best_step()
         if self.best_path.is_file() and (best_step is None or best_step > start_step or start_step == 0):
             later += [p for p in (self.best_path, self.directory / BEST_RECORD) if p.is_file()]
-        later += [path for step, path in self.ranked_files() if step > start_step or start_step == 0]
+        ranked, others = self.abandoned_ranked_files(start_step)
+        later += ranked
+        if others:
+            log.warning("%s in %s: named like checkpoint.keep_best's files, but no checkpoint of this run lists %s: "
+                        "left as %s", ", ".join(p.name for p in others), self.directory,
+                        "it" if len(others) == 1 else "them", "it is" if len(others) == 1 else "they are")
         if not later:
             return None
         base = self.directory / ABANDONED_DIR / f"from_step_{start_step}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -275,13 +283,51 @@ class CheckpointManager:
                     start_step, ", ".join(p.name for p in later), archive)
         return archive
 
+    def abandoned_ranked_files(self, start_step: int) -> tuple[list[Path], list[Path]]:
+        """The entries here named like keep_best's files from a step after ``start_step`` (every one
+        on a fresh start): those of the run, which a rewind abandons, and the others, never moved
+        nor removed. A ranked file is the run's when its own ranking lists it (each ranked
+        checkpoint lists itself: the ranking is saved with it) at the step it holds, under this
+        run's config (the resume rule); a folder, a link, or a file of the user's or of another
+        run is not."""
+        ours: list[Path] = []
+        others: list[Path] = []
+        for step, path in self.ranked_files():
+            if step > start_step or start_step == 0:
+                (ours if self._ranked_by_this_run(step, path) else others).append(path)
+        return ours, others
+
+    def _ranked_by_this_run(self, step: int, path: Path) -> bool:
+        if path.is_symlink() or not path.is_file():
+            return False  # keep_best writes regular files only
+        try:
+            ckpt = read_checkpoint(path)  # weights only: a file of the user's never runs code
+        except UserError:
+            return False
+        kept = ckpt.get("best_kept")
+        entries = kept.get("files") if isinstance(kept, dict) else None
+        if ckpt.get("step") != step or not isinstance(entries, list) or not any(
+                listed(entry) and entry["file"] == path.name and entry["step"] == step for entry in entries):
+            return False
+        if self.config:
+            if not ckpt.get("config"):
+                return False
+            try:
+                check_resumed_config(ckpt["config"], self.config, path)
+            except UserError:
+                return False  # another run's
+        return True
+
     def remove_stale_temp_files(self) -> None:
         """Temp files of a write that a crash cut short (the checkpoint they were to replace is
-        intact): safe to delete when a run starts."""
+        intact): safe to delete when a run starts. Only regular files named as segadv's writer
+        names the temp file of a file it writes here (``.last.pt.tmp-<pid>``); anything else is
+        not the run's and stays."""
         if self.directory.is_dir():
-            for path in self.directory.glob(".*.tmp-*"):
-                path.unlink(missing_ok=True)
-                log.info("removed %s, left by an interrupted checkpoint write", path.name)
+            for path in sorted(self.directory.iterdir()):
+                if TEMP_FILE.match(path.name) and path.is_file() and not path.is_symlink():
+                    path.unlink(missing_ok=True)
+                    log.info("removed %s, left by an interrupted checkpoint write", path.name)
 
     # ------------------------------------------------------------------ during a run
 
@@ -385,7 +431,10 @@ class CheckpointManager:
         out of the K best, removed once a checkpoint whose ranking no longer lists them is
         complete, so the newest checkpoint never lists a file that is gone."""
         for name in self.unlisted:
-            (self.directory / name).unlink(missing_ok=True)
+            path = self.directory / name
+            if path.is_symlink() or not path.is_file():
+                continue  # what stands there now is not the file the run wrote
+            path.unlink(missing_ok=True)
             log.info("retention (checkpoint.keep_best=%d): removed %s", self.keep_best, name)
         self.unlisted = []
 
@@ -433,10 +482,12 @@ class CheckpointManager:
         return sorted(found, reverse=True)
 
     def step_files(self) -> list[tuple[int, Path]]:
-        """``(step, path)`` of every step_<N>.pt, newest first."""
+        """``(step, path)`` of every step_<N>.pt, newest first: regular files, as the run writes them
+        (a folder or a link of that name is not one, so neither retention nor a rewind touches it)."""
         if not self.directory.is_dir():
             return []
-        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := STEP_FILE.match(p.name))]
+        found = [(int(m.group(1)), p) for p in self.directory.iterdir()
+                 if (m := STEP_FILE.match(p.name)) and p.is_file() and not p.is_symlink()]
         return sorted(found, reverse=True)
 
     def _apply_retention(self, keep: Path) -> None:

@@ -20,7 +20,7 @@ from segadv.cli.args import (ArgumentParser, HelpFormatter, add_config_arguments
                              fraction, parse_args, path_argument, tolerance)
 from segadv.errors import EXIT_FAILURE, UserError, cli_entry
 from segadv.export.deps import import_extra
-from segadv.export.settings import FORMATS, resolve_format, tolerances
+from segadv.export.settings import FORMATS, example_outputs, resolve_format, tolerances
 from segadv.export.sidecar import sidecar_path
 from segadv.fsutil import check_output, check_parent, output_file, refuse_overwriting
 
@@ -76,7 +76,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     setup_logging()
     output = Path(args.output)
     if output.is_dir():
-        raise UserError(f"--output {output} is a directory; name the file to write (e.g. {output / 'model.onnx'})")
+        raise UserError(f"--output {output} is a directory; name the file to write (e.g. "
+                        f"{example_outputs(args.format, output)})")
     output = output_file(output, "--output")  # a device, FIFO or socket: refused before anything slow
     check_output(sidecar_path(output), "its sidecar")
     check_parent(output)

@@ -22,6 +22,18 @@ SUFFIX_FORMATS = {".onnx": "onnx", ".pt": "torchscript", ".pth": "torchscript", 
 FALLBACK_INPUT_SIZE = 512
 
 
+# The file a hint suggests for each format (its suffix one resolve_format reads as that format).
+EXAMPLE_FILES = {"onnx": "model.onnx", "torchscript": "model.pt"}
+
+
+def example_outputs(fmt: Optional[str], folder: Path) -> str:
+    """A file to name in ``folder`` for ``fmt`` (None: one of each format)."""
+    if fmt is not None:
+        return str(folder / EXAMPLE_FILES[fmt])
+    return " or ".join(f"{folder / name} for {'TorchScript' if kind == 'torchscript' else 'ONNX'}"
+                       for kind, name in EXAMPLE_FILES.items())
+
+
 def resolve_format(fmt: Optional[str], output: Path) -> str:
     if fmt is not None:
         return fmt

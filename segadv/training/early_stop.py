@@ -21,7 +21,7 @@ import math
 from typing import TYPE_CHECKING, Any, Mapping
 
 from segadv.checkpoint.manager import better
-from segadv.config.schema import EarlyStopConfig, higher_is_better
+from segadv.config.schema import EarlyStopConfig, best_score_by, higher_is_better
 from segadv.errors import UserError
 
 if TYPE_CHECKING:
@@ -118,23 +118,38 @@ class EarlyStop:
                  self.patience)
         return self.reason() if self.exhausted else None
 
-    def reason(self) -> str:
-        """Why the run stops, for the log, status.json's ``stopped_by`` and a resume."""
-        best = "no finite score" if self.best is None else f"best {self.best:.4f} at step {self.best_step}"
+    def reason(self, best: Mapping[str, Any] | None = None) -> str:
+        """Why the run stops, for the log, status.json's ``stopped_by`` and a resume. ``best``:
+        best.pt's record (a checkpoint's ``best``), the one best the message gives. best.pt takes
+        any better score of its own ``checkpoint.best_by`` while the count waits for an
+        improvement by ``min_delta`` of its monitor, so the two may differ: then the monitor's
+        own follows, said to be the count's."""
         evaluations = "1 evaluation" if self.wait == 1 else f"{self.wait} evaluations"
-        return f"{KEY}: {self.monitor} did not improve{self._by()} for {evaluations} ({best})"
+        head = f"{KEY}: {self.monitor} did not improve{self._by()} for {evaluations}"
+        if best is None:  # no best.pt (no finite score yet, or a record without one)
+            own = "no finite score" if self.best is None else f"best {self.best:.4f} at step {self.best_step}"
+            return f"{head} ({own})"
+        by, value = best_score_by(best), float(best.get("score", best["mIoU"]))
+        if by == self.monitor and best["step"] == self.best_step:
+            return f"{head} (best {value:.4f} at step {best['step']})"
+        named = "" if by == self.monitor else f"{by} "
+        own = (f"{self.monitor} has had no finite score" if self.best is None else
+               f"the count's reference is {'' if by == self.monitor else f'{self.monitor} '}{self.best:.4f} at step "
+               f"{self.best_step}, its last improvement{self._by()}")
+        return f"{head} (best {named}{value:.4f} at step {best['step']}, in best.pt; {own})"
 
     def _by(self) -> str:
         return f" by {self.min_delta:g} or more" if self.min_delta else ""
 
 
-def stopped_early(settings: EarlyStopConfig, state: Any) -> str | None:
+def stopped_early(settings: EarlyStopConfig, state: Any, best: Mapping[str, Any] | None = None) -> str | None:
     """Why a checkpoint's run stopped early under ``settings`` (a resume's config), or None: it
-    watched the same score and has had ``patience`` evaluations without improvement."""
+    watched the same score and has had ``patience`` evaluations without improvement. ``best``:
+    the checkpoint's best.pt record, the best the reason gives."""
     early = EarlyStop(settings)
     if not early.enabled or not early.restore(state) or not early.exhausted:
         return None
-    return early.reason()
+    return early.reason(best if isinstance(best, Mapping) and "mIoU" in best and "step" in best else None)
 
 
 def check_monitor(cfg: "Config", method: "type[Method]") -> None:

@@ -29,6 +29,7 @@ from segadv import fsutil
 from segadv.errors import UserError, WriteFailed
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
+from segadv.signals import deferred
 
 try:
     import fcntl
@@ -50,11 +51,18 @@ class RunDirLock:
         self.path = Path(run_dir) / LOCK_FILE
         self.env = env
         self._fd: int | None = None
+        # Whether the run dir is this launch's to write in (locked by it, or lockable by nobody):
+        # what a start that fails entering the lock may clean up (segadv/training/run_dir.py).
+        self.ours = False
 
     def __enter__(self) -> "RunDirLock":
         failure: BaseException | None = None
         try:
-            problem = self._acquire() if self.env.is_main and fcntl is not None else None
+            # A signal meanwhile is raised once the lock is taken or refused, never between the
+            # lock file's creation and its lock: ``ours`` then says whose run dir it is.
+            with deferred():
+                problem = self._acquire() if self.env.is_main and fcntl is not None else None
+                self.ours = problem is None
         except (WriteFailed, UserError) as err:  # every rank is told before rank 0 raises it
             problem, failure = str(err), err
         if distributed.any_rank(problem is not None):

@@ -19,7 +19,7 @@ from segadv.monitor.status import RunRecord
 from segadv.parallel import DeviceMap, activate, parse_device_map
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
-from segadv.signals import Interrupted, Shielded, deferred
+from segadv.signals import Interrupted, Shielded, deferred, handling_signals
 from segadv.training import preflight, run_dir as rundir
 from segadv.training.build import Training
 from segadv.training.early_stop import stopped_early
@@ -58,13 +58,24 @@ def train(
     Raises Diverged (a non-finite loss or weight) and WriteFailed (a file could not be written),
     each with one message naming the last complete checkpoint (docs/failures.md). Rank 0 records
     how the run ended in RUN/status.json (segadv/monitor/status.py). The run dir follows
-    segadv/training/run_dir.py's rule; a start that fails leaves nothing behind there."""
+    segadv/training/run_dir.py's rule; a start that fails leaves nothing behind there. SIGINT,
+    SIGTERM and SIGHUP are answered by segadv/signals.py's handler from here to the return, called
+    as a library too (a command's is already installed): no write of the run meets a signal's
+    default action, which would end the process mid-write."""
+    with handling_signals():
+        return _train(cfg, config_name, resume=resume, trusted=trusted, stop_at=stop_at, force=force,
+                      config_path=config_path)
+
+
+def _train(cfg: Config, config_name: str, *, resume: str | None, trusted: bool, stop_at: int | None, force: bool,
+           config_path: Path | None) -> TrainResult:
     run_dir = rundir.run_dir_for(cfg, config_name)
     rundir.check_start(run_dir, resume, config_path)
     resumed = rundir.resume_point(run_dir, resume, config_to_dict(cfg), trusted)  # before anything is written
     if resumed is not None and resumed.finished(cfg.train.max_steps):
         return already_finished(cfg, run_dir, resumed)
-    if resumed is not None and (reason := stopped_early(cfg.train.early_stop, resumed.early_stop)) is not None:
+    if resumed is not None and \
+            (reason := stopped_early(cfg.train.early_stop, resumed.early_stop, resumed.best)) is not None:
         return already_finished(cfg, run_dir, resumed, reason)
     options = RunOptions(resume, trusted, stop_at, force)
     env, device_map = start_processes(cfg)
@@ -72,8 +83,8 @@ def train(
     distributed.check_ranks_agree({**flat_config(cfg), "--resume": resume, "world size": env.world_size})
     start = preflight.check_start(cfg, resume, device_map, env)  # before anything slow
     cleanup = rundir.StartCleanup(run_dir, env)
-    rundir.check_writable(run_dir)
     try:
+        rundir.check_writable(run_dir)  # the start's first write (a probe, the run dir made)
         # Shielded: a signal while the lock is released, a failed start's files are removed or the
         # outcome is recorded waits for them to end (segadv/signals.py): none is left half done.
         with Shielded(cleanup.entering(RunDirLock(run_dir, env))), Shielded(cleanup), run_log(run_dir, env.is_main), \
@@ -82,11 +93,14 @@ def train(
             with deferred():
                 record.end(result.stopped_by)
             return result
-    except Interrupted as err:
+    except BaseException as err:
         if not cleanup.started:
-            interrupted_start(err, run_dir, resumed)
-        elif not err.after:  # after the loop (its checkpoints saved), before the process ended
-            err.after = f"the run's checkpoints are in {run_dir / rundir.CHECKPOINT_DIR} (resume: --resume auto)"
+            cleanup.remove_made_dir()  # a failure before the clean-up was entered (the probe, a refused lock)
+        if isinstance(err, Interrupted):
+            if not cleanup.started:
+                interrupted_start(err, run_dir, resumed)
+            elif not err.after:  # after the loop (its checkpoints saved), before the process ended
+                err.after = f"the run's checkpoints are in {run_dir / rundir.CHECKPOINT_DIR} (resume: --resume auto)"
         raise
 
 
@@ -135,15 +149,17 @@ def evaluation_due(cfg: Config, step: int, final: bool) -> bool:
 
 def evaluate(cfg: Config, session: Session, step: int) -> dict[str, object]:
     """The evaluations due at ``step``, then train.early_stop's count (before best.pt, which
-    carries it), best.pt where the score improved and status.json."""
+    carries it), best.pt where the score improved and status.json; an early stop's reason last,
+    giving the best best.pt holds then."""
     session.stop.settle()  # no reduction in flight while the evaluation forks its loader workers
     with session.reporter.phase("evaluation"):
         val_metrics = evaluate_all(cfg, session.parts, session.data, session.reporter, step)
-    session.stop.at_evaluation(session.early_stop.update(step, val_metrics))
+    exhausted = session.early_stop.update(step, val_metrics) is not None
     with session.reporter.phase("checkpoint"):
         session.checkpoints.keep_if_best(step, val_metrics["mIoU"], val_metrics["pixel_acc"],
                                          val_metrics.get("proxies"))
         session.reporter.evaluated(step, val_metrics, session.checkpoints.best)
+    session.stop.at_evaluation(session.early_stop.reason(session.checkpoints.best) if exhausted else None)
     return val_metrics
 
 
@@ -154,7 +170,7 @@ def interrupted_start(err: Interrupted, run_dir: Path, resumed: rundir.ResumePoi
     if resumed is None:
         err.after = (f"nothing was trained or saved, and what the start wrote in {run_dir} was removed: "
                      "run the same command again to start")
-    elif not err.after:
+    else:  # what the start's parts said (the checkpoints it read) is the same place, told as a start's
         err.after = (f"the run stands at {resumed.path} (step {resumed.step}): run the same command again "
                      "to go on")
 

@@ -58,17 +58,20 @@ def run_log(run_dir: Path, enabled: bool = True, level: int = logging.INFO) -> I
         log.warning("cannot keep the run's log in %s: %s", path, err.strerror or err)
         yield None
         return
-    handler.setLevel(level)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
     root = logging.getLogger()
-    root.addHandler(handler)
     level_before = root.level
-    if root.getEffectiveLevel() > level:
-        root.setLevel(level)  # a caller that never configured logging (tests, a library call) still gets the file
     from segadv import __version__
 
-    _to_file(handler, logging.INFO, "segadv %s: an attempt starts in %s (pid %d)", __version__, run_dir, os.getpid())
+    # From the file's opening on, whatever ends the block (a signal in its first line too) takes
+    # the handler off: a start's clean-up then puts back a train.log nothing writes to any more.
     try:
+        handler.setLevel(level)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+        root.addHandler(handler)
+        if root.getEffectiveLevel() > level:
+            root.setLevel(level)  # a caller that never configured logging (tests, a library call) still gets the file
+        _to_file(handler, logging.INFO, "segadv %s: an attempt starts in %s (pid %d)", __version__, run_dir,
+                 os.getpid())
         yield path
     except BaseException as err:
         _to_file(handler, logging.ERROR, "the run ended with %s: %s", type(err).__name__, err)

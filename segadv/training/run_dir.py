@@ -42,7 +42,7 @@ from segadv.fsutil import check_output, check_output_dir, unwritable, user_path
 from segadv.monitor.writer import read_records
 from segadv.parallel.distributed import DistEnv
 from segadv.readback import Unreadable, os_reason
-from segadv.signals import deferred
+from segadv.signals import Interrupted, deferred
 
 log = logging.getLogger(__name__)
 
@@ -179,13 +179,16 @@ class StartCleanup:
     def entering(self, manager: Any) -> Iterator[Any]:
         """``with start.entering(RunDirLock(...)):`` a context entered before this clean-up (the lock,
         held while it removes): a write that fails entering it (a full disk writing the lock file,
-        which held the lock then) removes what the start created all the same. Any other failure
-        (the run dir in use by another run) touches nothing: the run dir is not this start's."""
+        which held the lock then), or a signal once the run dir is this start's (the manager's
+        ``ours``), removes what the start created all the same. Any other failure (the run dir in
+        use by another run) touches nothing: the run dir is not this start's."""
         try:
             entered = manager.__enter__()
-        except WriteFailed as err:
-            with deferred():
-                self.__exit__(type(err), err, err.__traceback__)
+        except BaseException as err:
+            if isinstance(err, WriteFailed) or (isinstance(err, Interrupted) and getattr(manager, "ours", False)):
+                with deferred():
+                    self.__exit__(type(err), err, err.__traceback__)
+                    manager.__exit__(type(err), err, err.__traceback__)  # the lock, let go once the clean-up is done
             raise
         try:
             yield entered
@@ -197,6 +200,14 @@ class StartCleanup:
 
     def __enter__(self) -> "StartCleanup":
         return self
+
+    def remove_made_dir(self) -> None:
+        """A start that failed before its clean-up was entered (the run dir's write probe, the
+        lock refused): the run dir goes if the start made it and nothing is in it."""
+        if self.existed or not self.env.is_main:
+            return
+        with contextlib.suppress(OSError):
+            self.run_dir.rmdir()  # only an empty one
 
     def __exit__(self, exc_type: type | None, *_: object) -> None:
         if exc_type is None or self.started or not self.env.is_main or not self.run_dir.is_dir():
@@ -461,9 +472,9 @@ def finished_line(run_dir: Path, step: int, evaluation: dict[str, Any] | None, b
     best_text = f"; best val mIoU {best['mIoU']:.4f} at step {best['step']}" if best else ""
     if best and best_score_by(best) != "val/mIoU":
         best_text += f" (chosen by {best['by']})"
-    if early_stop is not None:
+    if early_stop is not None:  # its reason gives best.pt's best
         return (f"{run_dir} stopped early: step {step} of train.max_steps={max_steps}, {early_stop}; nothing to "
-                f"train; {final}{best_text} (checkpoint: {checkpoint}). To train on, resume with a larger "
+                f"train; {final} (checkpoint: {checkpoint}). To train on, resume with a larger "
                 "train.early_stop.patience, or train.early_stop.monitor=null")
     return (f"{run_dir} is finished: step {step} of train.max_steps={step}, nothing to train; {final}{best_text} "
             f"(checkpoint: {checkpoint}). To train on, resume with a larger train.max_steps")

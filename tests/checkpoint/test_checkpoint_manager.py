@@ -143,6 +143,39 @@ def test_start_removes_temp_files_of_an_interrupted_write(tmp_path):
     assert not stale.exists()
 
 
+def test_start_removes_only_the_temp_files_of_its_own_writes(tmp_path):
+    """What only looks like a temp file (a folder, a link, a name segadv never writes) stays."""
+    m = manager(tmp_path)
+    m.save(2)
+    ckpt_dir = tmp_path / "checkpoints"
+    (ckpt_dir / ".step_2.pt.tmp-7").mkdir()
+    (ckpt_dir / ".notes.txt.tmp-1").write_text("the user's")
+    (ckpt_dir / ".best.pt.tmp-9").symlink_to(tmp_path / "elsewhere")
+    assert manager(tmp_path).start("auto") == 2
+    assert (ckpt_dir / ".step_2.pt.tmp-7").is_dir()
+    assert (ckpt_dir / ".notes.txt.tmp-1").read_text() == "the user's"
+    assert (ckpt_dir / ".best.pt.tmp-9").is_symlink()
+
+
+def test_a_folder_or_link_named_like_a_step_file_is_never_moved_nor_removed(tmp_path):
+    ckpt_dir = tmp_path / "checkpoints"
+    ckpt_dir.mkdir()
+    (ckpt_dir / "step_1.pt").mkdir()
+    (ckpt_dir / "step_9.pt").mkdir()
+    (ckpt_dir / "step_8.pt").symlink_to(tmp_path / "elsewhere")
+    m = manager(tmp_path, every=2, keep_last=1)
+    assert m.start("auto") == 0  # a fresh start: nothing of a run to abandon
+    for step in (2, 4):
+        m.save(step)  # retention keeps one step file of the run's
+    assert (ckpt_dir / "step_1.pt").is_dir() and (ckpt_dir / "step_9.pt").is_dir()
+    assert (ckpt_dir / "step_8.pt").is_symlink()
+    assert not (ckpt_dir / "abandoned").exists()
+    assert manager(tmp_path, every=2).start(str(ckpt_dir / "step_4.pt")) == 4  # abandons last.pt alone
+    (archive,) = (ckpt_dir / "abandoned").iterdir()
+    assert [p.name for p in archive.iterdir()] == ["last.pt"]
+    assert (ckpt_dir / "step_9.pt").is_dir()
+
+
 def test_resume_from_a_file_without_a_state_is_a_user_error(tmp_path):
     manager(tmp_path).save(2)
     ckpt_dir = tmp_path / "checkpoints"

@@ -163,6 +163,49 @@ def test_a_rewind_abandons_the_later_files_and_ranks_without_those_gone(tmp_path
     assert "best_step_2_mIoU_0.3000.pt, ranked among the best by the checkpoint resumed from, is not in" in caplog.text
 
 
+def test_a_start_moves_only_the_ranked_files_the_run_wrote(tmp_path, caplog):
+    """A file or folder named like keep_best's that no checkpoint of the run lists (the user's,
+    another run's) is never moved: left where it is and named once."""
+    weights = Weights()
+    m = manager(tmp_path, weights, keep_best=2, every=2)
+    evaluate(m, weights, [(2, 0.3)])
+    m.save(2)
+    evaluate(m, weights, [(4, 0.5)])  # the abandoned future's file: moved
+    ckpt_dir = tmp_path / "checkpoints"
+    (ckpt_dir / "best_step_5_val_mIoU_0.9999.pt").write_bytes(b"the user's")
+    (ckpt_dir / "best_step_6_mIoU_0.9000.pt").mkdir()
+    (ckpt_dir / "best_step_7_mIoU_0.8000.pt").symlink_to(ckpt_dir / "best_step_4_mIoU_0.5000.pt")
+    other = CheckpointManager(tmp_path / "other", {"generator": Weights()}, config={"run": "another"}, every=2,
+                              keep_best=1)
+    other.keep_if_best(8, 0.7)  # a ranked file of another run, copied in
+    (tmp_path / "other" / "checkpoints" / "best_step_8_mIoU_0.7000.pt").rename(ckpt_dir / "best_step_8_mIoU_0.7000.pt")
+    rewound = manager(tmp_path, Weights(), keep_best=2, every=2)
+    with caplog.at_level(logging.WARNING):
+        assert rewound.start(str(ckpt_dir / "step_2.pt")) == 2
+    (archive,) = (ckpt_dir / "abandoned").iterdir()
+    assert sorted(p.name for p in archive.iterdir()) == ["best.json", "best.pt", "best_step_4_mIoU_0.5000.pt",
+                                                         "last.pt"]
+    assert (ckpt_dir / "best_step_5_val_mIoU_0.9999.pt").read_bytes() == b"the user's"
+    assert (ckpt_dir / "best_step_6_mIoU_0.9000.pt").is_dir()
+    assert (ckpt_dir / "best_step_7_mIoU_0.8000.pt").is_symlink()
+    assert (ckpt_dir / "best_step_8_mIoU_0.7000.pt").is_file()
+    [warning] = [r.getMessage() for r in caplog.records if "named like checkpoint.keep_best" in r.getMessage()]
+    assert warning.startswith("best_step_8_mIoU_0.7000.pt, best_step_7_mIoU_0.8000.pt, best_step_6_mIoU_0.9000.pt, "
+                              "best_step_5_val_mIoU_0.9999.pt in ")
+    assert warning.endswith("left as they are")
+
+
+def test_resume_auto_in_a_dir_of_only_a_users_ranked_file_moves_nothing(tmp_path, caplog):
+    ckpt_dir = tmp_path / "checkpoints"
+    ckpt_dir.mkdir()
+    (ckpt_dir / "best_step_5_val_mIoU_0.9999.pt").write_bytes(b"the user's")
+    with caplog.at_level(logging.WARNING):
+        assert manager(tmp_path, keep_best=2).start("auto") == 0
+    assert files(tmp_path) == ["best_step_5_val_mIoU_0.9999.pt"]
+    assert not (ckpt_dir / "abandoned").exists()
+    assert "best_step_5_val_mIoU_0.9999.pt in " in caplog.text
+
+
 def test_a_ranking_by_another_score_leaves_its_files_and_starts_over(tmp_path, caplog):
     weights = Weights()
     m = manager(tmp_path, weights, keep_best=1)

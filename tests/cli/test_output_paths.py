@@ -80,3 +80,19 @@ def test_curves_replaces_a_regular_png_atomically_and_writes_a_linked_one_where_
     assert curves.main([str(run), "--png", str(link)]) == 0
     assert link.is_symlink() and png.read_bytes().startswith(b"\x89PNG")  # the file it leads to, the link kept
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "curves.png", "latest.png"]
+
+
+@pytest.mark.parametrize("fmt, suggested", [
+    ("torchscript", "{d}/model.pt"),
+    ("onnx", "{d}/model.onnx"),
+    (None, "{d}/model.onnx for ONNX or {d}/model.pt for TorchScript"),
+])
+def test_export_to_a_folder_suggests_a_file_its_format_writes(tmp_path, capsys, fmt, suggested):
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    code = export.main(["--checkpoint", str(tmp_path / "no-such-checkpoint.pt"), "--output", str(folder),
+                        *(["--format", fmt] if fmt else [])])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.strip() == (f"error: --output {folder} is a directory; name the file to write "
+                           f"(e.g. {suggested.format(d=folder)})")

@@ -10,7 +10,11 @@ COMMAND is a console script's name (``segadv-train``, ``segadv-export``); POINT 
   ``status.json``): its temp file written, before the fsync and the rename;
 - ``verify``: while segadv-export verifies its output (its temp file written);
 - ``end``: as segadv-train records how its run ended (``RunRecord.end``, the loop over);
-- ``A+B``: at A, then at B (a second signal).
+- ``A+B``: at A, then at B (a second signal);
+- ``self-SIGNAME:NAME`` (no waiting): the command sends itself SIGNAME in the middle of its first
+  write into the file NAME (``.segadv.lock``, ``train.log``, ``data_split.json``: the file itself or
+  its temp file ``.NAME.tmp-PID``), half of the bytes written; ``self-SIGNAME:write-probe`` right
+  after the run dir's write probe is created. The signal is raised where it lands, in the write.
 
 There it prints ``SIGNAL-DRIVER: waiting at POINT`` on stderr and sleeps until a stop signal has
 come (at most 10 minutes): a handler that raises ends the sleep with its exception, one that only
@@ -21,6 +25,7 @@ busy machine never makes the signal land elsewhere. Everything else is the real 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -77,6 +82,41 @@ def hold_in_write(name: str) -> None:
     fsutil.os.fsync = fsync  # fsutil.os is os: every atomic write's fsync
 
 
+def signal_in_write(sig: signal.Signals, name: str) -> None:
+    from segadv import fsutil
+
+    def ours(path: str) -> bool:
+        base = os.path.basename(path)
+        if name == "write-probe":
+            return base.startswith(".write-probe-")
+        return base == name or base.startswith(f".{name}.tmp-")
+
+    def send(where: str) -> None:
+        sent.append(where)
+        print(f"SIGNAL-DRIVER: {sig.name} to itself in {where}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), sig)
+
+    sent: list[str] = []
+    real_write_all, real_opener = fsutil.write_all, fsutil._new_file_opener
+
+    def write_all(fh, data):
+        path = fh.name if isinstance(fh.name, str) else os.readlink(f"/proc/self/fd/{fh.fileno()}")
+        if sent or not ours(path) or len(data) < 2:
+            return real_write_all(fh, data)
+        half = len(data) // 2
+        real_write_all(fh, data[:half])
+        send(path)  # the handler runs here or at the next instruction: inside this write either way
+        return real_write_all(fh, data[half:])
+
+    def opener(path, flags):
+        fd = real_opener(path, flags)
+        if not sent and name == "write-probe" and ours(path):
+            send(path)
+        return fd
+
+    fsutil.write_all, fsutil._new_file_opener = write_all, opener
+
+
 def hold_in_verification() -> None:
     from segadv.export import verify as verify_module
 
@@ -112,6 +152,9 @@ def main() -> int:
             hold_in_verification()
         elif point == "end":
             hold_at_the_end()
+        elif point.startswith("self-"):
+            sig, name = point.removeprefix("self-").split(":", 1)
+            signal_in_write(signal.Signals[sig], name)
         else:
             raise SystemExit(f"unknown point {point!r}")
     module = {"segadv-train": "segadv.cli.train", "segadv-export": "segadv.cli.export"}[command]

@@ -116,6 +116,74 @@ def test_a_signal_before_the_first_step_unwinds_the_start(tmp_path, sig, point):
     assert status_of(run_dir)["outcome"] == "finished"
 
 
+# What a start writes before its first step, in order (a file of a name not here is a test to add):
+# the run dir's write probe, the lock's holder line, train.log, the data split, config.yaml; a
+# resume's also metrics.jsonl, its records past the step resumed at taken out.
+START_FILES = ["write-probe", ".segadv.lock", "train.log", "data_split.json", "config.yaml"]
+RESUME_START_FILES = ["write-probe", ".segadv.lock", "train.log", "data_split.json", "metrics.jsonl", "config.yaml"]
+
+
+def test_the_files_a_start_writes_are_those_the_signal_tests_cover(tmp_path, monkeypatch):
+    from segadv import fsutil
+    from segadv.training.run_dir import StartCleanup
+
+    written: list[str] = []
+    started: list[bool] = []
+    real_write_all, real_opener, real_done = fsutil.write_all, fsutil._new_file_opener, StartCleanup.done
+
+    def note(path: str) -> None:
+        name = os.path.basename(path)
+        name = "write-probe" if name.startswith(".write-probe-") else name.split(".tmp-")[0].removeprefix(".") \
+            if ".tmp-" in name else name
+        if not started and name not in written:
+            written.append(name)
+
+    def write_all(fh, data):
+        note(fh.name if isinstance(fh.name, str) else os.readlink(f"/proc/self/fd/{fh.fileno()}"))
+        return real_write_all(fh, data)
+
+    def opener(path, flags):
+        note(path)
+        return real_opener(path, flags)
+
+    monkeypatch.setattr(fsutil, "write_all", write_all)
+    monkeypatch.setattr(fsutil, "_new_file_opener", opener)
+    monkeypatch.setattr(StartCleanup, "done", lambda self: (started.append(True), real_done(self)))
+    assert train_cli.main(["--run-dir", str(tmp_path / "run"), *TRAIN, "train.max_steps=1"]) == 0
+    assert written == START_FILES
+    written.clear(), started.clear()
+    assert train_cli.main(["--run-dir", str(tmp_path / "run"), "--resume", "auto", *TRAIN, "train.max_steps=2"]) == 0
+    assert written == RESUME_START_FILES
+
+
+@pytest.mark.parametrize("name, resume", [
+    *(pytest.param(name, False, id=f"{name}-fresh") for name in START_FILES),
+    *(pytest.param(name, True, id=f"{name}-resume") for name in RESUME_START_FILES),
+])
+def test_a_signal_inside_any_write_of_a_start_unwinds_it(tmp_path, name, resume):
+    """The command signals itself in the middle of the write (no timing decides where it lands):
+    from the first file a start writes, a signal ends it with its line, the start's files put back
+    and no temp file left."""
+    run_dir = tmp_path / "run"
+    before = {}
+    if resume:
+        assert train_cli.main(["--run-dir", str(run_dir), *TRAIN, "train.max_steps=1"]) == 0
+        before = files_of(run_dir)
+    held = Held(f"self-SIGTERM:{name}", "segadv-train", "--run-dir", str(run_dir), *(["--resume", "auto"] * resume),
+                *TRAIN)
+    code, stderr = held.finish()
+    assert "SIGNAL-DRIVER: SIGTERM to itself in" in stderr, stderr[-3000:]
+    [error] = assert_clean(code, stderr, 143, tmp_path)
+    if resume:
+        assert error == (f"error: interrupted by SIGTERM before the first step; the run stands at "
+                         f"{run_dir / 'checkpoints' / 'last.pt'} (step 1): run the same command again to go on")
+        assert files_of(run_dir) == before  # bytes and mtimes: the lock, train.log, config.yaml as they were
+    else:
+        assert error == (f"error: interrupted by SIGTERM before the first step; nothing was trained or saved, and "
+                         f"what the start wrote in {run_dir} was removed: run the same command again to start")
+        assert not run_dir.exists()
+
+
 def files_of(run_dir: Path) -> dict[str, tuple[bytes, int]]:
     """Every file of the run dir (checkpoints included): its bytes and its mtime."""
     return {str(p.relative_to(run_dir)): (p.read_bytes(), p.stat().st_mtime_ns)

@@ -194,3 +194,47 @@ def test_a_run_stops_at_the_evaluation_its_patience_ends_and_resumes_counting(tm
     assert val_steps(run_dir) == [2, 4, 6, 8, 10]
     assert sorted(p.name for p in ckpts.glob("best_step_*")) == \
         ["best_step_10_mIoU_0.4800.pt", "best_step_4_mIoU_0.5000.pt"]  # step 10 pushed step 6 out
+
+
+def test_the_reason_gives_the_best_best_pt_holds_and_the_counts_own_labelled_where_another():
+    _, early = counted([0.5, 0.55, 0.52], min_delta=0.1)  # best.pt takes 0.55, the count waits on 0.5
+    assert early.reason({"mIoU": 0.55, "step": 20}) == (
+        "train.early_stop: val/mIoU did not improve by 0.1 or more for 2 evaluations (best 0.5500 at step 20, "
+        "in best.pt; the count's reference is 0.5000 at step 10, its last improvement by 0.1 or more)")
+    _, early = counted([0.9, 0.8, 0.85], monitor="val/pixel_acc", key="pixel_acc")
+    assert early.reason({"mIoU": 0.4, "step": 30}) == (
+        "train.early_stop: val/pixel_acc did not improve for 2 evaluations (best val/mIoU 0.4000 at step 30, in "
+        "best.pt; the count's reference is val/pixel_acc 0.9000 at step 10, its last improvement)")
+    _, early = counted([0.5, 0.4, 0.45])
+    assert early.reason({"mIoU": 0.5, "step": 10}) == early.reason() == \
+        "train.early_stop: val/mIoU did not improve for 2 evaluations (best 0.5000 at step 10)"
+    state = early.state_dict()
+    assert stopped_early(EarlyStopConfig(monitor="val/mIoU", patience=2), state, {"mIoU": 0.5, "step": 10}) == \
+        early.reason()
+
+
+def test_an_early_stop_under_min_delta_names_the_best_best_pt_and_status_json_hold(tmp_path, monkeypatch, caplog):
+    """best.pt keeps any better score, the count an improvement by min_delta: the stop's message
+    gives best.pt's best (step 4), not the count's reference (step 2) as the best."""
+    scores = {2: 0.50, 4: 0.55, 6: 0.52}
+    real = loop.evaluate_all
+    monkeypatch.setattr(loop, "evaluate_all",
+                        lambda cfg, parts, data, reporter, step: {**real(cfg, parts, data, reporter, step),
+                                                                  "mIoU": scores[step]})
+    run_dir = tmp_path / "run"
+    with caplog.at_level(logging.INFO):
+        result = loop.train(run_cfg(run_dir, "train.early_stop.min_delta=0.1", "checkpoint.keep_best=null"))
+    reason = ("train.early_stop: val/mIoU did not improve by 0.1 or more for 2 evaluations (best 0.5500 at step 4, "
+              "in best.pt; the count's reference is 0.5000 at step 2, its last improvement by 0.1 or more)")
+    assert (result.step, result.stopped_by, result.best["step"]) == (6, reason, 4)
+    assert read_checkpoint(run_dir / "checkpoints" / "best.pt")["step"] == 4
+    status = read_status(run_dir)
+    assert (status.stopped_by, status.best.step) == (reason, 4)
+    assert f"stopped ({reason}) at step 6/12" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        again = loop.train(run_cfg(run_dir, "train.early_stop.min_delta=0.1", "checkpoint.keep_best=null"),
+                           resume="auto")
+    assert again.stopped_by == reason
+    [line] = [r.getMessage() for r in caplog.records if "stopped early" in r.getMessage()]
+    assert line.count("best") == 2 and "at step 4, in best.pt" in line  # one best, and best.pt named once

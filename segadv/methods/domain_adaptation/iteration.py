@@ -36,6 +36,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional
 import torch
 import torch.nn.functional as F
 
+from segadv.checkpoint.loader import has_values
 from segadv.data.streams import Stream
 from segadv.engine.losses import EMPTY_PREFIX, empty_selection, masked_cross_entropy
 from segadv.engine.network import Network
@@ -84,7 +85,10 @@ def mean_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 def _derived_seed(state: torch.Tensor) -> int:
     """A seed that is a function of a generator's state: a hash, so the derived stream shares no
-    numbers with the state's own (the next source pass's dropout masks)."""
+    numbers with the state's own (the next source pass's dropout masks). Under segadv-plan's dry
+    run a state's bytes cannot be read (nothing is drawn there either): any seed does."""
+    if not has_values(state):
+        return 0
     digest = hashlib.blake2b(state.cpu().numpy().tobytes(), digest_size=8, person=b"segadv-target").digest()
     return int.from_bytes(digest, "little") >> 1  # manual_seed takes a non-negative int64
 
