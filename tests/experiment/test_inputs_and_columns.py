@@ -47,6 +47,16 @@ def finished(run_dir, overrides=()):
 # ------------------------------------------------------------------ run: the inputs, checked first
 
 
+
+def refusals(grid, capsys):
+    """``segadv-experiment run`` with and without --dry-run, each refused (exit 2, nothing on
+    stdout, no traceback): the lines of its message, for each."""
+    for extra in (["--dry-run"], []):
+        assert experiment.main(["run", str(grid), "--out", "out", *extra]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and "Traceback" not in captured.err
+        yield captured.err.splitlines()
+
 def test_every_missing_input_is_named_with_its_rows_before_any_run(tmp_path, monkeypatch, capsys, no_runs):
     """A warm start every row reads (common_overrides), a data root, a target's root and local
     encoder weights, all missing: --dry-run and run both exit 2 naming each (key, path, rows), and
@@ -60,11 +70,7 @@ def test_every_missing_input_is_named_with_its_rows_before_any_run(tmp_path, mon
         {"name": "adapted", "config": "uda", "overrides": ["target_data.kind=folder", "target_data.num_classes=5",
                                                            "target_data.root=target"]},
     ])
-    for extra in (["--dry-run"], []):
-        assert experiment.main(["run", str(grid), "--out", "out", *extra]) == 2
-        captured = capsys.readouterr()
-        assert captured.out == "" and "Traceback" not in captured.err
-        lines = captured.err.splitlines()
+    for lines in refusals(grid, capsys):
         assert lines[0] == "error: grid t: 4 problem(s) their runs' starts would refuse, so no run was started:"
         assert lines[1:] == [
             f"every row (3): init.generator.path: checkpoint not found: {pretext}",
@@ -96,11 +102,7 @@ def test_every_row_goes_through_its_trainers_start_checks_before_any_run(tmp_pat
         {"name": "fine", "config": DEFAULT},
     ]
     grid = write_grid(tmp_path / "grid.yaml", rows=rows)
-    for extra in (["--dry-run"], []):
-        assert experiment.main(["run", str(grid), "--out", "out", *extra]) == 2
-        captured = capsys.readouterr()
-        assert captured.out == "" and "Traceback" not in captured.err
-        lines = captured.err.splitlines()
+    for lines in refusals(grid, capsys):
         assert lines[0] == "error: grid t: 4 problem(s) their runs' starts would refuse, so no run was started:"
         assert [line.partition(": ")[0] for line in lines[1:]] == [
             "row 'dinov2 at 50 px'", "row 'unimatch adapted'", "row 'split on the cpu'", "row 'proxy watched'"]
