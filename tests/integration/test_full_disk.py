@@ -100,7 +100,9 @@ def temp_files(root: Path) -> list[str]:
     ("checkpoint", 1, "best.pt", None),  # best.pt at step 2, the first checkpoint: nothing saved
     ("checkpoint", 3, "step_2.pt", 2),  # step_2.pt, after best.pt and last.pt of step 2
     ("status", 2, "status.json", 2),  # "running" rewritten at step 2's evaluation, after its best.pt
-    ("tensorboard", 80, "tensorboard", 4),  # alone, after step 4's checkpoints: raised as the files flush or close
+    # alone, after step 4's checkpoints (this run writes 83 TensorBoard records by then, 105 in all, the
+    # train/empty/* shares among them): raised as the files flush or close
+    ("tensorboard", 95, "tensorboard", 4),
 ])
 def test_a_disk_that_fills_mid_run_is_exit_4_recorded_in_status_json(tmp_path, monkeypatch, capsys, caplog, kind, at,
                                                                      file, saved):
