@@ -27,10 +27,11 @@ from torch import nn
 
 from segadv.checkpoint.io import read_checkpoint
 from segadv.checkpoint.reference_weights import map_reference_weights, reference_format, strip_wrappers
-from segadv.config.archs import generator_arch, resolve
+from segadv.models.registry import generator_arch, resolve
 from segadv.config.schema import GeneratorConfig
 from segadv.errors import UserError
-from segadv.models.generator import AUX_HEAD_PREFIX, DroppedStage, local_encoder_weights
+from segadv.models.base import AUX_HEAD_PREFIX, DroppedStage
+from segadv.models.generator import local_encoder_weights
 from segadv.parallel.placement import unwrap
 
 log = logging.getLogger(__name__)
@@ -216,7 +217,7 @@ def head_classes(head: Mapping[str, torch.Tensor]) -> str:
 def drop_training_only_head(
     flat: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]
 ) -> tuple[dict[str, torch.Tensor], int]:
-    """A multi-level G's aux head (``aux_head.*``, segadv/models/generator.py) exists only for
+    """A multi-level G's aux head (``aux_head.*``, segadv/models/base.py) exists only for
     training: into a model without one (evaluation, export, predict, convert) its keys are left
     out, and every other key still loads strictly. Returns the kept keys and how many were left."""
     if any(k.startswith(AUX_HEAD_PREFIX) for k in expected):
@@ -227,7 +228,7 @@ def drop_training_only_head(
 
 def drop_unused_stage_keys(flat: Mapping[str, torch.Tensor], target: nn.Module) -> tuple[dict[str, torch.Tensor], int]:
     """A G built with a shallow ``encoder_depth`` has its unused encoder stages replaced by
-    :class:`DroppedStage` (segadv/models/generator.py); a full-depth file's keys for those stages
+    :class:`DroppedStage` (segadv/models/base.py); a full-depth file's keys for those stages
     (a plain smp model's, a pretrained encoder's) are left out, and every other key still loads
     strictly. Returns the kept keys and how many were left."""
     dropped = [f".{name}." for name, module in target.named_modules() if isinstance(module, DroppedStage)]

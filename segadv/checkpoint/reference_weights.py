@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from segadv.errors import UserError
-from segadv.models.generator import AUX_HEAD_PREFIX
+from segadv.models.base import AUX_HEAD_PREFIX
 
 log = logging.getLogger(__name__)
 

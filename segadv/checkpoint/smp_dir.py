@@ -31,7 +31,7 @@ from torch import nn
 from segadv.checkpoint.integrity import seal_safetensors
 from segadv.errors import UserError, WriteFailed
 from segadv.fsutil import make_dir, staged
-from segadv.config.archs import ARCHS as GENERATOR_ARCHS, GeneratorArch
+from segadv.models.registry import ARCHS as GENERATOR_ARCHS, GeneratorArch
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ IGNORED_KEYS = ("encoder_weights",)
 
 def smp_archs() -> dict[str, GeneratorArch]:
     """smp's class name -> the arch row whose inference G it is (smp.from_pretrained rebuilds only
-    those: the rows with an ``smp_class``, segadv/config/archs.py)."""
+    those: the rows with an ``smp_class``, segadv/models/registry.py)."""
     return {row.smp_class: row for row in GENERATOR_ARCHS.values() if row.smp_class is not None}
 
 

@@ -1,7 +1,7 @@
 """``model.generator``: the keys every generator architecture takes, and the choice of the
 architecture's own section by ``arch``.
 
-Each arch is a row of the arch table (``segadv/config/archs.py``) holding its section, a subclass
+Each arch is a row of the arch table (``segadv/models/registry.py``) holding its section, a subclass
 of :class:`GeneratorConfig` with its own keys and limits. A ``model.generator`` mapping is validated
 as the section of the row its ``arch`` names (the table's default where it names none), so the keys
 of one arch mean nothing to another; ``GeneratorConfig(**keys)`` builds that row's section too.
@@ -22,13 +22,13 @@ from pydantic import Field, create_model, field_validator, model_validator
 from segadv.config.section import Section, registered_choice
 from segadv.errors import UserError
 
-ARCH_TABLE = "segadv.config.archs"
+ARCH_TABLE = "segadv.models.registry"
 DEFAULT_ARCH = "deeplabv3plus"
 ARCH_DESCRIPTION = (
     "G's network on the encoder: smp's DeepLabV3, or DeepLabV3+ with its low-level skip (an "
     "ASPP decoder with image pooling), or DeepLab-v2 as the adversarial references train it (a classifier "
     "summing dilated 3x3 convolutions, model.generator.aspp_v2_rates; no decoder, no pooling), or dinov2: a "
-    "DINOv2 ViT with UniMatch V2's DPT head; a row of the arch table (segadv/config/archs.py)")
+    "DINOv2 ViT with UniMatch V2's DPT head; a row of the arch table (segadv/models/registry.py)")
 
 
 def arch_field(name: str) -> Any:
@@ -37,7 +37,7 @@ def arch_field(name: str) -> Any:
 
 
 def registered_archs() -> dict[str, Any]:
-    """``model.generator.arch`` -> its row (``segadv.config.archs.ARCHS``)."""
+    """``model.generator.arch`` -> its row (``segadv.models.registry.ARCHS``)."""
     return importlib.import_module(ARCH_TABLE).ARCHS
 
 
@@ -100,7 +100,7 @@ class GeneratorConfig(Section):
 
     @property
     def trains_on_one_sample(self) -> bool:
-        """Whether a batch of one sample trains G (where not, segadv/training/build.py and
+        """Whether a batch of one sample trains G (where not, segadv/training/checks.py and
         segadv/data/batch_checks.py refuse one before step 1). Not where a BatchNorm on batch
         statistics sees one value per channel: the image-pooling branch of smp's DeepLabV3 / V3+
         ASPP (a 1x1 map). DeepLab-v2 has no pooling: at batch 1 its BatchNorm normalises over each
@@ -121,7 +121,7 @@ class GeneratorConfig(Section):
         """A UserError naming ``source`` (where the size comes from: a config key, a split's
         images) where G cannot take an input of ``height`` x ``width``: a side that is not a
         multiple of :attr:`input_divisor`. ``fix``: what to change (default: the size rounded down
-        to a multiple). Checked at start for every input size G is given (segadv/training/build.py
+        to a multiple). Checked at start for every input size G is given (segadv/training/checks.py
         ``check_build`` and ``check_image_inputs``)."""
         divisor = self.input_divisor
         if height % divisor == 0 and width % divisor == 0:
@@ -133,7 +133,7 @@ class GeneratorConfig(Section):
     def deepest_map(self, height: int, width: int) -> Optional[tuple[int, int]]:
         """The height and width of G's deepest feature map at an input of ``height`` x ``width``,
         where the config alone says (None: it does not). A 1x1 map at a batch of one leaves a
-        BatchNorm on batch statistics one value per channel (segadv/training/build.py)."""
+        BatchNorm on batch statistics one value per channel (segadv/training/checks.py)."""
         return None
 
     def summary(self) -> dict[str, Any]:
@@ -141,22 +141,18 @@ class GeneratorConfig(Section):
         return {"arch": self.arch}
 
     @classmethod
+    def carried_over(cls, below: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
+        """A layer naming another arch keeps of the lower layers' keys only those every arch takes,
+        so that a base's DeepLab keys do not follow a switch to an arch without them."""
+        if "arch" not in layer or layer["arch"] == below.get("arch", DEFAULT_ARCH):
+            return dict(below)
+        return {key: value for key, value in below.items() if key in GeneratorConfig.model_fields and key != "arch"}
+
+    @classmethod
     def schema_model(cls) -> type[Section]:
         if cls is not GeneratorConfig:
             return cls
         return _every_arch_key(tuple((name, row.settings) for name, row in registered_archs().items()))
-
-
-GENERATOR_PATH = ("model", "generator")
-
-
-def carried_over(below: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
-    """What a config layer's ``model.generator`` keeps of the lower layers' (the loader merges
-    layers): all of it, or where the layer names another arch only the keys every arch takes, so
-    that a base's DeepLab keys do not follow a switch to an arch without them."""
-    if "arch" not in layer or layer["arch"] == below.get("arch", DEFAULT_ARCH):
-        return dict(below)
-    return {key: value for key, value in below.items() if key in GeneratorConfig.model_fields and key != "arch"}
 
 
 def section_of(arch: str) -> type[GeneratorConfig]:

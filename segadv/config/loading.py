@@ -38,7 +38,6 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from segadv.config.renamed import apply_renamed_keys
-from segadv.config.generator_section import GENERATOR_PATH, carried_over
 from segadv.config.schema import Config, Section, registered_methods
 from segadv.config.shipped import DEFAULT_CONFIG_PATH, resolve_config, shipped_hint
 from segadv.errors import UserError
@@ -299,13 +298,15 @@ def _deep_merge(base: Mapping, over: Mapping, path: tuple[str, ...] = ()) -> dic
     Mappings merge key by key; anything else replaces. A mapping carrying ``_delete_: true``
     replaces instead, and keeps its marker so that it also replaces what lower layers (bases merged
     later, the schema defaults) hold; :func:`_strip_markers` removes the markers at the end.
-    ``model.generator`` in a layer naming another arch keeps, of the lower layers', only the keys
-    every arch takes (``segadv/config/generator_section.py`` ``carried_over``).
+    Each section keeps of the lower layers' keys what its class carries over a layer
+    (``Section.carried_over``: ``model.generator`` naming another arch keeps only the keys every
+    arch takes).
     """
     if over.get(DELETE_KEY) is True:
         return copy.deepcopy(dict(over))
-    if path == GENERATOR_PATH:
-        base = carried_over(base, over)
+    section = _model_at(path, declared=True)
+    if section is not None and issubclass(section, Section):
+        base = section.carried_over(base, over)
     result = copy.deepcopy(dict(base))
     for key, value in over.items():
         old = result.get(key)
@@ -386,10 +387,9 @@ def _apply_overrides(data: dict, overrides: Sequence[str], method: Optional[str]
     given: dict = {}
     for text in overrides:
         _apply_override(given, text)
-    generator = data.get("model", {}).get("generator") if isinstance(data.get("model"), dict) else None
-    chosen = given.get("model", {}).get("generator") if isinstance(given.get("model"), dict) else None
-    if isinstance(generator, dict) and isinstance(chosen, dict):  # the command line a layer naming its arch
-        data["model"]["generator"] = carried_over(generator, chosen)
+    carried = _carried(data, given)  # the command line is a layer: each section it names keeps what it carries over
+    data.clear()
+    data.update(carried)
     if method is None or not overrides:
         for text in overrides:
             _apply_override(data, text)
@@ -490,16 +490,30 @@ def _model_class(annotation: Any) -> Optional[type[BaseModel]]:
     return None
 
 
-def _model_at(loc: Sequence[Union[str, int]]) -> Optional[type[BaseModel]]:
-    """The schema section at ``loc`` (``()`` is ``Config``), or None when it is not a section."""
+def _model_at(loc: Sequence[Union[str, int]], declared: bool = False) -> Optional[type[BaseModel]]:
+    """The schema section at ``loc`` (``()`` is ``Config``), or None when it is not a section: the
+    model of its keys, or with ``declared`` its class as the schema declares it (``GeneratorConfig``
+    rather than the model listing every arch's keys)."""
     model: Optional[type[BaseModel]] = Config
-    for part in loc:
+    for i, part in enumerate(loc):
         if model is None or not isinstance(part, str) or part not in model.model_fields:
             return None
         model = _model_class(model.model_fields[part].annotation)
-        if model is not None and issubclass(model, Section):
+        if model is not None and issubclass(model, Section) and not (declared and i == len(loc) - 1):
             model = model.schema_model()
     return model
+
+
+def _carried(below: dict, layer: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict:
+    """``below`` (the lower layers' values) as far as ``layer`` keeps them: each section ``layer``
+    names says what of its lower layers' keys survives it (``Section.carried_over``: a
+    ``model.generator`` naming another arch keeps only the keys every arch takes)."""
+    section = _model_at(path, declared=True)
+    out = section.carried_over(below, layer) if section is not None and issubclass(section, Section) else dict(below)
+    for key, value in layer.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _carried(out[key], value, (*path, key))
+    return out
 
 
 def _unknown_key_hint(loc: Sequence[Union[str, int]]) -> str:

@@ -1,6 +1,6 @@
 """One network's settings, the values of the per-network sections' entries
 (segadv/config/network_sections.py): a discriminator's model, an optimizer, an autocast, a wrapper,
-the weights to start from. G's model section is the arch table's (segadv/config/archs.py)."""
+the weights to start from. G's model section is the arch table's (segadv/models/registry.py)."""
 
 from __future__ import annotations
 

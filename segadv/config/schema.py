@@ -8,22 +8,21 @@ Every value is range-checked here, so torch and smp never see one they would fai
 finite (``allow_inf_nan=False`` for the whole schema), counts and sizes have bounds, lists their
 lengths; what needs two keys (an encoder depth against the architecture) is a validator naming
 the key. What needs the data (D's depth against the smallest training image, batches of one) is
-checked before the first step (segadv/training/build.py, segadv/data/batch_checks.py). Every field carries a
+checked before the first step (segadv/training/checks.py, segadv/data/batch_checks.py). Every field carries a
 one-line ``description`` (tests/config/test_schema.py insists), the line a key listing shows;
 tests/config/test_schema_bounds.py tries every numeric and list field at its boundaries.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import os
 from typing import Annotated, Any, Literal, Mapping, Optional
 
-from pydantic import Field, SerializeAsAny, ValidationInfo, create_model, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 # The per-network sections and their entries are the config's like any section; their own modules hold them.
 from segadv.config.generator_section import GeneratorConfig  # noqa: F401
+from segadv.config.method_section import MethodConfig, registered_methods  # noqa: F401
 from segadv.config.network_sections import (
     AmpConfig,
     CompileConfig,
@@ -194,70 +193,6 @@ class LossConfig(Section):
                           "adaptsegnet and advent 0.001, mean_teacher 0 (no D is built); minent has no such "
                           "term (0 only), nor has s4gan (its term is method.s4gan.lambda_fm)")
     adv_warmup_steps: int = Field(0, ge=0, le=10**9, description="G's update ignores D until this many steps have run")
-
-
-class MethodConfig(Section):
-    """What one training iteration does (docs/methods.md): ``name`` picks the method, and each
-    registered method with settings has its section under its name (``method.advsemiseg``).
-
-    The methods are registered in ``segadv.methods.registry`` (a plugin adds its own there), and
-    each method's class holds its section's model: this section is validated against them. Every
-    registered method's section is kept, not only ``name``'s, so that a run can switch methods with
-    ``method.name=...`` over a config that sets another method's settings (an experiment grid's
-    rows). A validated ``MethodConfig`` is an instance of a subclass with one field per section
-    (``registered()``), so ``cfg.method.advsemiseg.semi_start`` reads as any other setting.
-    """
-
-    name: str = Field("supervised", description="the method: what one training iteration does (a registered "
-                                                 "method's name; docs/methods.md)")
-
-    @field_validator("name")
-    @classmethod
-    def _registered_name(cls, name: str) -> str:
-        return registered_choice(name, registered_methods())
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _with_sections(cls, data: Any, handler: Any) -> Any:
-        if cls is not MethodConfig or isinstance(data, MethodConfig):
-            return handler(data)  # the registered subclass's own fields, or one already validated
-        return cls.registered().model_validate(data)
-
-    @classmethod
-    def schema_model(cls) -> type[MethodConfig]:
-        return cls.registered()
-
-    @classmethod
-    def registered(cls) -> type[MethodConfig]:
-        """The section as the registry stands: ``name`` and each registered method's settings."""
-        return _method_sections(tuple((name, method.config) for name, method in registered_methods().items()
-                                      if method.config is not None))
-
-    def __reduce__(self) -> tuple:
-        # The registered subclass is built at run time, so it is pickled as its values.
-        return _validated_method_config, (self.model_dump(),)
-
-
-# The method registry imports this module (each method's section is a Section and its class reads
-# a Config), so the schema finds the registry by its module name when it first validates a method
-# section, rather than importing it here.
-METHOD_REGISTRY = "segadv.methods.registry"
-
-
-def registered_methods() -> dict[str, Any]:
-    """``method.name`` -> the method's class (``segadv.methods.registry.METHODS``)."""
-    return importlib.import_module(METHOD_REGISTRY).METHODS
-
-
-@functools.lru_cache(maxsize=None)
-def _method_sections(sections: tuple[tuple[str, type[Section]], ...]) -> type[MethodConfig]:
-    return create_model("MethodConfig", __base__=MethodConfig, __module__=__name__,
-                        **{name: (model, Field(default_factory=model, description=f"method {name}'s settings"))
-                           for name, model in sections})
-
-
-def _validated_method_config(data: dict[str, Any]) -> MethodConfig:
-    return MethodConfig.model_validate(data)
 
 
 # The label-free scores logged at each evaluation of a run with unlabeled or target data

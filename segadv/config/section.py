@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
@@ -16,6 +16,13 @@ class Section(BaseModel):
         """The model whose fields a config's section has: this one, except where they depend on
         what is registered (``MethodConfig``, the per-network sections, ``model.generator``)."""
         return cls
+
+    @classmethod
+    def carried_over(cls, below: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
+        """What this section's keys in lower config layers (``below``) keep under a ``layer`` that
+        sets some of its keys (the loader merges layers): all of them, except where a key of the
+        layer chooses another kind of section whose keys they are not."""
+        return dict(below)
 
 
 # Reusable ranges. Seeds feed numpy (below 2**32) after the rank is added, hence 2**31.

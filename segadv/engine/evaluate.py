@@ -110,8 +110,7 @@ def evaluate(
         with autocast():
             return logits_at(generator, network, x, size)
 
-    divisor = getattr(network, "input_divisor", None) or (
-        network.encoder.output_stride if getattr(network, "requires_divisible_input_shape", False) else 1)
+    divisor = network.input_divisor()
     meter = ProxyMeter(predict, device, realness=realness, divisor=divisor) if proxies else None
     try:
         for images, labels in (loader if track is None else track(loader)):

@@ -7,9 +7,10 @@ import logging
 import torch
 from torch import nn
 
-from segadv.config.archs import ARCH_ATTRIBUTE, GeneratorArch, generator_arch, resolve
 from segadv.config.schema import OptimizerConfig
 from segadv.errors import UserError
+from segadv.models.base import Generator
+from segadv.models.registry import GeneratorArch, generator_arch, resolve
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +21,7 @@ IMPLEMENTATIONS = {"auto": {}, "for_loop": {"foreach": False}, "foreach": {"fore
 def parameter_groups(model: nn.Module, cfg: OptimizerConfig) -> list[dict]:
     """The trained parameters as the optimizer's groups. One group unless the head is set apart
     (``head_lr_mult``, ``head_weight_decay``): then ``backbone`` (the submodule G's arch row names,
-    segadv/config/archs.py: a DeepLab's ``encoder``) at ``lr`` and ``weight_decay``, and ``head``
+    segadv/models/registry.py: a DeepLab's ``encoder``) at ``lr`` and ``weight_decay``, and ``head``
     (every other parameter: the classifier, a decoder, the aux head) at ``lr * head_lr_mult`` and
     ``head_weight_decay``, as the references' ``optim_parameters`` (the classifier at 10x, the same
     weight decay). One group otherwise, so the optimizer state of a run saved with one group still loads."""
@@ -28,8 +29,7 @@ def parameter_groups(model: nn.Module, cfg: OptimizerConfig) -> list[dict]:
     head_wd = cfg.weight_decay if cfg.head_weight_decay is None else cfg.head_weight_decay
     if cfg.head_lr_mult == 1.0 and head_wd == cfg.weight_decay and cfg.layer_decay == 1.0:
         return [{"params": params}]
-    arch = getattr(model, ARCH_ATTRIBUTE, None)
-    row = generator_arch(arch) if arch is not None else None
+    row = generator_arch(model.generator_arch) if isinstance(model, Generator) else None
     check_groups(cfg, row, type(model).__name__)
     backbone = model.get_submodule(row.backbone)
     in_backbone = {id(p) for p in backbone.parameters()}
@@ -45,7 +45,7 @@ def parameter_groups(model: nn.Module, cfg: OptimizerConfig) -> list[dict]:
 def check_groups(cfg: OptimizerConfig, row: GeneratorArch | None, network: str = "G") -> None:
     """The groups ``cfg`` asks of G against its arch's row (None: a network built by no arch row,
     ``network`` its name): a head set apart needs the row's backbone, ``layer_decay`` its numbered
-    encoder layers. Made at start (segadv/training/build.py ``check_role``) and by
+    encoder layers. Made at start (segadv/training/checks.py ``check_role``) and by
     :func:`parameter_groups`."""
     if cfg.head_lr_mult == 1.0 and cfg.head_weight_decay in (None, cfg.weight_decay) and cfg.layer_decay == 1.0:
         return

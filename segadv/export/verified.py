@@ -118,7 +118,7 @@ def export_verified(loaded: LoadedGenerator, fmt: str, output: Path, options: Ex
     h, w = tuple(options.input_size) if options.input_size else default_input_size(loaded, divisor)
     check_size(h, w, divisor, "--input-size")
     dynamic = options.dynamic or fmt == "torchscript"
-    if dynamic and fmt == "onnx" and not getattr(unwrap(generator), "onnx_dynamic_shapes", True):
+    if dynamic and fmt == "onnx" and not unwrap(generator).onnx_dynamic_shapes:
         # A ViT's position embedding is resampled to the input's grid with factors the ONNX trace
         # fixes: its graph takes the size it was traced at only.
         log.warning("%s: its ONNX graph takes one input size (the traced position-embedding grid): exported "

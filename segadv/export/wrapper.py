@@ -68,15 +68,9 @@ class InferenceModel(nn.Module):
 
 
 def size_divisor(generator: nn.Module) -> int:
-    """Height and width must be multiples of this: the network's own ``input_divisor`` where it
-    says (a ViT's patch), else the encoder's output stride for smp models."""
-    generator = unwrap(generator)
-    if getattr(generator, "input_divisor", None):
-        return int(generator.input_divisor)
-    if not getattr(generator, "requires_divisible_input_shape", True):
-        return 1
-    encoder = getattr(generator, "encoder", None)
-    return int(getattr(encoder, "output_stride", 1) or 1)
+    """Height and width must be multiples of this (segadv/models/base.py ``input_divisor``: a ViT's
+    patch, smp's encoder stride, 1 for DeepLab-v2)."""
+    return unwrap(generator).input_divisor()
 
 
 def input_kind(preprocess: Optional[str]) -> str:

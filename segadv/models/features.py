@@ -49,7 +49,7 @@ def channels_of(feature: torch.Tensor) -> int:
 class FeatureScalingMixin:
     """The two keywords above for a network with ``encoder`` (features in a list) and
     ``decode_features(features, x)`` (the logits at ``x``'s size); without them ``forward`` is the
-    network's own."""
+    network's own. Its ``feature_channels()`` (segadv/models/base.py) gives each map's C."""
 
     encoder: Any
 
@@ -66,8 +66,3 @@ class FeatureScalingMixin:
     def decode_features(self, features: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """smp's models: the decoder, then the head, which upsamples to the input itself."""
         return self.segmentation_head(self.decoder(features))  # type: ignore[attr-defined]
-
-    def feature_channels(self) -> tuple[int, ...]:
-        """Each feature map's channels, in the order ``feature_scales`` takes them (smp's encoders
-        hand the decoder every stage's output, the input itself first)."""
-        return tuple(int(c) for c in self.encoder.out_channels)

@@ -1,5 +1,6 @@
 """Activation checkpointing of G (``model.generator.activation_checkpointing``): its arch's blocks
-(a DeepLab's encoder stages and decoder; the row of segadv/config/archs.py names them) keep only
+(a DeepLab's encoder stages and decoder, a ViT's blocks and head: the network names them,
+segadv/models/base.py ``checkpoint_units``) keep only
 their inputs for the backward and run their forward again there (``torch.utils.checkpoint``,
 non-reentrant).
 
@@ -26,8 +27,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
-from segadv.config.archs import ARCH_ATTRIBUTE, generator_arch, resolve
-from segadv.errors import UserError
+from segadv.models.base import Generator
 
 _CHECKPOINTED: dict[type, type] = {}
 
@@ -83,21 +83,9 @@ def checkpointed(module: nn.Module) -> nn.Module:
     return module
 
 
-def checkpoint_units(generator: nn.Module) -> list[str]:
-    """The names of G's modules to checkpoint: its arch's blocks (the row's ``checkpoint_blocks``,
-    segadv/config/archs.py)."""
-    name = getattr(generator, ARCH_ATTRIBUTE, None)
-    if name is None:
-        raise TypeError(f"{type(generator).__name__} was not built by segadv.models.build_generator: no arch row")
-    arch = generator_arch(name)
-    if arch.checkpoint_blocks is None:
-        raise UserError(f"model.generator.activation_checkpointing: arch {arch.name} names no blocks to checkpoint")
-    return resolve(arch.checkpoint_blocks)(generator)
-
-
-def apply_activation_checkpointing(generator: nn.Module) -> list[str]:
-    """Checkpoint G's encoder stages and decoder in place; returns their names."""
-    units = checkpoint_units(generator)
+def apply_activation_checkpointing(generator: Generator) -> list[str]:
+    """Checkpoint G's blocks (its ``checkpoint_units()``) in place; returns their names."""
+    units = generator.checkpoint_units()
     for name in units:
         checkpointed(generator.get_submodule(name))
     return units

@@ -1,7 +1,8 @@
 """Pipeline stages: one network's blocks over several devices, as the device map's ``/`` asks
 (``g:0/1``: G's first blocks on cuda:0, the rest on cuda:1).
 
-A network that can be split says so by having the two members of :class:`Splittable`; placement
+A network that can be split says so by having the two members of :class:`Splittable`
+(segadv/models/base.py); placement
 (segadv/parallel/placement.py) calls ``split`` instead of ``.to(device)`` for a role the map
 splits, and refuses a split of a network without them. Nothing here knows an architecture.
 
@@ -43,26 +44,17 @@ DataParallel it is refused (segadv/parallel/wrap.py).
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Sequence
 
 import torch
 from torch import nn
 
 from segadv.errors import UserError
+from segadv.models.base import Splittable
 from segadv.models.stages import balanced_boundaries, check_boundaries
 
 __all__ = ["Splittable", "balanced_boundaries", "can_split", "check_boundaries", "hand_over", "is_split",
            "split_network", "stage_devices"]
-
-
-@runtime_checkable
-class Splittable(Protocol):
-    """A network that places its own blocks over pipeline stages (see the module's docstring)."""
-
-    def split(self, stage_devices: Sequence[torch.device], boundaries: Sequence[int] | None = None) -> None: ...
-
-    @property
-    def pipeline_devices(self) -> tuple[torch.device, ...]: ...
 
 
 def can_split(module: nn.Module) -> bool:

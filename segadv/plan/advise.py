@@ -25,7 +25,7 @@ from segadv.config import Config, load_config
 from segadv.data.batch_checks import BatchTooSmall
 from segadv.methods import method_class
 from segadv.plan.dry_run import IterationFails, Plan, dry_run
-from segadv.training.build import trains_on_one_sample
+from segadv.training.checks import trains_on_one_sample
 
 log = logging.getLogger("segadv.plan")
 

@@ -1,5 +1,5 @@
 """Assemble a run's parts from a config: networks, placement, wrapping, per-network optimisation,
-the method.
+the method, as the start's checks decided them (segadv/training/checks.py).
 
 Kept apart from the loop so tests and ``tools/bench.py`` build exactly what training builds.
 """
@@ -15,35 +15,26 @@ from torch import nn
 
 from segadv.checkpoint import load_encoder_weights
 from segadv.config import Config
-from segadv.config.archs import generator_arch, resolve
-from segadv.config.roles import ROLES, built_as, role, setting
+from segadv.config.roles import built_as, role, setting
 from segadv.config.schema import (
-    DataConfig,
     DiscriminatorConfig,
     GeneratorConfig,
     InitSource,
     NetworkAmpConfig,
     OptimizerConfig,
 )
-from segadv.data.batch_checks import BatchTooSmall, check_micro_batches
-from segadv.data.catalog import Catalog, ImageInputs, image_inputs
-from segadv.data.config_checks import input_shapes, training_shape, training_side
-from segadv.data.listing import Listed
 from segadv.engine.accumulation import Accumulation
 from segadv.engine.amp_optimizer import AmpOptimizer, resolve_auto, uses_float16
 from segadv.engine.network import Network
-from segadv.engine.optim import build_optimizer, build_poly_scheduler, check_groups, poly_horizon
-from segadv.errors import UserError
+from segadv.engine.optim import build_optimizer, build_poly_scheduler
 from segadv.methods import Method, method_class
 from segadv.models import build_discriminator, build_generator
-from segadv.models.discriminator import check_input_side
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel import DeviceMap, place_networks
-from segadv.parallel.compile import check_compile, compile_enabled
 from segadv.parallel.distributed import DistEnv, check_ranks_agree
 from segadv.parallel.report import gather_rows, network_row, placement_table
-from segadv.parallel.wrap import check_batch_for_replicas, parallelize_network, resolve_mode
-from segadv.training.early_stop import check_monitor
+from segadv.parallel.wrap import parallelize_network
+from segadv.training.checks import Checked, check_build
 
 log = logging.getLogger(__name__)
 
@@ -125,16 +116,6 @@ class Training:
         return self.network("discriminator_aux")
 
 
-def run_role_names(cfg: Config) -> tuple[str, ...]:
-    """The roles of the networks ``cfg`` trains: its method's (``Method.networks``)."""
-    names = method_class(cfg.method.name).networks(cfg)
-    for name in names:
-        if name not in ROLES:
-            raise TypeError(f"method {cfg.method.name} trains a network of role {name!r}, which is not a role "
-                            f"({', '.join(ROLES)}; segadv/config/roles.py register_role)")
-    return names
-
-
 def network_settings(cfg: Config, role: str) -> NetworkSettings:
     """``role``'s model, optimizer, AMP and parallel settings, its own or where it has none those of
     the role it falls back to (each network still gets its own instances: optimizer, GradScaler,
@@ -163,105 +144,6 @@ def resolved_amp(names: tuple[str, ...], settings: list[NetworkSettings], device
         check_ranks_agree(chosen, hint="auto resolves on each rank's own device; on machines that differ "
                                        "set amp.<network>.enabled to true or false")
     return out
-
-
-def check_map_roles(device_map: DeviceMap, names: tuple[str, ...], method: str, env: DistEnv) -> None:
-    """The roles the device map names against those the run trains. G and D may be named on any
-    run (each fills the other in; a MinEnt run trains no D): one line says what is not used. A role
-    beyond them (one that falls back to another) named where the run lacks it is refused: the
-    config does not train what the map was written for."""
-    unused = [role(name) for name in device_map.named if name not in names]
-    for spec in unused:
-        if spec.falls_back_to is not None:
-            raise UserError(f"device map {device_map}: {spec.short} names a device, but this run trains no {spec.name} "
-                            f"(the {method} method trains {', '.join(names)} here)")
-    if unused and env.is_main:
-        log.info("device map %s: %s not used (the %s method trains %s)", device_map,
-                 ", ".join(spec.short for spec in unused), method, ", ".join(names))
-
-
-@dataclass(frozen=True)
-class CheckedRole:
-    """What the start's checks decided for one of the run's networks from the config and the
-    device map alone (``check_build``), before it is built: ``network_roles`` makes its ``Role``
-    of it."""
-
-    name: str
-    devices: tuple[torch.device, ...]
-    mode: str  # its wrapper: none, dp or ddp
-    checkpointing: bool
-    compiled: bool
-    sync_bn: bool
-    trained: bool
-    horizon: int | None  # the steps its poly schedule decays over (None: untrained, no schedule)
-
-
-@dataclass(frozen=True)
-class Checked:
-    """A config checked for its build on a device map (``check_build``). segadv-train's start
-    makes the checks before anything slow (segadv/training/preflight.py) and hands this on, so the
-    build does not make them again; a caller that gives none (segadv-plan, a test) has them made
-    by the build."""
-
-    micro_batch: int  # the labeled micro-batch, checked against G's BatchNorm on each of its replicas
-    roles: tuple[CheckedRole, ...]  # the method's networks, G first
-
-
-def check_build(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) -> Checked:
-    """Every check of a build that the config, the device map and the launch (``env``) decide,
-    none of them building anything: the method against the model and the data (its
-    ``check_config``; ``train.early_stop``'s score against what its evaluations compute), G
-    against the input sizes the config fixes, the accumulation and the micro-batches on G's
-    replicas (``check_accumulation``), the device map against the networks the method trains, and
-    each network's input, wrapper, compile and SyncBatchNorm (``check_role``). segadv-train's start
-    and segadv-experiment's check of a grid's rows make them (segadv/training/preflight.py)."""
-    method_class(cfg.method.name).check_config(cfg)
-    check_monitor(cfg, method_class(cfg.method.name))
-    for data in (cfg.data, cfg.target_data):
-        for height, width, source in input_shapes(data, "data" if data is cfg.data else "target_data") if data else ():
-            cfg.model.generator.check_input_size(height, width, source)
-    micro_batch = check_accumulation(cfg, replicas=len(device_map.devices_of("generator")))
-    names = run_role_names(cfg)
-    check_map_roles(device_map, names, cfg.method.name, env)
-    return Checked(micro_batch, tuple(check_role(cfg, name, device_map, env, micro_batch) for name in names))
-
-
-def check_role(cfg: Config, name: str, device_map: DeviceMap, env: DistEnv, micro_batch: int) -> CheckedRole:
-    """One network's checks and decisions before it is built: G's settings as its arch's builder
-    would refuse them (``check``, where the builder has one: a DeepLab's encoder name) and its
-    optimizer's groups against its arch, a D's depth against its input, its schedule's horizon,
-    its wrapper against its devices and the launch, the micro-batch over its replicas, its compile
-    and G's SyncBatchNorm."""
-    generator = built_as(name) == "generator"
-    trained = role(name).trained
-    if generator:
-        row = generator_arch(cfg.model.generator.arch)
-        check = getattr(resolve(row.builder), "check", None)
-        if check is not None:
-            check(cfg.model.generator)
-        if trained:
-            check_groups(setting(cfg.optim, name), row)
-    else:
-        check_discriminator_input(cfg, setting(cfg.model, name), f"model.{name}")
-    horizon = poly_horizon(setting(cfg.optim, name), cfg.train.max_steps, name) if trained else None
-    devices = device_map.devices_of(name)
-    # An untrained network has no gradients to sync: under DDP each rank holds its own copy,
-    # kept equal by its method (the teacher: an EMA of G's synced weights).
-    mode = resolve_mode(setting(cfg.parallel, name), name, devices, env) if trained or not env.distributed else "none"
-    checkpointing = generator and trained and cfg.model.generator.activation_checkpointing
-    compiled = compile_enabled(cfg.compile, name)
-    check_batch_for_replicas(micro_batch, len(devices), name)
-    if compiled:
-        check_compile(cfg.compile, name, devices, mode, checkpointing)
-    sync_bn = generator and trained and cfg.parallel.sync_bn
-    if sync_bn and cfg.model.generator.norm == "frozen":
-        raise UserError("parallel.sync_bn with model.generator.norm=frozen: G's BatchNorm statistics are fixed, "
-                        "there are none to synchronise")
-    if sync_bn and mode != "ddp":
-        raise UserError("parallel.sync_bn needs the generator under DDP (a multi-process launch)")
-    if sync_bn and devices[0].type != "cuda":
-        raise UserError("parallel.sync_bn needs the generator on CUDA (SyncBatchNorm has no CPU kernel)")
-    return CheckedRole(name, devices, mode, checkpointing, compiled, sync_bn, trained, horizon)
 
 
 def network_roles(cfg: Config, device_map: DeviceMap, env: DistEnv, checked: Checked) -> tuple[Role, ...]:
@@ -375,157 +257,6 @@ def start_copies(parts: Training) -> None:
         if original is None:
             raise TypeError(f"the {net.role} starts as the {source}, which this run does not hold")
         net.bare.load_state_dict(original.bare.state_dict())  # copies onto its own devices
-
-
-def check_accumulation(cfg: Config, replicas: int = 1) -> int:
-    """``train.accumulation_steps`` against every stream's batch size, and each micro-batch (each
-    of G's ``replicas``' chunk of it) against BatchNorm where G cannot train on one sample at the
-    training sizes the config fixes; returns the labeled micro-batch's size."""
-    steps = cfg.train.accumulation_steps
-    sizes = stream_batch_sizes(cfg)
-    for key, size in sizes.items():
-        if size % steps:
-            raise UserError(f"train.accumulation_steps={steps} does not divide {key}={size}: each optimizer step "
-                            f"takes {steps} equal micro-batches of every stream's batch")
-    if not cfg.model.generator.trains_on_one_sample:
-        check_micro_batches(sizes, steps, replicas)
-    else:
-        check_one_cell(cfg, one_cell_size(cfg), replicas)
-    return cfg.data.batch_size // steps
-
-
-def stream_batch_sizes(cfg: Config) -> dict[str, int]:
-    """Every stream's batch size by its config key, ``data.batch_size`` first."""
-    method_cls = method_class(cfg.method.name)
-    by_stream = method_cls.stream_batch_sizes(cfg)
-    return {"data.batch_size": cfg.data.batch_size, **{spec.batch_size_key: by_stream[spec.name]
-                                                       for spec in method_cls.data_streams(cfg)}}
-
-
-def check_one_cell(cfg: Config, one_cell: str | None, replicas: int) -> None:
-    """Where G's deepest feature map is 1x1 at a training size (``one_cell``: where that size comes
-    from; None: at none), every micro-batch and replica chunk of two or more: its BatchNorm on
-    batch statistics (``model.generator.norm``) would see one value per channel in a batch of one."""
-    if one_cell is None:
-        return
-    try:
-        check_micro_batches(stream_batch_sizes(cfg), cfg.train.accumulation_steps, replicas)
-    except BatchTooSmall as err:
-        g = cfg.model.generator
-        keys = ", ".join(f"{key}={getattr(g, key)}" for key in ("encoder_depth", "output_stride") if hasattr(g, key))
-        raise BatchTooSmall(
-            f"{one_cell}: model.generator.arch={g.arch}{f' ({keys})' if keys else ''} makes G's deepest feature "
-            f"map 1x1 there, where its BatchNorm (model.generator.norm={g.norm}: batch statistics) has one value "
-            f"per channel in a batch of one, and {err}; or train on larger images (data.train_transforms)") from None
-
-
-def one_cell_size(cfg: Config, catalog: Catalog | None = None) -> str | None:
-    """Where G's deepest feature map is 1x1 at a training size while its BatchNorm trains on batch
-    statistics, if anywhere: there even an arch without image pooling (DeepLab-v2) cannot train on
-    one sample. The sizes the config fixes (``training_shape``: the key they come from), and with
-    ``catalog``, where the config leaves the training images their own sizes, theirs (reading
-    their headers: the split and its first such image)."""
-    generator = cfg.model.generator
-    if not generator.trains_batch_statistics:
-        return None
-    for data, key, listed in training_sections(cfg, catalog):
-        shape = training_shape(data, key)
-        if shape is not None:
-            if generator.deepest_map(shape[0], shape[1]) == (1, 1):
-                return shape[2]
-            continue
-        inputs = image_inputs(listed, key, "train") if listed is not None else None
-        cells = [group for group in inputs.groups if generator.deepest_map(*group[0]) == (1, 1)] if inputs else []
-        if cells:
-            return inputs.source(cells)
-    return None
-
-
-def trains_on_one_sample(cfg: Config, catalog: Catalog | None = None) -> bool:
-    """Whether a batch of one sample trains G at the run's training sizes
-    (``GeneratorConfig.trains_on_one_sample``, and no 1x1 deepest map: :func:`one_cell_size`,
-    with ``catalog`` at the training images' own sizes too)."""
-    return cfg.model.generator.trains_on_one_sample and one_cell_size(cfg, catalog) is None
-
-
-def training_sections(cfg: Config, catalog: Catalog | None) -> list[tuple[DataConfig, str, Listed | None]]:
-    """``data`` and, under domain adaptation, ``target_data``, each with its key and, with
-    ``catalog``, its listing."""
-    sections = [(cfg.data, "data", catalog.source if catalog is not None else None)]
-    if cfg.target_data is not None:
-        sections.append((cfg.target_data, "target_data", catalog.target if catalog is not None else None))
-    return sections
-
-
-def evaluated_sections(cfg: Config, catalog: Catalog) -> list[tuple[str, Listed]]:
-    """The sections whose val split the run evaluates, with their listings: the target's under
-    domain adaptation (and the source's with ``train.eval_source``), else the source's
-    (segadv/data/loaders.py ``build_run_loaders``)."""
-    if catalog.target is None:
-        return [("data", catalog.source)]
-    return [("target_data", catalog.target)] + ([("data", catalog.source)] if cfg.train.eval_source else [])
-
-
-def check_image_inputs(cfg: Config, catalog: Catalog, replicas: int = 1) -> None:
-    """G against the input sizes the images give where the config leaves them their own (the
-    sizes it fixes are ``check_build``'s): each evaluated val split's images through its pipeline,
-    and the training images where their pipeline keeps their size, against G's input divisor
-    (``GeneratorConfig.check_input_size``, naming the split, an image and the fix); and a 1x1
-    deepest map at a training image's size in a batch of one (:func:`check_one_cell`). The headers
-    are read only where a check needs them (a divisor, a batch of one)."""
-    generator = cfg.model.generator
-    divisor = generator.input_divisor
-    if divisor > 1:
-        found = [image_inputs(listed, key, "val") for key, listed in evaluated_sections(cfg, catalog)]
-        found += [image_inputs(listed, key, "train") for _, key, listed in training_sections(cfg, catalog)
-                  if listed is not None]
-        problems = []
-        for inputs in (inputs for inputs in found if inputs is not None):
-            bad = [group for group in inputs.groups if group[0][0] % divisor or group[0][1] % divisor]
-            try:
-                if bad:
-                    height, width = bad[0][0]
-                    generator.check_input_size(height, width, inputs.source(bad),
-                                               input_fix(inputs, height, width, divisor))
-            except UserError as err:
-                problems.append(str(err))
-        if len(problems) > 1:
-            raise UserError(f"{len(problems)} splits' images reach G at sizes it cannot take:\n"
-                            + "\n".join(f"  {problem}" for problem in problems))
-        if problems:
-            raise UserError(problems[0])
-    if generator.trains_on_one_sample and one_cell_size(cfg) is None:  # the config's sizes: check_accumulation's
-        try:
-            check_micro_batches(stream_batch_sizes(cfg), cfg.train.accumulation_steps, replicas)
-        except BatchTooSmall:  # a batch of one: the images' own sizes decide
-            check_one_cell(cfg, one_cell_size(cfg, catalog), replicas)
-
-
-def input_fix(inputs: ImageInputs, height: int, width: int, divisor: int) -> str:
-    """What makes a split's images ``height`` x ``width`` reach G at a multiple of ``divisor``."""
-    def multiple(side: int, least: int = 1) -> int:
-        return max(round(side / divisor), -(-least // divisor), 1) * divisor
-
-    key = inputs.key
-    if inputs.split == "train":  # a crop no larger than the images, or where they are smaller, a resize
-        step = "RandomCrop" if min(height, width) >= divisor else "Resize"
-        return (f"crop or resize them to a multiple in {key}.train_transforms, e.g. {{name: {step}, height: "
-                f"{max(height // divisor, 1) * divisor}, width: {max(width // divisor, 1) * divisor}}}")
-    return (f"set {key}.val_input_size: [{multiple(width, 16)}, {multiple(height, 16)}] (G predicts at that size, its "
-            f"output upsampled to the labels), or pad the val images to a multiple: {key}.val_transforms: [..., "
-            f"{{name: PadIfNeeded, min_height: null, min_width: null, pad_height_divisor: {divisor}, pad_width_divisor: "
-            f"{divisor}, position: top_left}}] (the padding is not scored)")
-
-
-def check_discriminator_input(cfg: Config, model: DiscriminatorConfig, key: str) -> None:
-    """A D's depth (``model``, at config ``key``) against the smallest training side it is given
-    (G's maps are at the input's size): the source's, and the target's under domain adaptation,
-    where the config says it."""
-    sides = [training_side(cfg.data)]
-    if cfg.target_data is not None:
-        sides.append(training_side(cfg.target_data, "target_data"))
-    for side, source in (side for side in sides if side is not None):
-        check_input_side(model, side, key, source)
 
 
 def log_placement(parts: Training) -> None:

@@ -3,7 +3,7 @@ pretrained weights, reading checkpoints), in the order a user would fix them: th
 (:func:`check_config`: the trackers it turns on, ``log.wandb`` and ``log.mlflow``, with their
 packages installed; the method against the model and the data; G against the input sizes the
 config fixes; the accumulation, the device map and each network's wrapper, compile and
-SyncBatchNorm, segadv/training/build.py ``check_build``), the files the config names
+SyncBatchNorm, segadv/training/checks.py ``check_build``), the files the config names
 (``init.*``, a local ``model.generator.encoder_weights``, ``--resume PATH``), and the data: each
 section checked against itself, its splits listed, each stream's batch against its pool and G
 against the input sizes the images give where the config leaves them their own (the val split's
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from segadv.methods import Method
     from segadv.parallel.device_map import DeviceMap
     from segadv.parallel.distributed import DistEnv
-    from segadv.training.build import Checked
+    from segadv.training.checks import Checked
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 class Start:
     """What a start's checks established, for the builders to read on from."""
 
-    checked: "Checked"  # the config checked for its build (segadv/training/build.py)
+    checked: "Checked"  # the config checked for its build (segadv/training/checks.py)
     catalog: "Catalog"  # the data as listed
 
 
@@ -65,7 +65,7 @@ def check_config(cfg: Config, device_map: "DeviceMap", env: "DistEnv | None" = N
     process), no file opened: the trackers' packages, then the build's (``check_build``)."""
     from segadv.monitor.trackers import check_installed
     from segadv.parallel.distributed import DistEnv
-    from segadv.training.build import check_build
+    from segadv.training.checks import check_build
 
     check_installed(cfg.log)  # log.wandb / log.mlflow on without their package
     return check_build(cfg, device_map, env if env is not None else DistEnv())
@@ -140,7 +140,7 @@ def check_data(cfg: Config, method: "type[Method]", world_size: int, catalog: "C
     ``replicas`` devices) against the input sizes the images give (``check_image_inputs``), and the
     labeled training masks surveyed: none holding a labelled pixel is a UserError naming them."""
     from segadv.data.catalog import Catalog
-    from segadv.training.build import check_image_inputs
+    from segadv.training.checks import check_image_inputs
 
     if catalog is None:
         catalog = Catalog.open(cfg.data, cfg.target_data)

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from segadv.training.build import Training, trains_on_one_sample
+from segadv.training.build import Training
+from segadv.training.checks import trains_on_one_sample
 from segadv.checkpoint import NetworkWeights, Stateful
 from segadv.config import Config
 from segadv.data import pool_has_masks

@@ -90,7 +90,7 @@ def test_a_batch_of_one_trains_with_frozen_batchnorm_or_deeplabv2():
 def test_deeplabv2_refuses_a_batch_of_one_where_its_deepest_map_is_1x1():
     """Without image pooling DeepLab-v2 trains a batch of one, unless the image is so small that its
     deepest map is one cell: then BatchNorm sees one value per channel (torch's ValueError)."""
-    from segadv.training.build import check_accumulation, trains_on_one_sample
+    from segadv.training.checks import check_accumulation, trains_on_one_sample
 
     v2 = ["model.generator.arch=deeplabv2", "model.generator.encoder_depth=5", "model.generator.output_stride=16",
           "data.kind=folder", "data.root=unused"]

@@ -19,7 +19,7 @@ from segadv.cli.train import main as train_main
 from segadv.data import batch_checks, config_checks, layouts
 from segadv.data.streams import Stream
 from segadv.methods.registry import METHODS
-from segadv.training import build
+from segadv.training import checks
 
 RESIZE = "[{name: Resize, height: 32, width: 32}]"
 
@@ -65,13 +65,13 @@ class DataPathSpy:
                 if getattr(module, name, None) is original:
                     monkeypatch.setattr(module, name, spy)
         monkeypatch.setattr(Stream, "next", drawing)
-        accumulation = build.check_accumulation
+        accumulation = checks.check_accumulation
 
         def checking_accumulation(cfg, *args, **kwargs):
             self.build_checked["accumulation"] += 1
             return accumulation(cfg, *args, **kwargs)
 
-        monkeypatch.setattr(build, "check_accumulation", checking_accumulation)
+        monkeypatch.setattr(checks, "check_accumulation", checking_accumulation)
         for cls in METHODS.values():
             method_check = cls.check_config
 

@@ -20,7 +20,8 @@ from segadv.engine import amp_optimizer
 from segadv.engine.amp_optimizer import cpu_bf16_features, resolve_auto, uses_float16
 from segadv.parallel import distributed, parse_device_map
 from segadv.training import build
-from segadv.training.build import build_training, check_build, network_roles
+from segadv.training.build import build_training, network_roles
+from segadv.training.checks import check_build
 
 AUTO = NetworkAmpConfig(enabled="auto")
 BOTH_AUTO = ("amp.generator.enabled=auto", "amp.discriminator.enabled=auto")

@@ -22,7 +22,7 @@ from segadv.config.schema import DataConfig
 from segadv.data.bundle import val_transform
 from segadv.data.loaders import ValCollate
 from segadv.engine.evaluate import evaluate
-from segadv.models.deeplabv2 import DeepLabV2
+from segadv.models.deeplab.deeplabv2 import DeepLabV2
 
 NUM_CLASSES = 5
 FULL = (40, 72)  # the label's (H, W): the references' 1024x2048, scaled down
@@ -124,7 +124,7 @@ def test_the_default_predicts_at_the_image_size_as_before():
 
 
 def test_the_aux_generator_passes_the_output_size_on():
-    from segadv.models.generator import DeepLabV2Aux
+    from segadv.models.deeplab.model import DeepLabV2Aux
 
     torch.manual_seed(0)
     net = DeepLabV2Aux(encoder_name="resnet18", encoder_weights=None, classes=NUM_CLASSES).eval()

@@ -18,6 +18,7 @@ from segadv.engine.evaluate import evaluate
 from segadv.engine.proxies import ProxyMeter, soft_neighborhood_density
 from segadv.errors import UserError
 from segadv.methods.registry import method_class
+from segadv.models.base import Generator
 from segadv.training.loop import train
 
 from conftest import TINY_OVERRIDES
@@ -115,9 +116,18 @@ def test_the_smaller_view_keeps_the_multiple_g_needs():
     assert ProxyMeter(lambda x, size: x, "cpu").smaller((80, 64)) == (60, 48)
 
 
+class TwoConvs(Generator):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 3, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
 def test_no_label_is_read_labels_all_ignore_give_the_same_scores():
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 3, 1))
+    net = TwoConvs()
     images = [torch.randn(2, 3, 16, 16) for _ in range(3)]
     labelled = [(x, torch.randint(0, 3, (2, 16, 16))) for x in images]
     ignored = [(x, torch.full((2, 16, 16), 255)) for x in images]

@@ -240,7 +240,7 @@ CASES = [
     Case("cuda-deeplabv2-frozen-affine", "g:cuda:0,d:cuda:0", (*DEEPLABV2, FROZEN_AFFINE), marks=CUDA),
     Case("g:0+1,d:1-deeplabv2-frozen", "g:0+1,d:1", (*DEEPLABV2, FROZEN), split_batch=True, marks=CUDA2),
 ]
-# The DINOv2 G (segadv/models/vit: timm's ViT-S/14 cut to 2 blocks, a narrow DPT head) on 42 px
+# The DINOv2 G (segadv/models/dinov2: timm's ViT-S/14 cut to 2 blocks, a narrow DPT head) on 42 px
 # inputs (3 x 3 patches; the harness's 64 px is no multiple of 14), under the placements, wrappers and
 # precisions of the DeepLab rows above. It has no BatchNorm, so frozen statistics change nothing for
 # it. channels_last is left out: the encoder's tokens are (B, N, C) sequences, the only 4-d tensors
@@ -603,7 +603,7 @@ def test_a_generator_split_into_stages_matches_the_plain_float32_loop(device_map
 
 
 def test_a_dinov2_generator_split_into_stages_matches_the_plain_loop(references, no_tf32):
-    """``g:cpu/cpu,d:cpu`` with the DINOv2 G (segadv/models/vit/split.py: the embedding and block 0 on
+    """``g:cpu/cpu,d:cpu`` with the DINOv2 G (segadv/models/dinov2/split.py: the embedding and block 0 on
     the first stage, block 1, the norm and the head on the second) trains what the plain loop and
     the unsplit G train: the same kernels in the same order, so bitwise the unsplit step's."""
     split = segadv_outcome(HostStagesCase("dinov2-g:cpu/cpu,d:cpu", "g:cpu/cpu,d:cpu", DINOV2))

@@ -4,7 +4,7 @@ forward on one CPU thread."""
 
 import torch
 
-from segadv.models.vit import DinoV2DPT
+from segadv.models.dinov2.dpt import DinoV2DPT
 
 TINY = dict(depth=4, features=16, out_channels=(8, 16, 32, 64), img_size=56,
             encoder_overrides=dict(embed_dim=32, num_heads=2))

@@ -13,7 +13,7 @@ from torch import nn
 
 from segadv.config.schema import GeneratorConfig
 from segadv.models import build_generator, build_generator_for_weights
-from segadv.models.deeplabv2 import ASPP_V2_RATES, ASPPV2Classifier
+from segadv.models.deeplab.deeplabv2 import ASPP_V2_RATES, ASPPV2Classifier
 
 REFERENCE_RATES = [6, 12, 18, 24]
 

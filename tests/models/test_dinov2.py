@@ -9,8 +9,10 @@ import torch
 from dinov2_tiny import images, tiny_model
 
 from segadv.errors import UserError
-from segadv.models.vit import DinoV2DPT, check_input_size, default_layers, even_boundaries, split_blocks
-from segadv.models.vit.encoder import SIZES, create_encoder, embed, patch_tokens, position_embedding
+from segadv.models.dinov2.dpt import DinoV2DPT
+from segadv.models.dinov2.encoder import check_input_size, default_layers
+from segadv.models.dinov2.split import even_boundaries, split_blocks
+from segadv.models.dinov2.encoder import SIZES, create_encoder, embed, patch_tokens, position_embedding
 from segadv.parallel.activation_checkpoint import checkpointed
 
 

@@ -14,7 +14,7 @@ from segadv.checkpoint import load_encoder_weights
 from segadv.checkpoint.loader import load_weights
 from segadv.config.schema import GeneratorConfig
 from segadv.errors import UserError
-from segadv.models import generator as generator_module
+from segadv.models.deeplab import weights as generator_module
 from segadv.models.generator import build_generator
 
 

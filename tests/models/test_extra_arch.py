@@ -1,53 +1,41 @@
-"""A generator arch added in this file alone: one row of the arch table (its own section with a key
-DeepLab does not take, its builder as a callable) and its nn.Module, trained through segadv-train,
-checkpointed, resumed bitwise from a mid-run checkpoint into a new run dir, and exported to ONNX."""
+"""A generator arch added as a folder of its own outside segadv (arch_folder/tinyconv: its section,
+its network and builder, one line adding its row to the arch table), with a key DeepLab does not
+take; trained through segadv-train, checkpointed, resumed bitwise from a mid-run checkpoint into a
+new run dir, and exported to ONNX. No segadv file names it."""
 
 from __future__ import annotations
 
 import json
-from typing import ClassVar
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from pydantic import Field
-from torch import nn
 
 from segadv.checkpoint import read_checkpoint
 from segadv.config import load_config
-from segadv.config.archs import GeneratorArch, register_arch, unregister_arch
-from segadv.config.generator_section import GeneratorConfig, arch_field
 from segadv.errors import UserError
+from segadv.models.registry import unregister_arch
 
-
-class TinyConvConfig(GeneratorConfig):
-    arch: str = arch_field("tinyconv")
-    width: int = Field(8, ge=1, le=64, description="tinyconv: channels of its hidden convolutions")
-    pools_the_image: ClassVar[bool] = False
-
-
-class TinyConv(nn.Module):
-    def __init__(self, width: int, num_classes: int, in_channels: int) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU())
-        self.head = nn.Conv2d(width, num_classes, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.body(x))
-
-
-def build_tiny(cfg: TinyConvConfig, num_classes: int, in_channels: int = 3) -> nn.Module:
-    if cfg.aux_head:
-        raise UserError("model.generator.aux_head: tinyconv has no aux output")
-    return TinyConv(cfg.width, num_classes, in_channels)
+FOLDER = Path(__file__).resolve().parent / "arch_folder"
+SEGADV = Path(__file__).resolve().parents[2] / "segadv"
 
 
 @pytest.fixture
-def tiny_arch():
-    row = register_arch(GeneratorArch("tinyconv", TinyConvConfig, build_tiny,
-                                      checkpoint_blocks=lambda g: ["body"], backbone="body"))
-    yield row
+def tiny_arch(monkeypatch):
+    monkeypatch.syspath_prepend(str(FOLDER))
+    import tinyconv
+    import tinyconv.model
+
+    yield tinyconv
     unregister_arch("tinyconv")
+    for name in [m for m in sys.modules if m == "tinyconv" or m.startswith("tinyconv.")]:
+        del sys.modules[name]
+
+
+def test_no_segadv_file_names_the_arch():
+    assert not [p for p in SEGADV.rglob("*.py") if "tinyconv" in p.read_text()]
 
 
 OVERRIDES = ["model.generator.arch=tinyconv", "model.generator.width=6", "model.discriminator.ndf=8",
@@ -65,7 +53,7 @@ def train_cli(*args: str) -> int:
 
 def test_the_arch_takes_its_own_keys_and_deeplab_does_not(tiny_arch):
     cfg = load_config(None, ["model.generator.arch=tinyconv", "model.generator.width=5"])
-    assert type(cfg.model.generator) is TinyConvConfig and cfg.model.generator.width == 5
+    assert type(cfg.model.generator) is tiny_arch.TinyConvConfig and cfg.model.generator.width == 5
     assert cfg.model.generator.trains_on_one_sample  # its own class says: no image pooling
     with pytest.raises(UserError, match="model.generator.encoder"):
         load_config(None, ["model.generator.arch=tinyconv", "model.generator.encoder=resnet18"])
@@ -83,7 +71,7 @@ def test_the_arch_trains_resumes_bitwise_and_exports(tiny_arch, tmp_path, capsys
     saved = yaml.safe_load((full / "config.yaml").read_text())
     assert saved["model"]["generator"] == {**saved["model"]["generator"], "arch": "tinyconv", "width": 6}
     ended = read_checkpoint(full / "checkpoints" / "last.pt")
-    assert set(ended["generator"]) == set(TinyConv(6, 5, 3).state_dict())
+    assert set(ended["generator"]) == set(tiny_arch.model.TinyConv(6, 5, 3).state_dict())
 
     # A new run dir resumed from the uninterrupted run's mid-run checkpoint ends where it ended.
     assert train_cli("--run-dir", str(split), "--resume", str(full / "checkpoints" / "step_3.pt")) == 0
@@ -108,7 +96,7 @@ def test_the_row_serves_the_head_split_and_activation_checkpointing(tiny_arch):
     from segadv.models import build_generator
     from segadv.parallel.activation_checkpoint import apply_activation_checkpointing
 
-    g = build_generator(TinyConvConfig(width=4), num_classes=3)
+    g = build_generator(tiny_arch.TinyConvConfig(width=4), num_classes=3)
     opt = build_optimizer(g, OptimizerConfig(name="sgd", lr=0.1, head_lr_mult=10.0))
     backbone, head = opt.param_groups
     assert {id(p) for p in backbone["params"]} == {id(p) for p in g.body.parameters()}

@@ -121,10 +121,10 @@ def test_an_encoder_smp_lacks_is_refused_before_anything_is_built():
     """The DeepLab rows' builder checks the encoder's name from the config (a start's check, so
     segadv-experiment's dry run names it too), with the nearest names."""
     from segadv.errors import UserError
-    from segadv.models.generator import DEEPLABV3PLUS
+    from segadv.models.deeplab.model import check_encoder
 
-    DEEPLABV3PLUS.check(GeneratorConfig(encoder="resnet18"))
-    DEEPLABV3PLUS.check(GeneratorConfig(encoder="tu-resnet18"))  # timm's, found as smp builds it
+    check_encoder(GeneratorConfig(encoder="resnet18"))
+    check_encoder(GeneratorConfig(encoder="tu-resnet18"))  # timm's, found as smp builds it
     with pytest.raises(UserError, match=r"model\.generator\.encoder: 'mobilenet_v3' is not one of "
                                         r"segmentation-models-pytorch's \d+ encoders; did you mean 'mobilenet_v2'"):
-        DEEPLABV3PLUS.check(GeneratorConfig(encoder="mobilenet_v3"))
+        check_encoder(GeneratorConfig(encoder="mobilenet_v3"))

@@ -155,7 +155,7 @@ def mismatch(name: str, key: str, what: str, got: Any, want: Any, others: int) -
 def load_encoder_weights(model: nn.Module, source: str | Path | Mapping[str, Any],
                          name: str | None = None) -> EncoderWeights:
     """Load DINOv2 weights (a file, or a mapping already read) into ``model.encoder`` strictly
-    (``model`` a :class:`~segadv.models.vit.dpt.DinoV2DPT`, bare). ``name`` labels a mapping in
+    (``model`` a :class:`~segadv.models.dinov2.dpt.DinoV2DPT`, bare). ``name`` labels a mapping in
     messages (the config key and file it came from)."""
     if isinstance(source, (str, Path)):
         name = name or f"encoder weights {source}"

@@ -51,7 +51,7 @@ def even_boundaries(num_blocks: int, num_devices: int) -> list[int]:
 
 def split_blocks(model: nn.Module, devices: Sequence[torch.device | str],
                  boundaries: Sequence[int] | None = None) -> Placement:
-    """Move ``model`` (a :class:`~segadv.models.vit.dpt.DinoV2DPT`) onto ``devices`` stage by stage
+    """Move ``model`` (a :class:`~segadv.models.dinov2.dpt.DinoV2DPT`) onto ``devices`` stage by stage
     and have its forward move the activations between them; returns the placement (also set as
     ``model.placement``). ``boundaries``: the index of the first block of each device after the
     first (evenly split when None). One device is the model on that device. Call it before the

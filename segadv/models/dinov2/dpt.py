@@ -18,10 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from segadv.errors import UserError
+from segadv.models.base import Generator
 from segadv.models.features import scale_features
-from segadv.models.vit.encoder import (PATCH, PRETRAINED_IMG_SIZE, check_input_size, check_layers, create_encoder,
+from segadv.models.dinov2.encoder import (PATCH, PRETRAINED_IMG_SIZE, check_input_size, check_layers, create_encoder,
                                        default_layers, embed, encoder_size, patch_tokens, set_attention)
-from segadv.models.vit.split import Placement, split_blocks
+from segadv.models.dinov2.split import Placement, split_blocks
 
 
 class ResidualConvUnit(nn.Module):
@@ -110,22 +111,25 @@ class DPTHead(nn.Module):
         return s.output_conv(path)
 
 
-class DinoV2DPT(nn.Module):
+class DinoV2DPT(Generator):
     """G: ``encoder`` (timm's DINOv2 ``VisionTransformer``, keys in timm's layout) and ``head``
     (the DPT head). ``forward(x)`` returns the logits (B, classes, H, W) at ``x``'s size; H and W
     must be multiples of the patch (14), a UserError naming ``input_name`` otherwise.
 
     ``layers``: the four blocks the head reads (default: UniMatch V2's, or evenly spaced for a
-    depth-reduced encoder, :func:`~segadv.models.vit.encoder.default_layers`); ``features`` and
+    depth-reduced encoder, :func:`~segadv.models.dinov2.encoder.default_layers`); ``features`` and
     ``out_channels``: the head's widths (default: UniMatch V2's for the encoder's size);
-    ``attention``: ``fused`` or ``math`` (:func:`~segadv.models.vit.encoder.set_attention`);
+    ``attention``: ``fused`` or ``math`` (:func:`~segadv.models.dinov2.encoder.set_attention`);
     ``img_size``: the position embedding's grid (518, DINOv2's, for its weights to fit);
     ``encoder_overrides``: ``VisionTransformer`` arguments for tiny test models."""
 
-    input_divisor = PATCH  # an input's sides: multiples of the patch (export and evaluation read it)
     # The position embedding's resampling factors are Python floats of the input's grid, constants
     # in an ONNX trace: the exported graph takes the traced size only (segadv-export says so).
     onnx_dynamic_shapes = False
+
+    def input_divisor(self) -> int:
+        """The encoder cuts the input into patches: both sides must be multiples of the patch (14)."""
+        return PATCH
 
     def __init__(self, encoder: str = "vit_small_patch14_dinov2", num_classes: int = 21, *,
                  in_channels: int = 3, depth: int | None = None, layers: Sequence[int] | None = None,
@@ -158,7 +162,7 @@ class DinoV2DPT(nn.Module):
     def split(self, stage_devices: Sequence[torch.device], boundaries: Sequence[int] | None = None) -> None:
         """Pipeline stages (segadv/parallel/pipeline.py's protocol): the embedding on the first
         device, the blocks in even runs (or from ``boundaries``), the final norm and the head on the
-        last (:func:`~segadv.models.vit.split.split_blocks`)."""
+        last (:func:`~segadv.models.dinov2.split.split_blocks`)."""
         split_blocks(self, stage_devices, boundaries)
         self._stage_devices = tuple(torch.device(d) for d in stage_devices)
 

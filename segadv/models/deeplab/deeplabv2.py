@@ -8,11 +8,11 @@ DeepLab-v2's classifier (ASPP-v2): one 3x3 convolution straight to the classes p
 their outputs summed; no image pooling, no BatchNorm, no decoder. So no layer of G sees one value
 per channel, and a batch of one trains.
 
-Both outputs (the main one and, in :class:`segadv.models.generator.DeepLabV2Aux`, the aux one)
+Both outputs (the main one and, in :class:`segadv.models.deeplab.model.DeepLabV2Aux`, the aux one)
 are upsampled to the input's size with ``align_corners=True``, as every reference upsamples them
 (its ``interp``), so any input size works: no layer after the encoder fuses two resolutions.
 
-The encoder's layout (``encoder_layout``, segadv/models/caffe_resnet.py): ``smp``, torchvision's
+The encoder's layout (``encoder_layout``, segadv/models/deeplab/caffe_resnet.py): ``smp``, torchvision's
 ResNet (the stride in a Bottleneck's 3x3 convolution), what smp's ImageNet weights fit; or
 ``caffe``, the references' (the stride in the 1x1, the max-pool rounding up), what their weights
 fit.
@@ -28,7 +28,8 @@ from segmentation_models_pytorch.base import SegmentationModel
 from segmentation_models_pytorch.encoders import get_encoder
 from torch import nn
 
-from segadv.models.caffe_resnet import ENCODER_LAYOUTS
+from segadv.models.deeplab.base import DeepLabGenerator
+from segadv.models.deeplab.caffe_resnet import ENCODER_LAYOUTS
 
 # The classifier's dilation rates, by name (model.generator.aspp_v2_rates).
 ASPP_V2_RATES: dict[str, tuple[int, ...]] = {
@@ -73,7 +74,7 @@ class LastStage(nn.Module):
         return features[-1]
 
 
-class DeepLabV2(SegmentationModel):
+class DeepLabV2(DeepLabGenerator, SegmentationModel):
     """DeepLab-v2 (Chen et al., TPAMI 2017) without multi-scale inputs: an smp encoder at
     ``encoder_output_stride`` (8: the references') in ``encoder_layout`` and
     :class:`ASPPV2Classifier` on its last stage, upsampled to the input's size (bilinear,
@@ -83,6 +84,7 @@ class DeepLabV2(SegmentationModel):
     # The classifier reads one stage and the output is upsampled to the input's own size: any
     # size computes (the references train at 321 px and evaluate at 505 or 1024x512).
     requires_divisible_input_shape = False
+    takes_output_size = True  # forward(x, output_size): the raw logits upsampled once, to that size
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 """The DINOv2 row's section (``model.generator`` with ``arch: dinov2``): a timm DINOv2 ViT encoder
-with UniMatch V2's DPT head (segadv/models/vit). Its keys mean nothing to the DeepLab rows and
-theirs nothing to it. torch-free: the arch table (segadv/config/archs.py) holds the row.
+with UniMatch V2's DPT head (segadv/models/dinov2). Its keys mean nothing to the DeepLab rows and
+theirs nothing to it. torch-free: the arch table (segadv/models/registry.py) holds the row.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class DinoV2Config(GeneratorConfig):
     @field_validator("layers")
     @classmethod
     def _shallow_to_deep(cls, layers: Optional[list[int]]) -> Optional[list[int]]:
-        # The head fuses its four maps coarse to fine as they come (segadv/models/vit/dpt.py): read
+        # The head fuses its four maps coarse to fine as they come (segadv/models/dinov2/dpt.py): read
         # in another order, a deep block would take a shallow one's branch and train as it.
         if layers is not None and any(later < earlier for earlier, later in zip(layers, layers[1:])):
             raise ValueError(f"{layers} is not in order: the head reads its four blocks shallow to deep, each index "

@@ -1,5 +1,5 @@
-"""The DINOv2 row's entries in the arch table (segadv/config/archs.py): G from its config section,
-the modules activation checkpointing recomputes, and a local weight file's tensors into its encoder."""
+"""The DINOv2 row's entries in the arch table (segadv/models/registry.py): G from its config section,
+a local weight file's tensors into its encoder, and its encoder's numbered layers."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any, Mapping
 from torch import nn
 
 from segadv.errors import UserError
-from segadv.models.vit.dpt import DinoV2DPT
-from segadv.models.vit.weights import load_encoder_weights
+from segadv.models.dinov2.dpt import DinoV2DPT
+from segadv.models.dinov2.weights import load_encoder_weights
 
 
 def build_dinov2(cfg: Any, num_classes: int, in_channels: int = 3) -> DinoV2DPT:
-    """G for a ``model.generator`` section with ``arch: dinov2`` (segadv/config/dinov2.py). Its
+    """G for a ``model.generator`` section with ``arch: dinov2`` (segadv/models/dinov2/config.py). Its
     weights come from a local file only (loaded after the build: ``load_weights``), never fetched."""
     weights = cfg.encoder_weights
     if weights is not None and not Path(weights).expanduser().is_file():
@@ -23,11 +23,6 @@ def build_dinov2(cfg: Any, num_classes: int, in_channels: int = 3) -> DinoV2DPT:
     return DinoV2DPT(cfg.encoder, num_classes, in_channels=in_channels, depth=cfg.depth, layers=cfg.layers,
                      features=cfg.head_features, out_channels=cfg.head_out_channels, attention=cfg.attention,
                      drop_path_rate=cfg.drop_path_rate, img_size=cfg.img_size, input_name="G's input")
-
-
-def checkpoint_units(model: nn.Module) -> list[str]:
-    """Each ViT block and the head (``model.generator.activation_checkpointing``)."""
-    return model.checkpoint_units()
 
 
 def load_weights(model: nn.Module, tensors: Mapping[str, Any], name: str) -> None:

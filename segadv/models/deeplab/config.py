@@ -1,8 +1,8 @@
 """The DeepLab rows' sections (``model.generator`` with arch deeplabv3, deeplabv3plus or deeplabv2):
 the keys the three share, each checked against its arch's limits (``DeepLabLimits``).
 
-torch-free: the arch table (segadv/config/archs.py) holds the rows, the builder is
-``segadv/models/generator.py``'s.
+torch-free: the arch table (segadv/models/registry.py) holds the rows, the builder is
+this folder's ``model.py``.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class DeepLabV2Config(DeepLabConfig):
     # its own rates (aspp_v2_rates); the references' Caffe layout: any input size, their weights
     limits: ClassVar[DeepLabLimits] = DeepLabLimits(min_encoder_depth=1, atrous_rates=None, layouts=("smp", "caffe"))
     pools_the_image: ClassVar[bool] = False  # a classifier of dilated convolutions, no image pooling
-    divisible_input: ClassVar[bool] = False  # any size (segadv/models/deeplabv2.py)
+    divisible_input: ClassVar[bool] = False  # any size (segadv/models/deeplab/deeplabv2.py)
 
 
 # smp init kwarg -> the config key that sets it (an smp save_pretrained directory's config.json);

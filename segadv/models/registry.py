@@ -1,11 +1,14 @@
 """The generator architectures, one row each (``model.generator.arch``): the one table the config,
-the builder, activation checkpointing, the optimizer's head split and the smp directory interop read.
+the builder, the optimizer's head split, weight files and the smp directory interop read.
 
-A row holds the arch's config section (a :class:`~segadv.config.generator_section.GeneratorConfig`
-subclass: the keys it takes and their limits), its builder and what the other readers need of it.
-torch-free: the builder and the checkpointed blocks are named as ``"module:attribute"`` strings (or
-given as callables, a plugin's or a test's), imported when G is built. A new arch is one
-:func:`register_arch` call (a row below for a built-in one) and its module; nothing else names archs.
+Each arch is a folder of segadv/models (``deeplab/``, ``dinov2/``): its config section (a
+:class:`~segadv.config.generator_section.GeneratorConfig` subclass: the keys it takes and their
+limits, torch-free), its networks (subclasses of :class:`segadv.models.base.Generator`, which say
+what the network offers: input divisor, ONNX shapes, feature channels, checkpointed blocks, a
+split) and its builder. Its row here points into the folder. torch-free: the builder and the other
+callables are named as ``"module:attribute"`` strings (or given as callables, a plugin's or a
+test's), imported when G is built. A new arch is its folder and one :func:`register_arch` line
+(below for a built-in one; in its own package for a plugin); nothing else names archs.
 """
 
 from __future__ import annotations
@@ -14,25 +17,20 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
-from segadv.config.deeplab import SMP_CONFIG_KEYS, DeepLabV2Config, DeepLabV3Config, DeepLabV3PlusConfig
-from segadv.config.dinov2 import DinoV2Config
 from segadv.config.generator_section import DEFAULT_ARCH, GeneratorConfig
+from segadv.models.deeplab.config import SMP_CONFIG_KEYS, DeepLabV2Config, DeepLabV3Config, DeepLabV3PlusConfig
+from segadv.models.dinov2.config import DinoV2Config
 
 Ref = Union[str, Callable[..., Any]]  # "package.module:attribute", or the object itself
-
-# The attribute the built G carries its arch's name in (set by segadv/models/generator.py), so
-# the readers of a built network (activation checkpointing, the optimizer's groups) find its row.
-ARCH_ATTRIBUTE = "generator_arch"
 
 
 @dataclass(frozen=True)
 class GeneratorArch:
     name: str  # model.generator.arch
     settings: type[GeneratorConfig]  # its model.generator section: its keys and their limits
-    # (settings, num_classes, in_channels) -> the nn.Module; with the aux head where settings.aux_head
+    # (settings, num_classes, in_channels) -> a segadv.models.base.Generator; with the aux head where
+    # settings.aux_head
     builder: Ref
-    # (built G) -> the names of the modules activation checkpointing recomputes; None: it has none
-    checkpoint_blocks: Optional[Ref] = None
     # the submodule trained at optim.generator.lr where head_lr_mult / head_weight_decay set the
     # rest (the head) apart; None: no such split
     backbone: Optional[str] = None
@@ -50,6 +48,9 @@ class GeneratorArch:
     # where it is another class than the trained one (the DeepLab
     # rows': smp's plain one, which TorchScript can script); None: ``builder``'s
     inference_builder: Optional[Ref] = None
+    # (settings) -> None: what the builder would refuse that the settings alone say, checked at a
+    # start before anything is built (segadv/training/checks.py); None: nothing beyond the schema
+    check: Optional[Ref] = None
 
 
 def resolve(ref: Ref) -> Any:
@@ -58,9 +59,6 @@ def resolve(ref: Ref) -> Any:
         return ref
     module, _, attribute = ref.partition(":")
     return getattr(importlib.import_module(module), attribute)
-
-
-DEEPLAB_BLOCKS = "segadv.models.generator:encoder_stages_and_decoder"
 
 ARCHS: dict[str, GeneratorArch] = {}
 
@@ -96,16 +94,16 @@ def generator_arch(name: str) -> GeneratorArch:
         raise KeyError(f"unknown generator arch {name!r}; archs are {', '.join(ARCHS)}") from None
 
 
-register_arch(GeneratorArch("deeplabv3", DeepLabV3Config, "segadv.models.generator:DEEPLABV3", DEEPLAB_BLOCKS, backbone="encoder",
-                            smp_class="DeepLabV3", smp_config_keys=SMP_CONFIG_KEYS,
-                            inference_builder="segadv.models.generator:DEEPLABV3_INFERENCE"))
-register_arch(GeneratorArch("deeplabv3plus", DeepLabV3PlusConfig, "segadv.models.generator:DEEPLABV3PLUS",
-                            DEEPLAB_BLOCKS,
-                            backbone="encoder", smp_class="DeepLabV3Plus", smp_config_keys=SMP_CONFIG_KEYS,
-                            inference_builder="segadv.models.generator:DEEPLABV3PLUS_INFERENCE"))
-register_arch(GeneratorArch("deeplabv2", DeepLabV2Config, "segadv.models.generator:DEEPLABV2", DEEPLAB_BLOCKS,
-                            backbone="encoder", inference_builder="segadv.models.generator:DEEPLABV2_INFERENCE"))
-register_arch(GeneratorArch("dinov2", DinoV2Config, "segadv.models.vit.builder:build_dinov2",
-                            "segadv.models.vit.builder:checkpoint_units", backbone="encoder",
-                            encoder_weights_loader="segadv.models.vit.builder:load_weights",
-                            encoder_layers="segadv.models.vit.builder:encoder_layers"))
+DEEPLAB = "segadv.models.deeplab.model"
+register_arch(GeneratorArch("deeplabv3", DeepLabV3Config, f"{DEEPLAB}:DEEPLABV3", check=f"{DEEPLAB}:check_encoder", backbone="encoder",
+                            smp_class="DeepLabV3",
+                            smp_config_keys=SMP_CONFIG_KEYS, inference_builder=f"{DEEPLAB}:DEEPLABV3_INFERENCE"))
+register_arch(GeneratorArch("deeplabv3plus", DeepLabV3PlusConfig, f"{DEEPLAB}:DEEPLABV3PLUS", check=f"{DEEPLAB}:check_encoder",
+                            backbone="encoder",
+                            smp_class="DeepLabV3Plus", smp_config_keys=SMP_CONFIG_KEYS,
+                            inference_builder=f"{DEEPLAB}:DEEPLABV3PLUS_INFERENCE"))
+register_arch(GeneratorArch("deeplabv2", DeepLabV2Config, f"{DEEPLAB}:DEEPLABV2", check=f"{DEEPLAB}:check_encoder", backbone="encoder",
+                            inference_builder=f"{DEEPLAB}:DEEPLABV2_INFERENCE"))
+DINOV2 = "segadv.models.dinov2.builder"
+register_arch(GeneratorArch("dinov2", DinoV2Config, f"{DINOV2}:build_dinov2", backbone="encoder",
+                            encoder_weights_loader=f"{DINOV2}:load_weights", encoder_layers=f"{DINOV2}:encoder_layers"))
