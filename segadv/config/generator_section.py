@@ -7,18 +7,18 @@ as the section of the row its ``arch`` names (the table's default where it names
 of one arch mean nothing to another; ``GeneratorConfig(**keys)`` builds that row's section too.
 The table imports this module (each row's section is a ``GeneratorConfig``), so this module finds
 the table by its module name when it first validates a section, as the method section finds the
-method registry.
+method registry; both are registered sections (segadv/config/registered.py).
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import importlib
 from typing import Any, ClassVar, Literal, Mapping, Optional
 
-from pydantic import Field, create_model, field_validator, model_validator
+from pydantic import Field, field_validator
 
+from segadv.config.registered import RegisteredSection, generated
 from segadv.config.section import Section, registered_choice
 from segadv.errors import UserError
 
@@ -41,7 +41,7 @@ def registered_archs() -> dict[str, Any]:
     return importlib.import_module(ARCH_TABLE).ARCHS
 
 
-class GeneratorConfig(Section):
+class GeneratorConfig(RegisteredSection):
     """G, the segmentation network: ``arch`` picks its row, whose section holds the arch's own keys."""
 
     arch: str = arch_field(DEFAULT_ARCH)
@@ -68,20 +68,11 @@ class GeneratorConfig(Section):
     # image-pooling branch, as smp's ASPP has): then a batch of one cannot train G.
     pools_the_image: ClassVar[bool] = True
 
-    def __new__(cls, *args: Any, **data: Any) -> GeneratorConfig:
-        # GeneratorConfig(**keys) is the section of the row its arch names; an unknown arch gets the
-        # default row's section, whose arch check names the archs.
-        if cls is GeneratorConfig:
-            cls = section_of(data.get("arch", DEFAULT_ARCH))
-        return super().__new__(cls)
-
-    @model_validator(mode="wrap")
     @classmethod
-    def _as_its_arch(cls, data: Any, handler: Any) -> Any:
-        if cls is not GeneratorConfig or isinstance(data, GeneratorConfig):
-            return handler(data)
-        arch = data.get("arch", DEFAULT_ARCH) if isinstance(data, dict) else DEFAULT_ARCH
-        return section_of(arch).model_validate(data)
+    def validated_as(cls, data: Mapping[str, Any]) -> type[GeneratorConfig] | None:
+        # The section of the row its arch names; an unknown arch gets the default row's section,
+        # whose arch check names the archs.
+        return section_of(data.get("arch", DEFAULT_ARCH)) if cls is GeneratorConfig else None
 
     @field_validator("arch")
     @classmethod
@@ -152,7 +143,8 @@ class GeneratorConfig(Section):
     def schema_model(cls) -> type[Section]:
         if cls is not GeneratorConfig:
             return cls
-        return _every_arch_key(tuple((name, row.settings) for name, row in registered_archs().items()))
+        sections = tuple((name, row.settings) for name, row in registered_archs().items())
+        return generated(GeneratorKeys, sections, lambda: _every_arch_key(sections))
 
 
 def section_of(arch: str) -> type[GeneratorConfig]:
@@ -161,10 +153,12 @@ def section_of(arch: str) -> type[GeneratorConfig]:
     return (archs.get(arch) or archs[DEFAULT_ARCH]).settings
 
 
-@functools.lru_cache(maxsize=None)
-def _every_arch_key(sections: tuple[tuple[str, type[GeneratorConfig]], ...]) -> type[Section]:
-    """One model with every arch's keys, for the key listing (``--help-config``) and the loader's
-    suggestions: ``arch`` as the choice of rows, and each key an arch of its own takes, named so."""
+class GeneratorKeys(RegisteredSection):
+    """Every arch's keys in one section: ``arch`` as the choice of rows, and each key an arch of its
+    own takes, named so (the key listing of ``--help-config``, the loader's suggestions)."""
+
+
+def _every_arch_key(sections: tuple[tuple[str, type[GeneratorConfig]], ...]) -> tuple[dict[str, Any], dict[str, Any]]:
     fields: dict[str, Any] = {"arch": (Literal[tuple(name for name, _ in sections)], arch_field(DEFAULT_ARCH))}
     for name, model in sections:
         for key, field in model.model_fields.items():
@@ -175,4 +169,4 @@ def _every_arch_key(sections: tuple[tuple[str, type[GeneratorConfig]], ...]) -> 
                 field = copy.copy(field)
                 field.description = f"(arch {', '.join(takers)}) {field.description or ''}".strip()
             fields[key] = (field.annotation, field)
-    return create_model("GeneratorKeys", __base__=Section, __module__=__name__, **fields)
+    return fields, {}

@@ -3,16 +3,16 @@ under its name (``method.advsemiseg``), the method class's own model (segadv/met
 
 from __future__ import annotations
 
-import functools
 import importlib
-from typing import Any
+from typing import Any, Mapping
 
-from pydantic import Field, create_model, field_validator, model_validator
+from pydantic import Field, field_validator
 
-from segadv.config.section import Section, registered_choice
+from segadv.config.registered import RegisteredSection, generated
+from segadv.config.section import registered_choice
 
 
-class MethodConfig(Section):
+class MethodConfig(RegisteredSection):
     """What one training iteration does (docs/methods.md): ``name`` picks the method, and each
     registered method with settings has its section under its name (``method.advsemiseg``).
 
@@ -32,12 +32,9 @@ class MethodConfig(Section):
     def _registered_name(cls, name: str) -> str:
         return registered_choice(name, registered_methods())
 
-    @model_validator(mode="wrap")
     @classmethod
-    def _with_sections(cls, data: Any, handler: Any) -> Any:
-        if cls is not MethodConfig or isinstance(data, MethodConfig):
-            return handler(data)  # the registered subclass's own fields, or one already validated
-        return cls.registered().model_validate(data)
+    def validated_as(cls, data: Mapping[str, Any]) -> type[MethodConfig] | None:
+        return cls.registered() if cls is MethodConfig else None
 
     @classmethod
     def schema_model(cls) -> type[MethodConfig]:
@@ -46,12 +43,11 @@ class MethodConfig(Section):
     @classmethod
     def registered(cls) -> type[MethodConfig]:
         """The section as the registry stands: ``name`` and each registered method's settings."""
-        return _method_sections(tuple((name, method.config) for name, method in registered_methods().items()
-                                      if method.config is not None))
-
-    def __reduce__(self) -> tuple:
-        # The registered subclass is built at run time, so it is pickled as its values.
-        return _validated_method_config, (self.model_dump(),)
+        sections = tuple((name, method.config) for name, method in registered_methods().items()
+                         if method.config is not None)
+        return generated(MethodConfig, sections, lambda: ({
+            name: (model, Field(default_factory=model, description=f"method {name}'s settings"))
+            for name, model in sections}, {}))
 
 
 # The method registry imports this module (each method's section is a Section and its class reads
@@ -63,14 +59,3 @@ METHOD_REGISTRY = "segadv.methods.registry"
 def registered_methods() -> dict[str, Any]:
     """``method.name`` -> the method's class (``segadv.methods.registry.METHODS``)."""
     return importlib.import_module(METHOD_REGISTRY).METHODS
-
-
-@functools.lru_cache(maxsize=None)
-def _method_sections(sections: tuple[tuple[str, type[Section]], ...]) -> type[MethodConfig]:
-    return create_model("MethodConfig", __base__=MethodConfig, __module__=__name__,
-                        **{name: (model, Field(default_factory=model, description=f"method {name}'s settings"))
-                           for name, model in sections})
-
-
-def _validated_method_config(data: dict[str, Any]) -> MethodConfig:
-    return MethodConfig.model_validate(data)

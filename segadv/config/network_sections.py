@@ -1,6 +1,6 @@
 """The per-network sections (``model``, ``optim``, ``amp``, ``parallel``, ``compile``, ``init``),
-one entry per registered role (segadv/config/roles.py), generated from the role table as the method
-section is from the method registry.
+one entry per registered role (segadv/config/roles.py), generated from the role table
+(segadv/config/registered.py, the mechanism the method section and ``model.generator`` share).
 
 Which roles a section has an entry for, and what the entry holds, is the section's row below
 (``NETWORK_SECTIONS``); what a role's entry defaults to is its kind's (``KINDS``: a generator or a
@@ -13,11 +13,10 @@ gets its own keys, validated and listed by ``--help-config``.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Literal, Mapping, Optional
 
-from pydantic import Field, SerializeAsAny, ValidationInfo, create_model, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator
 
 from segadv.config.generator_section import GeneratorConfig
 from segadv.config.network_settings import (
@@ -28,6 +27,7 @@ from segadv.config.network_settings import (
     ParallelMode,
 )
 from segadv.config.roles import KINDS as ROLE_KINDS, ROLES, RoleSpec, role
+from segadv.config.registered import RegisteredSection, declared, generated, is_generated
 from segadv.config.section import Section
 
 
@@ -112,18 +112,15 @@ NETWORK_SECTIONS: dict[str, NetworkSection] = {section.name: section for section
 )}
 
 
-class RoleSections(Section):
+class RoleSections(RegisteredSection):
     """A per-network section as the role table stands: its subclass per table (``registered()``)
     has one field per role the section's row takes."""
 
     section: ClassVar[str]  # its row's name in NETWORK_SECTIONS
 
-    @model_validator(mode="wrap")
     @classmethod
-    def _with_roles(cls, data: Any, handler: Any) -> Any:
-        if cls in _GENERATED or isinstance(data, RoleSections):
-            return handler(data)  # the registered subclass's own fields, or one already validated
-        return cls.registered().model_validate(data)
+    def validated_as(cls, data: Mapping[str, Any]) -> type[RoleSections] | None:
+        return None if is_generated(cls) else cls.registered()
 
     @classmethod
     def schema_model(cls) -> type[RoleSections]:
@@ -131,21 +128,14 @@ class RoleSections(Section):
 
     @classmethod
     def registered(cls) -> type[RoleSections]:
-        static = next(base for base in cls.__mro__ if base not in _GENERATED)
-        return _generated(static, tuple(ROLES.values()))
-
-    def __reduce__(self) -> tuple:
-        # The registered subclass is built at run time, so it is pickled as its values.
-        static = next(base for base in type(self).__mro__ if base not in _GENERATED)
-        return _validated, (static, self.model_dump())
+        static = declared(cls)
+        specs = tuple(ROLES.values())
+        return generated(static, specs, lambda: _role_fields(NETWORK_SECTIONS[static.section], specs))
 
 
-_GENERATED: set[type] = set()
-
-
-@functools.lru_cache(maxsize=None)
-def _generated(static: type[RoleSections], specs: tuple[RoleSpec, ...]) -> type[RoleSections]:
-    row = NETWORK_SECTIONS[static.section]
+def _role_fields(row: NetworkSection, specs: tuple[RoleSpec, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A per-network section's fields (an entry per role its row takes, and the keys it holds
+    besides) and the validator of each entry against its role."""
     fields: dict[str, Any] = {}
     for spec in specs:
         if not row.takes(spec):
@@ -164,14 +154,7 @@ def _generated(static: type[RoleSections], specs: tuple[RoleSpec, ...]) -> type[
             return value
 
         validators["_entry_fits_role"] = field_validator(*by_name)(check)
-    model = create_model(static.__name__, __base__=static, __module__=__name__, __doc__=static.__doc__,
-                         __validators__=validators, **fields, **dict(row.shared))
-    _GENERATED.add(model)
-    return model
-
-
-def _validated(static: type[RoleSections], data: dict[str, Any]) -> RoleSections:
-    return static.model_validate(data)
+    return {**fields, **dict(row.shared)}, validators
 
 
 class ModelConfig(RoleSections):
