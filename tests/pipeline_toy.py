@@ -62,6 +62,6 @@ class ToyUnsplittableG(ToySplitG):
 
 def use_toy_generator(monkeypatch, cls: type = ToySplitG) -> None:
     """segadv builds ``cls`` as G (the real generator's builder replaced where the run is assembled)."""
-    from segadv.training import build
+    from segadv.training import role
 
-    monkeypatch.setattr(build, "build_generator", lambda cfg, num_classes, *a, **k: cls(num_classes))
+    monkeypatch.setattr(role, "build_generator", lambda cfg, num_classes, *a, **k: cls(num_classes))

@@ -23,7 +23,8 @@ from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.overrides import TorchFunctionMode
 
-from segadv.training.build import Training, build_training, network_settings
+from segadv.training.build import Training, build_training
+from segadv.training.role import network_settings
 from segadv.training.checks import run_role_names
 from segadv.config import Config
 from segadv.config.roles import ROLES

@@ -8,71 +8,28 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 from torch import nn
 
-from segadv.checkpoint import load_encoder_weights
 from segadv.config import Config
-from segadv.config.roles import built_as, role, setting
-from segadv.config.schema import (
-    DiscriminatorConfig,
-    GeneratorConfig,
-    InitSource,
-    NetworkAmpConfig,
-    OptimizerConfig,
-)
+from segadv.config.roles import built_as, role
+from segadv.config.schema import NetworkAmpConfig, OptimizerConfig
 from segadv.engine.accumulation import Accumulation
 from segadv.engine.amp_optimizer import AmpOptimizer, resolve_auto, uses_float16
 from segadv.engine.network import Network
 from segadv.engine.optim import build_optimizer, build_poly_scheduler
 from segadv.methods import Method, method_class
-from segadv.models import build_discriminator, build_generator
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel import DeviceMap, place_networks
 from segadv.parallel.distributed import DistEnv, check_ranks_agree
 from segadv.parallel.report import gather_rows, network_row, placement_table
 from segadv.parallel.wrap import parallelize_network
 from segadv.training.checks import Checked, check_build
+from segadv.training.role import NetworkSettings, Role
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class NetworkSettings:
-    """One role's settings from the config's per-network sections."""
-
-    model: GeneratorConfig | DiscriminatorConfig
-    optim: OptimizerConfig
-    amp: NetworkAmpConfig
-    parallel: str
-    init: InitSource | None  # weights to start from (init.<role>), or None
-
-
-@dataclass(frozen=True)
-class Role:
-    """One network of the run and everything decided for it before it is built: the one place
-    where the generator and the discriminators differ (``network_roles``). The rest of the package
-    loops over a run's roles and asks them."""
-
-    name: str  # its role (segadv/config/roles.py): its config key and checkpoint keys
-    short: str  # its role's short name: the device map's, and its scalars' (train/lr_g, amp/scale_d_aux)
-    settings: NetworkSettings
-    devices: tuple[torch.device, ...]  # devices[0]: where its parameters live and its output is gathered
-    mode: str  # its wrapper: none, dp or ddp
-    checkpointing: bool  # activation checkpointing of its blocks
-    compiled: bool  # torch.compile of its forward
-    build: Callable[[GeneratorConfig | DiscriminatorConfig, int], nn.Module]  # (model settings, classes) -> network
-    # Under DDP: G's BatchNorm statistics follow rank 0, so every rank evaluates (and could save)
-    # the same model; a D has no buffers, so there is nothing to broadcast.
-    broadcast_buffers: bool
-    loss_scaling: bool | None  # scale its loss whatever its own AMP says (None: as its AMP says)
-    sync_bn: bool  # its BatchNorm layers synchronised across ranks
-    # Trained by a backward and an optimizer step (RoleSpec.trained); else no optimizer, no
-    # GradScaler, no gradient-syncing wrapper, no gradients: its method updates it (the teacher).
-    trained: bool = True
-    horizon: int | None = None  # the steps its poly schedule decays over (trained only; poly_horizon)
 
 
 @dataclass
@@ -116,15 +73,6 @@ class Training:
         return self.network("discriminator_aux")
 
 
-def network_settings(cfg: Config, role: str) -> NetworkSettings:
-    """``role``'s model, optimizer, AMP and parallel settings, its own or where it has none those of
-    the role it falls back to (each network still gets its own instances: optimizer, GradScaler,
-    wrapper); and its ``init`` weights, its own only: a role without an ``init`` key starts from its
-    own initialisation."""
-    return NetworkSettings(*(setting(section, role) for section in (cfg.model, cfg.optim, cfg.amp, cfg.parallel)),
-                           getattr(cfg.init, role, None))
-
-
 def resolved_amp(names: tuple[str, ...], settings: list[NetworkSettings], device_map: DeviceMap,
                  env: DistEnv) -> list[NetworkSettings]:
     """Each role's settings with ``amp.<role>.enabled: auto`` resolved on the role's own devices
@@ -147,31 +95,16 @@ def resolved_amp(names: tuple[str, ...], settings: list[NetworkSettings], device
 
 
 def network_roles(cfg: Config, device_map: DeviceMap, env: DistEnv, checked: Checked) -> tuple[Role, ...]:
-    """The run's roles, G first, as ``checked`` (the start's checks) decided them, each with its
-    settings (``amp.<role>.enabled: auto`` resolved on its devices)."""
+    """The run's roles, G first, as ``checked`` (the start's checks) decided them, with their
+    settings resolved (``amp.<role>.enabled: auto`` on their devices) and G's loss scaling."""
     names = tuple(own.name for own in checked.roles)
-    settings = resolved_amp(names, [network_settings(cfg, name) for name in names], device_map, env)
+    settings = resolved_amp(names, [own.settings for own in checked.roles], device_map, env)
     # G's loss passes through a D's backward when an adversarial term is on: scale it if that D is fp16.
     through_float16 = method_class(cfg.method.name).passes_generator_loss_through_discriminator(cfg) and any(
-        uses_float16(own.amp) for name, own in zip(names, settings) if built_as(name) != "generator")
-    roles = []
-    for decided, own in zip(checked.roles, settings):
-        # The one place a generator and a discriminator differ: a role is built as one or the other.
-        generator = built_as(decided.name) == "generator"
-        roles.append(Role(
-            decided.name, role(decided.name).short, own, decided.devices, decided.mode,
-            checkpointing=decided.checkpointing, compiled=decided.compiled,
-            build=generator_model if generator else build_discriminator, broadcast_buffers=generator,
-            loss_scaling=(uses_float16(own.amp) or through_float16) if generator else None, sync_bn=decided.sync_bn,
-            trained=decided.trained, horizon=decided.horizon))
-    return tuple(roles)
-
-
-def generator_model(cfg: GeneratorConfig, num_classes: int) -> nn.Module:
-    """G, with the local encoder weights file ``model.generator.encoder_weights`` names, if any."""
-    model = build_generator(cfg, num_classes)
-    load_encoder_weights(model, cfg)
-    return model
+        uses_float16(own.amp) for decided, own in zip(checked.roles, settings) if not decided.generator)
+    return tuple(replace(decided, settings=own,
+                         loss_scaling=(uses_float16(own.amp) or through_float16) if decided.generator else None)
+                 for decided, own in zip(checked.roles, settings))
 
 
 def build_amp_optimizer(
@@ -206,8 +139,7 @@ def build_training(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv(),
 def network_choice(role: Role) -> str:
     """The config key that chose ``role``'s network class (named where the device map splits a
     network that cannot be split)."""
-    arch = getattr(role.settings.model, "arch", None)
-    return f"model.{built_as(role.name)}.arch={arch}" if arch is not None else f"model.{role.name}"
+    return f"model.{built_as(role.name)}.arch={role.settings.model.arch}" if role.generator else f"model.{role.name}"
 
 
 def build_network(cfg: Config, env: DistEnv, role: Role, model: nn.Module) -> Network:

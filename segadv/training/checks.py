@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import torch
-
 from segadv.config import Config
 from segadv.config.roles import ROLES, built_as, role, setting
 from segadv.config.schema import DataConfig, DiscriminatorConfig
@@ -30,6 +28,7 @@ from segadv.parallel.compile import check_compile, compile_enabled
 from segadv.parallel.distributed import DistEnv
 from segadv.parallel.wrap import check_batch_for_replicas, resolve_mode
 from segadv.training.early_stop import check_monitor
+from segadv.training.role import Role, network_settings
 
 log = logging.getLogger(__name__)
 
@@ -60,22 +59,6 @@ def check_map_roles(device_map: DeviceMap, names: tuple[str, ...], method: str, 
 
 
 @dataclass(frozen=True)
-class CheckedRole:
-    """What the start's checks decided for one of the run's networks from the config and the
-    device map alone (``check_build``), before it is built: ``network_roles`` makes its ``Role``
-    of it."""
-
-    name: str
-    devices: tuple[torch.device, ...]
-    mode: str  # its wrapper: none, dp or ddp
-    checkpointing: bool
-    compiled: bool
-    sync_bn: bool
-    trained: bool
-    horizon: int | None  # the steps its poly schedule decays over (None: untrained, no schedule)
-
-
-@dataclass(frozen=True)
 class Checked:
     """A config checked for its build on a device map (``check_build``). segadv-train's start
     makes the checks before anything slow (segadv/training/preflight.py) and hands this on, so the
@@ -83,7 +66,7 @@ class Checked:
     by the build."""
 
     micro_batch: int  # the labeled micro-batch, checked against G's BatchNorm on each of its replicas
-    roles: tuple[CheckedRole, ...]  # the method's networks, G first
+    roles: tuple[Role, ...]  # the method's networks, G first, their amp settings as the config says
 
 
 def check_build(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) -> Checked:
@@ -105,7 +88,7 @@ def check_build(cfg: Config, device_map: DeviceMap, env: DistEnv = DistEnv()) ->
     return Checked(micro_batch, tuple(check_role(cfg, name, device_map, env, micro_batch) for name in names))
 
 
-def check_role(cfg: Config, name: str, device_map: DeviceMap, env: DistEnv, micro_batch: int) -> CheckedRole:
+def check_role(cfg: Config, name: str, device_map: DeviceMap, env: DistEnv, micro_batch: int) -> Role:
     """One network's checks and decisions before it is built: G's settings as its arch's builder
     would refuse them (``check``, where the builder has one: a DeepLab's encoder name) and its
     optimizer's groups against its arch, a D's depth against its input, its schedule's horizon,
@@ -139,7 +122,7 @@ def check_role(cfg: Config, name: str, device_map: DeviceMap, env: DistEnv, micr
         raise UserError("parallel.sync_bn needs the generator under DDP (a multi-process launch)")
     if sync_bn and devices[0].type != "cuda":
         raise UserError("parallel.sync_bn needs the generator on CUDA (SyncBatchNorm has no CPU kernel)")
-    return CheckedRole(name, devices, mode, checkpointing, compiled, sync_bn, trained, horizon)
+    return Role(role(name), network_settings(cfg, name), devices, mode, checkpointing, compiled, sync_bn, horizon)
 
 
 def check_accumulation(cfg: Config, replicas: int = 1) -> int:
