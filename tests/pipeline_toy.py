@@ -9,12 +9,13 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from segadv.models.base import Generator
 from segadv.parallel.pipeline import balanced_boundaries, check_boundaries, hand_over
 
 WIDTH, BLOCKS = 8, 4
 
 
-class ToySplitG(nn.Module):
+class ToySplitG(Generator):
     def __init__(self, num_classes: int, width: int = WIDTH, blocks: int = BLOCKS) -> None:
         super().__init__()
         self.stem = nn.Conv2d(3, width, 3, padding=1)

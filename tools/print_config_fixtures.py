@@ -24,7 +24,10 @@ from typing import Any
 
 import yaml
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "config" / "fixtures" / "print_config"
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "config" / "fixtures" / "print_config"
+# The fixtures are this checkout's: its segadv, whatever segadv the environment installs.
+sys.path.insert(0, str(ROOT))
 
 
 def printed(name: str) -> str:
