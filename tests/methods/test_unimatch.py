@@ -1,11 +1,15 @@
 """UniMatch and UniMatch V2: their networks and streams by variant, each loss term and the update
 held to a transcription of the references' loops (LiheYoung/UniMatch unimatch.py, LiheYoung/
 UniMatch-V2 unimatch_v2.py) on a fixed batch with the random draws made equal, the views' draws,
-V2's EMA teacher (buffers included), D on top, and an exact resume with the views' RNG."""
+V2's EMA teacher (buffers included), D on top, an exact resume with the views' RNG, and the
+folder's switches on the variant (one iteration class per reference, picked in one place)."""
 
 from __future__ import annotations
 
+import ast
 import copy
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -210,3 +214,83 @@ def test_a_bfloat16_g_trains_with_its_feature_scales(overrides):
     losses = parts.method(fixed_streams(cfg, parts), 0)
     assert all(v.dtype == torch.float32 and torch.isfinite(v) for v in losses.values())
     assert any(not torch.equal(a, p) for a, p in zip(before, parts.g.bare.parameters()))
+
+
+@pytest.mark.parametrize("overrides, iteration", [(V1, "UniMatchV1"), (V2, "UniMatchV2")], ids=["v1", "v2"])
+def test_the_variant_builds_its_references_iteration(overrides, iteration):
+    cfg, parts = built(overrides)
+    declaration = registry.method_class("unimatch").reference(cfg)
+    assert type(parts.method) is getattr(um_iteration, iteration) is declaration.iteration_class()
+    assert issubclass(type(parts.method), declaration) and type(parts.method).name == "unimatch"
+    assert any("__call__" in vars(c) for c in type(parts.method).__mro__[:-1])
+
+
+MAX_VARIANT_SWITCHES = 2  # the declaration picking the reference's declaration, and one spare
+VARIANT_NAME = re.compile(r"variant|v[12](?![0-9])", re.IGNORECASE)  # variant, self.v2, UniMatchV1Spec
+
+
+def variant_switches(source: str) -> list[int]:
+    """The lines where ``source`` decides something by the UniMatch variant: an ``if``, conditional
+    expression, ``while``, comprehension filter or ``match`` whose test reads it, a comparison with it
+    outside those tests (a flag kept for later), and a lookup keyed by it (``TABLE[cfg.variant]``).
+    A name reads the variant where it matches ``VARIANT_NAME``, a string where it is "v1" or "v2";
+    annotations (``Literal["v1", "v2"]``) decide nothing."""
+    tree = ast.parse(source)
+    annotations = set()
+    for node in ast.walk(tree):
+        for annotation in (getattr(node, "annotation", None), getattr(node, "returns", None)):
+            if annotation is not None:
+                annotations.update(id(n) for n in ast.walk(annotation))
+
+    def reads_variant(node: ast.AST, strings: bool = True) -> bool:
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and VARIANT_NAME.search(n.id):
+                return True
+            if isinstance(n, ast.Attribute) and VARIANT_NAME.search(n.attr):
+                return True
+            if strings and isinstance(n, ast.Constant) and n.value in ("v1", "v2"):
+                return True
+        return False
+
+    tests = [(n, n.test) for n in ast.walk(tree) if isinstance(n, (ast.If, ast.IfExp, ast.While))]
+    tests += [(n, n.subject) for n in ast.walk(tree) if isinstance(n, ast.Match)]
+    tests += [(test, test) for n in ast.walk(tree) if isinstance(n, ast.comprehension) for test in n.ifs]
+    switches, seen = [], set()
+    for node, test in tests:
+        if reads_variant(test):
+            switches.append(node.lineno)
+            seen.update(id(n) for n in ast.walk(test))
+    for node in ast.walk(tree):
+        if id(node) in seen or id(node) in annotations:
+            continue
+        if (isinstance(node, ast.Compare) and reads_variant(node)) or (
+                isinstance(node, ast.Subscript) and reads_variant(node.slice, strings=False)):
+            switches.append(node.lineno)
+            seen.update(id(n) for n in ast.walk(node))
+    return sorted(switches)
+
+
+def test_the_switch_counter_sees_every_kind_of_switch():
+    source = """
+variant: Literal["v1", "v2"] = "v2"
+if self.v2 and teacher is None:
+    pass
+weights = V2 if settings.variant == "v2" else V1
+self.v2 = settings.variant == "v2"
+cls = REFERENCES[cfg.method.unimatch.variant]
+match variant:
+    case "v1":
+        pass
+names = [n for n in names if is_v1]
+while self.v2:
+    break
+"""
+    assert variant_switches(source) == [3, 5, 6, 7, 8, 11, 12]
+    assert variant_switches("x = TABLE['v2']\ny = WEIGHTS['strong']\n") == []  # a string key is no switch
+
+
+def test_the_unimatch_folder_switches_on_its_variant_at_most_twice():
+    folder = Path(um_iteration.__file__).parent
+    switches = {path.name: variant_switches(path.read_text()) for path in sorted(folder.glob("*.py"))}
+    where = ", ".join(f"{name}:{line}" for name, lines in switches.items() for line in lines)
+    assert sum(len(lines) for lines in switches.values()) <= MAX_VARIANT_SWITCHES, where

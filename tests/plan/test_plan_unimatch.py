@@ -62,6 +62,6 @@ def test_pseudo_labels_left_on_the_teachers_device_are_caught(monkeypatch):
         confidence, pseudo = um_iteration.mixing.teacher_confidence(logits.float())
         return pseudo, confidence
 
-    monkeypatch.setattr(um_iteration.UniMatch, "teacher_labels", unhanded)
+    monkeypatch.setattr(um_iteration.UniMatchV2, "teacher_labels", unhanded)
     with pytest.raises(PlacementError, match="mixes devices"):
         planned("g:1,d:0,t:0")

@@ -3,15 +3,17 @@ al., 2024; LiheYoung/UniMatch-V2 ``unimatch_v2.py``), semi-supervised: weak-to-s
 consistency on two strong views of each unlabeled image, with a feature-perturbation stream (V1)
 or complementary channel dropout across the two views and an EMA teacher (V2); AdvSemiSeg's
 adversarial term on top as one key (``loss.lambda_adv``; null here: 0, no D). One method,
-``method.unimatch.variant`` choosing the reference. What it declares before any network exists
-and what its iteration reads (``UniMatchSetup``), torch-free; the iteration is ``iteration.py``.
-Every default is a reference's, with its source lines in docs/methods.md ("UniMatch").
+``method.unimatch.variant`` choosing the reference: ``UniMatchSpec`` is what the registry and the
+config know, and each reference's declaration (``UniMatchV1Spec``, ``UniMatchV2Spec``) adds its own
+streams and networks and names its own iteration (``iteration.py``). What it declares before any
+network exists and what its iteration reads (``UniMatchSetup``), torch-free. Every default is a
+reference's, with its source lines in docs/methods.md ("UniMatch").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import TYPE_CHECKING, ClassVar, Literal, Mapping, Optional
 
 from pydantic import Field
 
@@ -22,6 +24,8 @@ from segadv.methods.base import Method, Setup
 
 if TYPE_CHECKING:
     from segadv.config import Config
+    from segadv.engine.network import Network
+    from segadv.monitor.profile import PhaseTimer
 
 
 class UniMatchConfig(Section):
@@ -65,10 +69,13 @@ class UniMatchSetup(Setup):
 class UniMatchSpec(Method):
     """G trained on a labeled batch and on two strong views of an unlabeled batch labelled by the
     weak view (V1: G itself; V2: its EMA teacher), with feature perturbation; D on top where
-    ``loss.lambda_adv`` > 0."""
+    ``loss.lambda_adv`` > 0. The registry's class: what both references declare alike, the rest
+    from the declaration ``method.unimatch.variant`` names (``reference``)."""
 
     name = "unimatch"
-    iteration_path = "segadv.methods.unimatch.iteration:UniMatch"
+    # None here: each reference's declaration names its own iteration, and from_config builds the
+    # one the config's variant names.
+    iteration_path = None
     config = UniMatchConfig
     # D on top: the weight of AdvSemiSeg's adversarial term on G's maps of the unlabeled images it
     # predicts with a gradient (V1: the weak view; V2: the two strong views). The references have
@@ -81,21 +88,32 @@ class UniMatchSpec(Method):
     # perturbed stream; D's: the gt batch's and G's labeled maps'
     selection_losses = ("loss_seg", "loss_strong", "loss_fp", "loss_d")
     diagnostics = ("train/loss_seg", "train/loss_strong", "train/pseudo_confidence", "train/loss_d")
+    # What one reference draws and trains besides the labeled and unlabeled streams and G.
+    reference_streams: ClassVar[tuple[StreamSpec, ...]] = ()
+    reference_networks: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
-    def variant(cls, cfg: Config) -> str:
-        return cls.settings(cfg).variant
+    def reference(cls, cfg: Config) -> type[UniMatchSpec]:
+        """The declaration of the reference ``method.unimatch.variant`` names: the one place the
+        folder switches on the variant (tests/methods/test_unimatch.py counts them)."""
+        return REFERENCES[cls.settings(cfg).variant]
 
     @classmethod
     def data_streams(cls, cfg: Config) -> tuple[StreamSpec, ...]:
-        return (STREAMS + ((MIX_STREAM,) if cls.variant(cfg) == "v1" else ())
+        return (STREAMS + cls.reference(cfg).reference_streams
                 + ((GT_STREAM,) if cls.adversarial_weight(cfg) > 0 else ()))
 
     @classmethod
     def networks(cls, cfg: Config) -> tuple[str, ...]:
-        # G; V2's EMA teacher; D only where its term is on.
-        return (("generator",) + (("teacher",) if cls.variant(cfg) == "v2" else ())
+        # G; the reference's own (V2's EMA teacher); D only where its term is on.
+        return (("generator",) + cls.reference(cfg).reference_networks
                 + (("discriminator",) if cls.adversarial_weight(cfg) > 0 else ()))
+
+    @classmethod
+    def from_config(cls, cfg: Config, nets: Mapping[str, Network], phases: PhaseTimer) -> Method:
+        """The iteration of the reference the config names, built as every method's
+        (``Method.from_config``): its declaration's ``iteration_class`` on the setup."""
+        return cls.reference(cfg).iteration_class()(cls.setup(cfg), nets, phases)
 
     @classmethod
     def passes_generator_loss_through_discriminator(cls, cfg: Config) -> bool:
@@ -113,3 +131,21 @@ class UniMatchSpec(Method):
         norm = cfg.data.input_normalization
         return UniMatchSetup(**vars(super().setup(cfg)), settings=cls.settings(cfg), mean=norm.mean, std=norm.std,
                              seed=cfg.train.seed)
+
+
+class UniMatchV1Spec(UniMatchSpec):
+    """UniMatch (unimatch.py): a second unlabeled batch, pasted into the first's strong views."""
+
+    iteration_path = "segadv.methods.unimatch.iteration:UniMatchV1"
+    reference_streams = (MIX_STREAM,)
+
+
+class UniMatchV2Spec(UniMatchSpec):
+    """UniMatch V2 (unimatch_v2.py): G's EMA teacher, the ``teacher`` role."""
+
+    iteration_path = "segadv.methods.unimatch.iteration:UniMatchV2"
+    reference_networks = ("teacher",)
+
+
+# method.unimatch.variant -> its reference's declaration
+REFERENCES: dict[str, type[UniMatchSpec]] = {"v1": UniMatchV1Spec, "v2": UniMatchV2Spec}
