@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Export a checkpoint's generator to ONNX or TorchScript, verified: the same as ``segadv-export``.
+"""Export a checkpoint's generator to ONNX, torch.export (.pt2) or TorchScript, verified: the same as
+``segadv-export``.
 
     python tools/export.py --checkpoint RUN/checkpoints/last.pt --output model.onnx [options]
 

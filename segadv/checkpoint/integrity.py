@@ -14,8 +14,8 @@ corrupt (exit 2 naming it). A file without a record (a user's own ``.pth``) stil
 archive's CRC-32s are checked then (torch's reader skips them), so damaged tensors are found anyway.
 
 **Sniffing** (:func:`sniff`): the format is told from the bytes, not the suffix, so a TorchScript
-module, a safetensors file under another suffix or an ONNX model get their own message, and random
-bytes are called corrupt, never "pickled code".
+module, a torch.export program, a safetensors file under another suffix or an ONNX model get their
+own message, and random bytes are called corrupt, never "pickled code".
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ _CHUNK = 1 << 20
 
 # What sniff() tells apart.
 TORCH_ZIP, TORCHSCRIPT, SAFETENSORS, PICKLE, UNKNOWN = "torch zip", "TorchScript", "safetensors", "pickle", "unknown"
+EXPORTED_PROGRAM = "torch.export program"  # torch.export.save's archive (.pt2)
 
 # ONNX's ModelProto (onnx.proto): its top-level field numbers and their protobuf wire types
 # (0 varint, 2 length-delimited). torch.onnx and onnx.save write ir_version (field 1) first.
@@ -90,7 +91,8 @@ def seal_safetensors(data: bytes) -> bytes:
 
 
 def sniff(path: Path) -> str:
-    """The file's format from its bytes: TORCH_ZIP, TORCHSCRIPT, SAFETENSORS, PICKLE or UNKNOWN."""
+    """The file's format from its bytes: TORCH_ZIP, TORCHSCRIPT, EXPORTED_PROGRAM, SAFETENSORS, PICKLE or
+    UNKNOWN."""
     with open(path, "rb") as fh:
         head = fh.read(16)
     if _is_safetensors(path, head):
@@ -103,6 +105,8 @@ def sniff(path: Path) -> str:
             return TORCH_ZIP  # found to be damaged by verify()
         if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
             return TORCHSCRIPT
+        if any(n == "archive_format" or n.endswith("/archive_format") for n in names):
+            return EXPORTED_PROGRAM
         return TORCH_ZIP
     if head[:1] == b"\x80":
         return PICKLE  # torch < 1.6 files are a pickle stream (random bytes may start so too)
@@ -174,7 +178,7 @@ def unknown_format(path: Path) -> UserError:
 def verify(path: Path, kind: str) -> Integrity:
     """Check ``path`` (of format ``kind``) against the sha256 sealed in it, or, without one, a zip
     archive's CRC-32s. :class:`CorruptCheckpoint` naming the file when they do not match."""
-    if kind in (TORCH_ZIP, TORCHSCRIPT):
+    if kind in (TORCH_ZIP, TORCHSCRIPT, EXPORTED_PROGRAM):
         recorded = _zip_seal(path)
         if recorded is not None:
             size = path.stat().st_size

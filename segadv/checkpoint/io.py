@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from segadv.checkpoint.integrity import (
-    PICKLE, SAFETENSORS, TORCHSCRIPT, UNKNOWN, CorruptCheckpoint, Integrity, seal_torch_zip, sniff,
+    EXPORTED_PROGRAM, PICKLE, SAFETENSORS, TORCHSCRIPT, UNKNOWN, CorruptCheckpoint, Integrity, seal_torch_zip, sniff,
     unknown_format, verify,
 )
 from segadv.errors import UserError
@@ -69,6 +69,12 @@ def read_verified(path: str | Path, *, trusted: bool = False) -> tuple[dict[str,
     if kind == TORCHSCRIPT:
         raise UserError(
             f"checkpoint {path} is a TorchScript module (torch.jit.save, e.g. segadv-export --format torchscript), "
+            f"not a checkpoint: segadv-predict --model {path} runs it; here the weights file or training "
+            "checkpoint it was made from is needed"
+        )
+    if kind == EXPORTED_PROGRAM:
+        raise UserError(
+            f"checkpoint {path} is a torch.export program (torch.export.save, e.g. segadv-export --format exported), "
             f"not a checkpoint: segadv-predict --model {path} runs it; here the weights file or training "
             "checkpoint it was made from is needed"
         )

@@ -1,6 +1,6 @@
-"""segadv-export: the generator of a checkpoint as ONNX or TorchScript, verified.
+"""segadv-export: the generator of a checkpoint as ONNX, a torch.export program (.pt2) or TorchScript, verified.
 
-    segadv-export --checkpoint FILE|RUN_DIR --output FILE [--format onnx|torchscript] [options] [key=value ...]
+    segadv-export --checkpoint FILE|RUN_DIR --output FILE [--format onnx|exported|torchscript] [options] [key=value ...]
 
 The model is written to a temp file next to ``--output``, run against PyTorch eager on random
 inputs at two or more sizes, and renamed into place only when the check passes; then the
@@ -29,19 +29,23 @@ from segadv.fsutil import check_output, check_parent, output_file, refuse_overwr
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         prog="segadv-export", formatter_class=HelpFormatter,
-        description="Export a checkpoint's generator to ONNX or TorchScript and verify it against PyTorch.",
+        description="Export a checkpoint's generator to ONNX, torch.export (.pt2) or TorchScript and verify it "
+                    "against PyTorch.",
         epilog=docs_epilog("inference.md", "failures.md"),
     )
     p.add_argument("--checkpoint", type=path_argument, required=True,
                    help="segadv checkpoint, a run dir (its best checkpoint), raw generator state dict "
                    "(any wrapper prefix) or smp save_pretrained directory")
     p.add_argument("--output", type=path_argument, required=True, help="file to write (its sidecar is OUTPUT.json)")
-    p.add_argument("--format", choices=FORMATS, help="default: from the output suffix (.onnx; .pt/.ts/.torchscript)")
+    p.add_argument("--format", choices=FORMATS,
+                   help="default: from the output suffix (.onnx; .pt2 for exported; .pt/.ts/.torchscript); "
+                   "a suffix of another format is refused")
     add_config_arguments(p, "needed for a raw state dict (default: the checkpoint's own)")
     p.add_argument("--input-size", nargs=2, type=int, metavar=("H", "W"),
                    help="example input height and width (default: the training image size)")
     p.add_argument("--dynamic", action=argparse.BooleanOptionalAction, default=True,
-                   help="dynamic batch, height and width axes (ONNX; default on). TorchScript is always shape-generic")
+                   help="dynamic batch, height and width axes (ONNX and exported; default on). TorchScript is "
+                   "always shape-generic")
     p.add_argument("--opset", type=int, default=None, help="ONNX opset (default 17)")
     p.add_argument("--with-preprocess", nargs="?", const="uint8", choices=("uint8", "unit"), default=None,
                    help="normalise in the graph: the model takes uint8 0..255 (default) or 'unit' float 0..1 RGB")
@@ -64,6 +68,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def size_text(path: Path) -> str:
     return f"{os.path.getsize(path) / 1e6:.1f} MB"
+
+
+def format_detail(fmt: str, meta: dict) -> str:
+    """What the ``exported`` line adds for ``fmt``, from its sidecar section."""
+    if fmt == "onnx":
+        return f", opset {meta['onnx']['opset']}"
+    if fmt == "exported":
+        section = meta["exported"]
+        if section["dynamic"]:
+            return f", torch.export, sides from {section['least_size'][0]}"
+        return ", torch.export, static"
+    return f", {meta['torchscript']['method']}"
 
 
 @cli_entry
@@ -117,7 +133,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     axes = ", ".join(meta["input"]["dynamic_axes"]) or "none (static)"
     print(f"checkpoint {src['checkpoint']} ({src['kind']}{', step ' + str(src['step']) if src['step'] is not None else ''}; "
           f"sha256 {src['sha256'][:12]}..., the file's)")
-    extra = f", opset {opset}" if fmt == "onnx" else f", {meta['torchscript']['method']}"
+    extra = format_detail(fmt, meta)
     print(f"exported   {fmt} {output} ({size_text(output)}{extra}, {done.precision})")
     # The sidecar's input section, as written: what a host reads and what the console says agree.
     given = meta["input"]

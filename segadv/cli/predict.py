@@ -1,6 +1,6 @@
 """segadv-predict: segment images with a checkpoint or an exported model; write palette PNG masks.
 
-    segadv-predict (--checkpoint FILE [--config FILE] [key=value ...] | --model FILE.onnx|FILE.pt)
+    segadv-predict (--checkpoint FILE [--config FILE] [key=value ...] | --model FILE.onnx|FILE.pt2|FILE.pt)
                    --input PATH --output DIR [--batch-size N] [--device DEV] [--overlay]
                    [--mode slide|resize] [--max-size PX] [--overlap F]
 
@@ -60,13 +60,15 @@ ON_ERROR = ("raise", "skip")
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         prog="segadv-predict", formatter_class=HelpFormatter,
-        description="Segment images with a checkpoint (PyTorch) or an exported model (ONNX / TorchScript).",
+        description="Segment images with a checkpoint (PyTorch) or an exported model (ONNX / torch.export / "
+                    "TorchScript).",
         epilog=docs_epilog("inference.md"),
     )
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", type=path_argument, help="segadv checkpoint, a run dir (its best checkpoint), raw generator "
                         "state dict or smp save_pretrained directory (runs PyTorch eager)")
-    source.add_argument("--model", type=path_argument, help="a segadv-export file: .onnx (onnxruntime, no torch) or TorchScript")
+    source.add_argument("--model", type=path_argument,
+                        help="a segadv-export file: .onnx (onnxruntime, no torch), a torch.export .pt2 or TorchScript")
     p.add_argument("--input", required=True, help="an image, a folder of images or a quoted glob ('dir/*.png')")
     p.add_argument("--output", type=path_argument, required=True, help="folder for the masks (created if missing)")
     add_config_arguments(p, "for a raw state dict (--checkpoint only)")

@@ -1,4 +1,5 @@
-"""Inference export: the bare generator as ONNX or TorchScript, verified against PyTorch eager.
+"""Inference export: the bare generator as ONNX, a torch.export program (.pt2) or TorchScript,
+verified against PyTorch eager.
 
 Modules (import the one you need; this package imports nothing itself, so the torch-free parts
 stay torch-free):
@@ -6,7 +7,8 @@ stay torch-free):
 - ``sidecar``: the JSON metadata written next to an export (torch-free, used by segadv-predict);
 - ``settings``: the format, example input size, verification shapes and tolerances (torch-free);
 - ``wrapper``: the exported module (optional in-graph normalisation and argmax);
-- ``onnx_export`` / ``torchscript_export``: writing the files;
+- ``onnx_export`` / ``pt2_export`` / ``torchscript_export``: writing the files (``pt2_export``
+  also decides which shapes a program takes, dynamic where the network allows);
 - ``verify``: exported file vs PyTorch eager on random inputs at several sizes;
 - ``verified``: an export written, verified, put in place and given its sidecar;
 - ``deps``: the optional ``onnx`` / ``onnxruntime`` imports, with an install hint.

@@ -16,34 +16,45 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("segadv.export")
 
-FORMATS = ("onnx", "torchscript")
-SUFFIX_FORMATS = {".onnx": "onnx", ".pt": "torchscript", ".pth": "torchscript", ".ts": "torchscript",
-                  ".torchscript": "torchscript", ".jit": "torchscript"}
+# "exported": a torch.export program (.pt2), TorchScript's successor upstream.
+FORMATS = ("onnx", "exported", "torchscript")
+FORMAT_NAMES = {"onnx": "ONNX", "exported": "torch.export", "torchscript": "TorchScript"}
+SUFFIX_FORMATS = {".onnx": "onnx", ".pt2": "exported", ".pt": "torchscript", ".pth": "torchscript",
+                  ".ts": "torchscript", ".torchscript": "torchscript", ".jit": "torchscript"}
 FALLBACK_INPUT_SIZE = 512
 
 
 # The file a hint suggests for each format (its suffix one resolve_format reads as that format).
-EXAMPLE_FILES = {"onnx": "model.onnx", "torchscript": "model.pt"}
+EXAMPLE_FILES = {"onnx": "model.onnx", "exported": "model.pt2", "torchscript": "model.pt"}
 
 
 def example_outputs(fmt: Optional[str], folder: Path) -> str:
     """A file to name in ``folder`` for ``fmt`` (None: one of each format)."""
     if fmt is not None:
         return str(folder / EXAMPLE_FILES[fmt])
-    return " or ".join(f"{folder / name} for {'TorchScript' if kind == 'torchscript' else 'ONNX'}"
-                       for kind, name in EXAMPLE_FILES.items())
+    hints = [f"{folder / name} for {FORMAT_NAMES[kind]}" for kind, name in EXAMPLE_FILES.items()]
+    return ", ".join(hints[:-1]) + " or " + hints[-1]
 
 
 def resolve_format(fmt: Optional[str], output: Path) -> str:
-    if fmt is not None:
-        return fmt
-    try:
-        return SUFFIX_FORMATS[output.suffix.lower()]
-    except KeyError:
+    """``fmt``, or the one the output's suffix names. A suffix that names another format than
+    ``fmt`` is refused (``model.pt`` is TorchScript's, ``model.pt2`` torch.export's: one letter
+    apart, and a reader would pick the wrong loader); a suffix that names none takes ``fmt``."""
+    implied = SUFFIX_FORMATS.get(output.suffix.lower())
+    if fmt is None:
+        if implied is None:
+            raise UserError(
+                f"--format not given and the output suffix {output.suffix or '(none)'!r} does not say which: "
+                "pass --format onnx, --format exported or --format torchscript"
+            )
+        return implied
+    if implied is not None and implied != fmt:
+        suffix = "." + EXAMPLE_FILES[fmt].rpartition(".")[2]
         raise UserError(
-            f"--format not given and the output suffix {output.suffix or '(none)'!r} does not say which: "
-            "pass --format onnx or --format torchscript"
-        ) from None
+            f"--format {fmt} but the output suffix {output.suffix!r} is {FORMAT_NAMES[implied]}'s "
+            f"(--format {implied}): name the file {output.with_suffix(suffix).name} or pass --format {implied}"
+        )
+    return fmt
 
 
 def default_input_size(loaded: LoadedGenerator, divisor: int) -> tuple[int, int]:
@@ -72,18 +83,25 @@ def check_size(h: int, w: int, divisor: int, what: str) -> None:
 
 
 def verification_shapes(verify_sizes: Optional[Sequence[Sequence[int]]], dynamic: bool, h: int, w: int,
-                        divisor: int) -> list[list[int]]:
+                        divisor: int, *, least: int = 1, static_what: Optional[str] = None) -> list[list[int]]:
     """The input shapes an export is verified at: ``verify_sizes`` (--verify-size) or the input
-    size and, for a dynamic export, a larger non-square one at batch 2."""
+    size and, for a dynamic export, a larger non-square one at batch 2. ``least``: the smallest
+    side a dynamic export takes (a torch.export program's); ``static_what``: what fixed the shape
+    of a static export other than --no-dynamic, for the message (its warning was logged already)."""
     if verify_sizes:
         sizes = [tuple(s) for s in verify_sizes]
         for vh, vw in sizes:
             check_size(vh, vw, divisor, "--verify-size")
+            if dynamic and min(vh, vw) < least:
+                raise UserError(f"--verify-size {vh} {vw}: a dynamic program takes heights and widths from {least} "
+                                f"(twice the network's stride), e.g. {max(vh, least)} {max(vw, least)}")
         if not dynamic and any(s != (h, w) for s in sizes):
-            raise UserError(f"--no-dynamic exports take only their input size {h} {w}; drop --verify-size")
+            raise UserError(f"{static_what or '--no-dynamic exports'} take only their input size {h} {w}; "
+                            "drop --verify-size")
         return [[1 if i == 0 or not dynamic else 2, 3, vh, vw] for i, (vh, vw) in enumerate(sizes)]
     if not dynamic:
-        log.warning("a --no-dynamic export takes one shape only, so it is verified at 1x3x%dx%d only", h, w)
+        if static_what is None:
+            log.warning("a --no-dynamic export takes one shape only, so it is verified at 1x3x%dx%d only", h, w)
         return [[1, 3, h, w]]
     return [[1, 3, h, w], [2, 3, h + 2 * divisor, w + divisor]]
 

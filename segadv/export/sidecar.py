@@ -4,9 +4,10 @@ Torch-free on purpose: ``segadv-predict --model file.onnx`` reads it without imp
 
 The sidecar is ``<export>.json`` (``model.onnx`` -> ``model.onnx.json``). The same metadata, less
 the verification results, is also embedded in the export itself (ONNX ``metadata_props`` key
-``segadv``; TorchScript extra file ``segadv.json``), so a model file that travels alone still
-carries its classes, palette and normalisation; segadv-predict reads the embedded copy first, since
-it cannot go stale. The sidecar adds the verification numbers and the export's own sha256.
+``segadv``; torch.export and TorchScript extra file ``segadv.json``), so a model file that travels
+alone still carries its classes, palette and normalisation; segadv-predict reads the embedded copy
+first, since it cannot go stale. The sidecar adds the verification numbers and the export's own
+sha256.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ FORMAT_VERSION = 2  # 2: normalization.channels (a BGR model's input); an RGB mo
 FORMAT_VERSION_RGB = 1
 SIDECAR_SUFFIX = ".json"
 EMBED_KEY = "segadv"  # ONNX metadata_props key
-EMBED_FILE = "segadv.json"  # TorchScript extra file
+EMBED_FILE = "segadv.json"  # torch.export / TorchScript extra file
 
 # What the model's input holds, and how a host prepares an RGB uint8 image for it.
 INPUT_KINDS = {

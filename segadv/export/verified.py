@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from segadv.checkpoint.inference import LoadedGenerator
+    from segadv.export.pt2_export import Program
 
 log = logging.getLogger("segadv.export")
 
@@ -75,19 +76,26 @@ def make_runner(fmt: str, path: Path) -> tuple[Callable[[np.ndarray], np.ndarray
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         name = session.get_inputs()[0].name
         return (lambda x: session.run(None, {name: x})[0]), f"onnxruntime {ort.__version__} (CPUExecutionProvider)"
-    from segadv.export.torchscript_export import load_torchscript
+    if fmt == "exported":
+        from segadv.export.pt2_export import load_program
 
-    module = load_torchscript(path)
+        module, runtime = load_program(path), "torch.export.load (cpu)"
+    else:
+        from segadv.export.torchscript_export import load_torchscript
+
+        module, runtime = load_torchscript(path), "torch.jit.load (cpu)"
 
     def run(x: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             return module(torch.from_numpy(x)).numpy()
 
-    return run, "torch.jit.load (cpu)"
+    return run, runtime
 
 
 def write_export(fmt: str, model: torch.nn.Module, example: torch.Tensor, path: Path, *, argmax: bool,
-                 dynamic: bool, embed: str, opset: int) -> dict:
+                 dynamic: bool, embed: str, opset: int, program: Optional[Program] = None) -> dict:
+    """Write the file; the sidecar's section for its format. ``program``: an exported format's
+    program, made before the metadata (whether it came out dynamic is part of it)."""
     from segadv.export.wrapper import output_name
 
     if fmt == "onnx":
@@ -95,6 +103,11 @@ def write_export(fmt: str, model: torch.nn.Module, example: torch.Tensor, path: 
 
         return {"onnx": export_onnx(model, example, path, output_name=output_name(argmax),
                                     argmax=argmax, opset=opset, dynamic=dynamic, embed=embed)}
+    if fmt == "exported":
+        from segadv.export.pt2_export import save_program
+
+        assert program is not None
+        return {"exported": save_program(program, path, embed=embed)}
     from segadv.export.torchscript_export import export_torchscript
 
     return {"torchscript": export_torchscript(model, example, path, embed=embed)}
@@ -126,13 +139,33 @@ def export_verified(loaded: LoadedGenerator, fmt: str, output: Path, options: Ex
         dynamic = False
     if not options.dynamic and fmt == "torchscript":
         log.info("--no-dynamic: a scripted TorchScript module takes any shape anyway; verifying at several")
-    shapes = verification_shapes(options.verify_sizes, dynamic, h, w, divisor)
+    step, least = divisor, 1  # a dynamic export's sides: multiples of step from least
+    if fmt == "exported":
+        from segadv.export.pt2_export import program_grid
+
+        step, least = program_grid(generator, divisor)
+    # Before the export: a --verify-size the export cannot take is refused before anything slow.
+    shapes = verification_shapes(options.verify_sizes, dynamic, h, w, step, least=least)
     kind, dtype = input_kind(options.preprocess), input_dtype(options.preprocess, options.half)
 
     exported = InferenceModel(generator, norm, options.preprocess, options.argmax, options.half).eval()
     reference = InferenceModel(generator, norm, options.preprocess, options.argmax, half=False).eval()
     rng = np.random.default_rng(1234)
     example = torch.from_numpy(make_input(rng, [1, 3, h, w], kind, dtype, norm.mean, norm.std))
+    notes = [CPU_HALF_NOTE] if options.half and fmt == "onnx" else []
+    program = None
+    if fmt == "exported":
+        from segadv.export.pt2_export import export_program
+
+        name = type(unwrap(generator)).__name__
+        program = export_program(exported, example, dynamic=dynamic, step=step, least=least, name=name)
+        if program.dynamic:
+            divisor = step  # what the program's sides must be multiples of (the sidecar's size_divisor)
+        elif dynamic:
+            dynamic = False
+            notes.append(f"{name}'s program is static, 1x3x{h}x{w} only: {program.static_because}")
+            shapes = verification_shapes(options.verify_sizes, False, h, w, divisor,
+                                         static_what=f"{name}'s static programs")
 
     meta = export_metadata(
         model_format=fmt, model_file=output.name, loaded=loaded, classes=class_names(cfg.data),
@@ -140,15 +173,16 @@ def export_verified(loaded: LoadedGenerator, fmt: str, output: Path, options: Ex
         argmax=options.argmax, half=options.half, dynamic=dynamic,
         input_size=(h, w), divisor=divisor,
     )
+    if program is not None:
+        meta["exported"] = program.section()
     make_dir(output.parent)
-    notes = [CPU_HALF_NOTE] if options.half and fmt == "onnx" else []
     precision = "float16" if options.half else "float32"
     done = Exported(False, [], notes, meta, precision, kind, dtype, divisor)
     # A stop signal unwinds (segadv/signals.py, exit 128 + N), so staged() removes its temp file, as on
     # any other exit.
     with interrupted_note(f"nothing was written to {output}"), staged(output) as stage:
         meta.update(write_export(fmt, exported, example, stage.path, argmax=options.argmax, dynamic=dynamic,
-                                 embed=to_json(meta), opset=options.opset))
+                                 embed=to_json(meta), opset=options.opset, program=program))
         run, runtime = make_runner(fmt, stage.path)
         result = verify(run, reference, shapes=shapes, kind=kind, dtype=dtype, class_ids=options.argmax,
                         mean=norm.mean, std=norm.std, atol=options.atol, rtol=options.rtol,

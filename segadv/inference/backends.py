@@ -1,6 +1,6 @@
 """What runs segadv-predict's windows: an ONNX file on onnxruntime (numpy only: torch is never
-imported), a TorchScript file, or a checkpoint's G in PyTorch eager; each with the export
-metadata (classes, palette, normalisation, input form) the masks are made with."""
+imported), a torch.export program (.pt2), a TorchScript file, or a checkpoint's G in PyTorch eager;
+each with the export metadata (classes, palette, normalisation, input form) the masks are made with."""
 
 from __future__ import annotations
 
@@ -125,6 +125,42 @@ class TorchScriptBackend(_TorchBackend):
         self.exported_precision()
 
 
+class ExportedProgramBackend(_TorchBackend):
+    """A ``.pt2`` from segadv-export --format exported: ``torch.export.load(path).module()``. A
+    static program's shape is its metadata's example shape; a dynamic one takes sides from the
+    metadata's ``exported.least_size``, and a smaller window is padded to it (by reflection, as
+    the windows are to the size multiple) and its output cropped back."""
+
+    def __init__(self, path: Path, device: Optional[str]) -> None:
+        from segadv.export.pt2_export import load_program
+
+        self._setup_device(device)
+        extra = {EMBED_FILE: ""}
+        try:
+            self.module = load_program(path, self.device, extra_files=extra)
+        except (RuntimeError, ValueError, KeyError) as err:
+            why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise UserError(f"--model {path}: torch.export.load cannot load it ({why})") from None
+        self.meta = _metadata(path, extra[EMBED_FILE] or None)
+        given = self.meta["input"]
+        if not given.get("dynamic_axes"):
+            batch, _, height, width = given["example_shape"]
+            self.fixed_batch, self.fixed_size = int(batch), (int(height), int(width))
+        least = (self.meta.get("exported") or {}).get("least_size")
+        self.least_size = tuple(int(v) for v in least) if least else None
+        self.description = f"torch.export program on {self.device}"
+        self.exported_precision()
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        h, w = x.shape[-2:]
+        if self.least_size is None or (h >= self.least_size[0] and w >= self.least_size[1]):
+            return super().run(x)
+        ph, pw = max(0, self.least_size[0] - h), max(0, self.least_size[1] - w)
+        mode = "reflect" if min(h, w) >= 2 else "edge"
+        out = super().run(np.pad(x, ((0, 0), (0, 0), (0, ph), (0, pw)), mode=mode))
+        return out[..., :h, :w]
+
+
 class CheckpointBackend(_TorchBackend):
     """PyTorch eager: the generator from a checkpoint, through the strict loader, under the autocast
     its run's evaluations ran it under (segadv/inference/precision.py, as segadv-eval scores it):
@@ -179,6 +215,8 @@ def open_model(path_text: str, device: Optional[str]) -> Backend:
             names = archive.namelist()
         if any("/code/" in n or n.endswith("constants.pkl") for n in names):
             return TorchScriptBackend(path, device)
+        if any(n == "archive_format" or n.endswith("/archive_format") for n in names):  # torch.export.save's
+            return ExportedProgramBackend(path, device)
         raise UserError(
             f"--model {path} is a PyTorch checkpoint, not an exported model: use --checkpoint {path}"
         )

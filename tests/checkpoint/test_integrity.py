@@ -125,6 +125,8 @@ def test_foreign_formats_and_payloads_get_their_own_message(tmp_path):
     cases = {}
     torch.jit.save(torch.jit.script(model), tmp_path / "scripted.pt")
     cases["scripted.pt"] = "is a TorchScript module (torch.jit.save"
+    torch.export.save(torch.export.export(model, (torch.zeros(1, 3, 8, 8),)), tmp_path / "program.pt2")
+    cases["program.pt2"] = "is a torch.export program (torch.export.save, e.g. segadv-export --format exported)"
     torch.save(model, tmp_path / "module.pt")
     cases["module.pt"] = "holds a pickled Sequential model object (torch.save(model)), not weights"
     (tmp_path / "noise.pt").write_bytes(b"\x80" + random.Random(0).randbytes(4000))

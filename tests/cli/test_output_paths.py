@@ -85,7 +85,8 @@ def test_curves_replaces_a_regular_png_atomically_and_writes_a_linked_one_where_
 @pytest.mark.parametrize("fmt, suggested", [
     ("torchscript", "{d}/model.pt"),
     ("onnx", "{d}/model.onnx"),
-    (None, "{d}/model.onnx for ONNX or {d}/model.pt for TorchScript"),
+    ("exported", "{d}/model.pt2"),
+    (None, "{d}/model.onnx for ONNX, {d}/model.pt2 for torch.export or {d}/model.pt for TorchScript"),
 ])
 def test_export_to_a_folder_suggests_a_file_its_format_writes(tmp_path, capsys, fmt, suggested):
     folder = tmp_path / "exports"

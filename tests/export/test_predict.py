@@ -1,4 +1,5 @@
-"""segadv-predict: masks from a checkpoint, an ONNX or a TorchScript export; large images; errors."""
+"""segadv-predict: masks from a checkpoint, an ONNX, a torch.export (.pt2) or a TorchScript export; large
+images; errors."""
 
 import contextlib
 import io
@@ -99,7 +100,7 @@ def assert_same_labels(mask, expected, exact=True):
         assert (mask == expected).mean() >= 0.999, (mask != expected).sum()
 
 
-@pytest.mark.parametrize("source", ["checkpoint", "onnx", "torchscript"])
+@pytest.mark.parametrize("source", ["checkpoint", "onnx", "exported", "torchscript"])
 def test_masks_equal_the_eager_argmax(model, onnx_model, image_dir, tmp_path, source):
     cfg, generator, ckpt = model
     folder, pictures = image_dir
@@ -108,7 +109,7 @@ def test_masks_equal_the_eager_argmax(model, onnx_model, image_dir, tmp_path, so
     elif source == "onnx":
         args = ["--model", onnx_model, "--overlay"]
     else:
-        args = ["--model", run_export(ckpt, tmp_path / "model.pt")]
+        args = ["--model", run_export(ckpt, tmp_path / ("model.pt2" if source == "exported" else "model.pt"))]
     out = tmp_path / "masks"
     code, report = predict_main(*args, "--input", folder, "--output", out, "--device", "cpu", "--batch-size", 2)
     assert code == 0, report
@@ -304,13 +305,14 @@ def test_predict_write_failure_exits_4(onnx_model, image_dir, tmp_path, capsys):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("source", ["checkpoint", "torchscript"])
+@pytest.mark.parametrize("source", ["checkpoint", "exported", "torchscript"])
 def test_predict_on_cuda_matches_the_cpu_masks(model, image_dir, tmp_path, source, no_tf32):
     """float32 against float32 (TF32 off): with cuDNN's default TF32 convolutions 0.4% of this
     barely trained G's pixels flipped class on an H100 (near-ties in its logits)."""
     cfg, generator, ckpt = model
     folder, pictures = image_dir
-    args = ["--checkpoint", ckpt] if source == "checkpoint" else ["--model", run_export(ckpt, tmp_path / "m.pt")]
+    suffix = ".pt2" if source == "exported" else ".pt"
+    args = ["--checkpoint", ckpt] if source == "checkpoint" else ["--model", run_export(ckpt, tmp_path / f"m{suffix}")]
     code, report = predict_main(*args, "--input", folder, "--output", tmp_path / "out", "--device", "cuda:0")
     assert code == 0, report
     assert "cuda:0" in report

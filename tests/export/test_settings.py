@@ -10,7 +10,8 @@ import torch
 
 from segadv.config import load_config
 from segadv.errors import UserError
-from segadv.export.settings import check_size, default_input_size, resolve_format, tolerances, verification_shapes
+from segadv.export.settings import (check_size, default_input_size, example_outputs, resolve_format, tolerances,
+                                     verification_shapes)
 from segadv.export.sidecar import sidecar_path
 from segadv.export.verified import ExportOptions, export_verified
 
@@ -23,9 +24,19 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_the_format_comes_from_the_suffix_where_not_given():
     assert resolve_format(None, Path("m.onnx")) == "onnx"
     assert resolve_format(None, Path("m.TS")) == "torchscript"
-    assert resolve_format("onnx", Path("m.bin")) == "onnx"
+    assert resolve_format(None, Path("m.pt2")) == resolve_format("exported", Path("m.PT2")) == "exported"
+    assert resolve_format("onnx", Path("m.bin")) == "onnx"  # a suffix that names no format takes --format's
     with pytest.raises(UserError, match="output suffix '.bin' does not say which"):
         resolve_format(None, Path("m.bin"))
+    # one that names another format is refused: .pt and .pt2 are one letter apart
+    with pytest.raises(UserError, match=r"--format torchscript but the output suffix '.pt2' is torch.export's "
+                                        r"\(--format exported\): name the file m.pt or pass --format exported"):
+        resolve_format("torchscript", Path("d/m.pt2"))
+    with pytest.raises(UserError, match="'.pth' is TorchScript's .* name the file m.onnx"):
+        resolve_format("onnx", Path("m.pth"))
+    assert example_outputs(None, Path("d")) == ("d/model.onnx for ONNX, d/model.pt2 for torch.export or d/model.pt "
+                                                "for TorchScript")
+    assert example_outputs("exported", Path("d")) == "d/model.pt2"
 
 
 def test_sizes_are_multiples_of_the_stride_and_the_shapes_follow_dynamic():
@@ -41,6 +52,12 @@ def test_sizes_are_multiples_of_the_stride_and_the_shapes_follow_dynamic():
     assert verification_shapes([(16, 16), (32, 32)], True, 32, 48, 16) == [[1, 3, 16, 16], [2, 3, 32, 32]]
     with pytest.raises(UserError, match="take only their input size 32 48"):
         verification_shapes([(16, 16)], False, 32, 48, 16)
+    # a torch.export program's least side (two strides), and a static one's message naming what fixed it
+    assert verification_shapes([(32, 48)], True, 32, 48, 16, least=32) == [[1, 3, 32, 48]]
+    with pytest.raises(UserError, match="--verify-size 16 48: a dynamic program takes heights and widths from 32"):
+        verification_shapes([(16, 48)], True, 32, 48, 16, least=32)
+    with pytest.raises(UserError, match="^DinoV2DPT's static programs take only their input size 42 42"):
+        verification_shapes([(56, 56)], False, 42, 42, 14, static_what="DinoV2DPT's static programs")
     assert tolerances(False, None, None, None) == (1e-4, 1e-4, 0.999)
     assert tolerances(True, 0.5, None, 0.9) == (0.5, 1e-2, 0.9)
 
