@@ -108,13 +108,15 @@ def make_gta5(root: Path, n: int, h: int = H, w: int = 68) -> list[str]:
 
 
 def make_folder(root: Path, n_train: int = 6, n_val: int = 3, num_classes: int = 3,
-                h: int = H, w: int = W) -> dict[str, list[str]]:
-    """root/{train,val}/{images,masks}; masks hold class ids 0..num_classes-1 and 255."""
+                h: int = H, w: int = W, n_test: int = 0) -> dict[str, list[str]]:
+    """root/{train,val}/{images,masks} (and test/ with ``n_test``); masks hold class ids
+    0..num_classes-1 and 255."""
     ids: dict[str, list[str]] = {}
-    for split, n in (("train", n_train), ("val", n_val)):
+    for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
         ids[split] = []
-        for k in range(n):
-            sample_id = f"{split}_{k:03d}"
+        first = 100 if split == "test" else 0  # test images and masks of their own (train's and val's share)
+        for k in range(first, first + n):
+            sample_id = f"{split}_{k - first:03d}"
             ids[split].append(sample_id)
             save_image(root / split / "images" / f"{sample_id}.png", image_for(k, h, w))
             values = [k % num_classes, (k + 1) % num_classes, 255, 0]

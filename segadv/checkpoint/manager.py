@@ -56,7 +56,8 @@ class CheckpointManager:
     (:attr:`kept`). ``config``: the run's config as a dict, saved with every checkpoint.
     ``best_by``: ``checkpoint.best_by`` (val/mIoU or a proxy/* score). ``keep_best``:
     ``checkpoint.keep_best``, how many of the best evaluations keep a file of their own (None: none,
-    only best.pt)."""
+    only best.pt). ``read_back``: each checkpoint :meth:`save` writes is read back into the states
+    as a resume restores it (:meth:`read_back`; a smoke run's check, ``train.smoke``)."""
 
     def __init__(
         self,
@@ -69,8 +70,10 @@ class CheckpointManager:
         env: DistEnv = DistEnv(),
         best_by: str = "val/mIoU",
         keep_best: int | None = None,
+        read_back: bool = False,
     ) -> None:
         self.directory = run_dir / "checkpoints"
+        self.reads_back = read_back
         self.best_by = best_by  # checkpoint.best_by: the score best.pt is chosen by
         self.every = every
         self.keep_last = keep_last
@@ -163,13 +166,26 @@ class CheckpointManager:
             path, ckpt = found
         else:
             path, ckpt = Path(resume), read_checkpoint(resume, trusted=trusted)
+        self._restore(path, ckpt)
+        log.info("resumed from %s at step %d", path, self.step)
+        return path
+
+    def _restore(self, path: Path, ckpt: dict[str, Any]) -> None:
+        """A resume's restore of ``ckpt`` (read from ``path``): its world size and config checked
+        against the run's, then every state strictly."""
         self.check_world_size(path, ckpt)
         if self.config:
             check_resumed_config(ckpt.get("config"), self.config, path)
         restore(ckpt, self.states)
         self.last_complete = (path, self.step)
-        log.info("resumed from %s at step %d", path, self.step)
-        return path
+
+    def read_back(self, path: Path) -> None:
+        """``path``, just written, read on every rank (its integrity verified) and restored into the
+        states as a resume restores it: they hold what they held, and a checkpoint that would not
+        resume the run says so now. Every rank waits for the others to have read it."""
+        self._restore(path, read_checkpoint(path))
+        distributed.barrier()
+        log.info("checkpoint read back: %s restores the run at step %d", path.name, self.step)
 
     def check_world_size(self, path: Path, ckpt: dict[str, Any]) -> None:
         """A run resumes with the number of processes that saved it: the data position is counted
@@ -359,6 +375,8 @@ class CheckpointManager:
                 self._remove_unlisted()
         self._agree_written(failure)  # nobody races ahead of (or exits before) the write
         self.last_complete = (self.last_path, step)
+        if self.reads_back:
+            self.read_back(self.last_path)
         return paths[-1] if self.env.is_main else None
 
     def keep_if_best(self, step: int, miou: float, pixel_acc: float | None = None,

@@ -49,6 +49,11 @@ RESUME_MAY_CHANGE: dict[str, str] = {
     "data.prefetch_factor": "how batches are loaded",
     "data.val_batch_size": "evaluation is scored in same-size groups: the mIoU of batch size 1",
     "init.*": "ignored at resume: the checkpoint brings every weight",
+    # data and target_data alike: the test split is scored by segadv-eval --split test alone.
+    "*data.test": "the test split: training never reads it",
+    "*data.synthetic.test_size": "the test split: training never reads it",
+    "*data.folder.test": "the test split: training never reads it",
+    "*data.folder.test.*": "the test split: training never reads it",
 }
 
 

@@ -20,7 +20,16 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
-# The per-network sections and their entries are the config's like any section; their own modules hold them.
+# Each data kind's section, the per-network sections and their entries are the config's like any
+# section; their own modules hold them.
+from segadv.config.data_kinds import (  # noqa: F401
+    CityscapesDataConfig,
+    FolderDataConfig,
+    FolderSplitConfig,
+    Gta5DataConfig,
+    SyntheticDataConfig,
+    VocDataConfig,
+)
 from segadv.config.generator_section import GeneratorConfig  # noqa: F401
 from segadv.config.method_section import MethodConfig, registered_methods  # noqa: F401
 from segadv.config.network_sections import (
@@ -42,62 +51,9 @@ from segadv.config.normalization import NORMALIZATIONS, Normalization, resolve a
 from segadv.config.section import Beta, Count, Probability, Section, Seed, Weight, registered_choice  # noqa: F401
 
 
-class SyntheticDataConfig(Section):
-    image_size: int = Field(128, ge=32, le=2048, description="side of the square generated images, pixels")
-    train_size: int = Field(2000, gt=0, le=10**7, description="number of generated training samples")
-    val_size: int = Field(200, gt=0, le=10**7, description="number of generated val samples")
-    seed: Seed = Field(0, description="seed of the generated dataset (each sample a function of seed, split, index)")
-    # "pretext": the source look with other shape classes, a task to pretrain an encoder on
-    # (configs/pretext.yaml) that shares no image or label with the others.
-    domain: Literal["source", "target", "pretext"] = Field(
-        "source",
-        description="look of the images: source, target (other textures and lighting, for domain "
-        "adaptation) or pretext (other shape classes)")
-
-
 # Dataset kinds and their layouts: docs/datasets.md. Relative paths inside the data section are
 # taken from ``data.root``; ``data.root`` itself from the working directory.
 DataKind = Literal["synthetic", "folder", "voc", "cityscapes", "gta5"]
-
-
-class FolderSplitConfig(Section):
-    images: str = Field("images", min_length=1, description="image directory (relative: from data.root)")
-    masks: str = Field("masks", min_length=1, description="mask directory; a mask matches its image by file stem")
-    list_file: Optional[str] = Field(
-        None, min_length=1, description="a file of ids (file stems), one a line; null: every image in images")
-
-
-class FolderDataConfig(Section):
-    train: FolderSplitConfig = Field(
-        FolderSplitConfig(images="train/images", masks="train/masks"), description="the training split's files")
-    val: FolderSplitConfig = Field(
-        FolderSplitConfig(images="val/images", masks="val/masks"), description="the val split's files")
-    image_suffixes: list[Annotated[str, Field(min_length=1)]] = Field(
-        [".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"], min_length=1,
-        description="image file suffixes listed (any case)")
-    mask_suffix: str = Field(".png", min_length=1, description="mask file suffix")
-    class_names: Optional[list[Annotated[str, Field(min_length=1)]]] = Field(
-        None, min_length=2, description="one name per class; null: class_0, class_1, ...")
-
-
-class VocDataConfig(Section):
-    augmented: bool = Field(False, description="train on the SBD-augmented set (SegmentationClassAug/, train_aug.txt)")
-    train_split: Optional[str] = Field(
-        None, min_length=1, description="ImageSets/Segmentation/<name>.txt for training; null: train (train_aug when augmented)")
-    val_split: str = Field("val", min_length=1, description="ImageSets/Segmentation/<name>.txt for val")
-
-
-class CityscapesDataConfig(Section):
-    train_split: str = Field("train", min_length=1, description="leftImg8bit/<split>/ and gtFine/<split>/ for training")
-    val_split: str = Field("val", min_length=1, description="leftImg8bit/<split>/ and gtFine/<split>/ for val")
-
-
-class Gta5DataConfig(Section):
-    train_list: Optional[str] = Field(
-        None, min_length=1,
-        description="a file of training ids; null: every image not held out for val (must not share ids with val)")
-    val_list: Optional[str] = Field(None, min_length=1, description="a file of val ids; null: every val_every-th image (sorted)")
-    val_every: int = Field(20, ge=2, le=10**6, description="without val_list: every val_every-th image is held out for val")
 
 
 class DataConfig(Section):
@@ -108,6 +64,12 @@ class DataConfig(Section):
     voc: VocDataConfig = Field(VocDataConfig(), description="kind voc: Pascal VOC 2012 (and SBD)")
     cityscapes: CityscapesDataConfig = Field(CityscapesDataConfig(), description="kind cityscapes: its splits")
     gta5: Gta5DataConfig = Field(Gta5DataConfig(), description="kind gta5: its train / val split")
+    # mmseg's test_dataloader: scored by segadv-eval --split test alone, never listed by training.
+    test: Optional[str] = Field(
+        None, min_length=1, description="the test split (segadv-eval --split test), named as the kind names its val "
+        "split: voc ImageSets/Segmentation/<name>.txt, cityscapes leftImg8bit/<name>/ and gtFine/<name>/, folder "
+        "<name>/images and <name>/masks (or data.folder.test), gta5 a file of ids, synthetic the generated split <name> "
+        "(data.synthetic.test_size samples); null: none. Training never reads it")
     num_classes: int = Field(
         5, ge=2, description="number of classes (ids 0..num_classes-1); at most 255, masks being 8-bit")
     ignore_index: int = Field(
@@ -245,6 +207,9 @@ class TrainConfig(Section):
         description="micro-batches per optimizer step; must divide every stream's batch, leaving 2 or more per micro-batch")
     early_stop: EarlyStopConfig = Field(
         EarlyStopConfig(), description="stop when an evaluation score stops improving (Lightning's EarlyStopping)")
+    smoke: bool = Field(
+        False, description="a smoke run (Lightning's fast_dev_run): 2 steps, one evaluation on at most 2 val batches, a "
+        "checkpoint saved and read back, all in a throwaway run dir removed at its end: nothing kept (docs/training.md)")
 
 
 def best_score_by(best: Mapping[str, Any]) -> str:

@@ -32,7 +32,7 @@ from segadv.data.config_checks import check_config
 from segadv.data.dataset import SegmentationFiles, UnlabeledImages
 from segadv.data.files import Listing, Sample, SampleError, probe_image
 from segadv.data.layouts import LABEL_SPECS
-from segadv.data.listing import Listed, empty_split_message, list_val, raise_problems, scan_headers
+from segadv.data.listing import Listed, empty_split_message, list_eval_split, raise_problems, scan_headers
 from segadv.data.skips import SkipRecorder
 from segadv.data.synthetic import SyntheticShapes
 from segadv.errors import UserError
@@ -167,10 +167,12 @@ def _probe(dataset: Any, key: str, image_size: Optional[list[int]] = None) -> No
 
 
 def synthetic_split(cfg: DataConfig, split: str, transform: Any) -> SyntheticShapes:
-    """The embedded dataset's ``train`` or ``val`` split as ``data.synthetic`` describes it."""
+    """The embedded dataset's ``train``, ``val`` or ``test`` split as ``data.synthetic``
+    describes it: the test split is generated as the split ``data.test`` names."""
     syn = cfg.synthetic
-    return SyntheticShapes(split, syn.train_size if split == "train" else syn.val_size, transform=transform,
-                           image_size=syn.image_size, num_classes=cfg.num_classes, seed=syn.seed, domain=syn.domain)
+    name, size = (cfg.test, syn.test_size) if split == "test" else (split, getattr(syn, f"{split}_size"))
+    return SyntheticShapes(name, size, transform=transform, image_size=syn.image_size, num_classes=cfg.num_classes,
+                           seed=syn.seed, domain=syn.domain)
 
 
 def _synthetic(listed: Listed, train_tf: Any, val_tf: Any) -> DataBundle:
@@ -300,13 +302,14 @@ def _scanned(cfg: DataConfig, listing: Listing, with_masks: bool, skipped: Optio
     return samples
 
 
-def _val_dataset(cfg: DataConfig, listing: Optional[Listing], skipped: Optional[SkipRecorder]) -> Dataset:
-    """A val split with the val pipeline, its listing scanned (None: synthetic, generated). Bad
-    val samples follow ``data.on_error``; under skip they are left out of the scores and recorded
-    in ``skipped`` (watched: the ones found bad as they are read too)."""
+def _val_dataset(cfg: DataConfig, listing: Optional[Listing], skipped: Optional[SkipRecorder],
+                 split: str = "val") -> Dataset:
+    """A scored split (val, or ``split`` test) with the val pipeline, its listing scanned (None:
+    synthetic, generated). Bad samples follow ``data.on_error``; under skip they are left out of
+    the scores and recorded in ``skipped`` (watched: the ones found bad as they are read too)."""
     val_tf = val_transform(cfg)
     if listing is None:
-        val = synthetic_split(cfg, "val", val_tf)
+        val = synthetic_split(cfg, split, val_tf)
     else:
         samples = _scanned(cfg, listing, with_masks=True, skipped=skipped)
         val = SegmentationFiles(listing.split, samples, LABEL_SPECS[cfg.kind](cfg), val_tf, cfg.on_error,
@@ -335,11 +338,15 @@ def build_data(cfg: DataConfig, *, run_dir: Optional[Path | str] = None) -> Data
 
 
 def build_val_dataset(cfg: DataConfig, skipped: Optional[SkipRecorder] = None, split: str = "val") -> Dataset:
-    """The val split alone, with the val pipeline (segadv-eval): the train split is neither listed
-    nor opened, so evaluating needs only the val files. ``split``: what the samples' problems
-    call the split; see ``_val_dataset``."""
+    """The split segadv-eval scores alone, ``val`` or ``test`` (``data.test``'s; None there is a
+    UserError naming it), with the val pipeline: the same transforms whichever is scored. The train
+    split is not opened (listed only for a test split of a layout whose splits are disjoint:
+    ``list_eval_split``), so evaluating needs only the scored split's files; see ``_val_dataset``."""
     check_config(cfg)
-    return _val_dataset(cfg, None if cfg.kind == "synthetic" else list_val(cfg, split), skipped)
+    if split == "test" and cfg.test is None:
+        raise UserError("data.test is null: the data section has no test split to score")
+    listing = None if cfg.kind == "synthetic" else list_eval_split(cfg, split)
+    return _val_dataset(cfg, listing, skipped, split)
 
 
 def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:

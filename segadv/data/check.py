@@ -141,23 +141,32 @@ def _scan(samples: list[Sample], split: str, labeled: bool, spec, report: SplitR
 
 
 def check_files(cfg: DataConfig, workers: int) -> Report:
-    """Every file of a checked section (``check_config``), each split listed once."""
+    """Every file of a checked section (``check_config``), each split listed once: train, val and,
+    where ``data.test`` names one, the test split (sharing an image with train: as val)."""
     from segadv.data.config_checks import class_names
-    from segadv.data.listing import empty_split_message, list_source
+    from segadv.data.listing import empty_split_message, list_eval_split, list_source, shared_images
 
     found = list_source(cfg)
+    test = list_eval_split(cfg, "test") if cfg.test is not None else None
     train = SplitReport("train", labeled=len(found.labeled), unlabeled=len(found.unlabeled))
-    val = SplitReport("val", labeled=len(found.val.samples))
+    scored = [(SplitReport("val", labeled=len(found.val.samples)), found.val)]
+    if test is not None:
+        scored.append((SplitReport("test", labeled=len(test.samples), problems=list(test.problems)), test))
     for p in found.problems:
-        (val if p.split == "val" else train).problems.append(p)
+        (scored[0][0] if p.split == "val" else train).problems.append(p)
     _scan(found.labeled, "train", True, found.spec, train, workers)
     _scan(found.unlabeled, "unlabeled", False, found.spec, train, workers)
-    _scan(found.val.samples, "val", True, found.spec, val, workers)
-    for report, listing, labeled in ((train, found.train, found.labeled), (val, found.val, found.val.samples)):
+    for report, listing in scored:
+        _scan(listing.samples, report.name, True, found.spec, report, workers)
+    for report, listing, labeled in ((train, found.train, found.labeled),
+                                     *((report, listing, listing.samples) for report, listing in scored)):
         if not labeled:
             report.problems.append(Problem(report.name, "", (), empty_split_message(report.name, listing.source, 0)))
+    notes = [found.shared] if found.shared else []
+    if test is not None and (shared := shared_images(cfg.kind, found.train, test)):
+        notes.append(shared)
     title = f"{cfg.kind} at {display(found.root)}"
-    return Report(title, class_names(cfg), cfg.ignore_index, [train, val], [found.shared] if found.shared else [])
+    return Report(title, class_names(cfg), cfg.ignore_index, [train, *(report for report, _ in scored)], notes)
 
 
 def check_synthetic(cfg: DataConfig) -> Report:
@@ -166,11 +175,13 @@ def check_synthetic(cfg: DataConfig) -> Report:
 
     syn = cfg.synthetic
     train_ds = SyntheticShapes("train", syn.train_size, syn.image_size, cfg.num_classes, syn.seed)
-    val_ds = SyntheticShapes("val", syn.val_size, syn.image_size, cfg.num_classes, syn.seed)
+    scored = [("val", SyntheticShapes("val", syn.val_size, syn.image_size, cfg.num_classes, syn.seed))]
+    if cfg.test is not None:  # generated as the split data.test names
+        scored.append(("test", SyntheticShapes(cfg.test, syn.test_size, syn.image_size, cfg.num_classes, syn.seed)))
     labeled, unlabeled, problems, _ = split_labeled([str(i) for i in range(len(train_ds))], cfg, None)
     train = SplitReport("train", labeled=len(labeled), unlabeled=len(unlabeled), problems=problems)
-    val = SplitReport("val", labeled=len(val_ds))
-    for report, ds, indices in ((train, train_ds, labeled), (val, val_ds, range(len(val_ds)))):
+    reports = [(SplitReport(name, labeled=len(ds)), ds, range(len(ds))) for name, ds in scored]
+    for report, ds, indices in ((train, train_ds, labeled), *reports):
         for i in indices:
             image, mask = ds.raw(i)
             report.add_image(image.shape)
@@ -178,7 +189,7 @@ def check_synthetic(cfg: DataConfig) -> Report:
     for _ in unlabeled:  # generated images are all image_size square; no need to draw them
         train.add_image((syn.image_size, syn.image_size))
     title = f"synthetic shapes ({syn.image_size}px, seed {syn.seed})"
-    return Report(title, class_names(cfg), cfg.ignore_index, [train, val])
+    return Report(title, class_names(cfg), cfg.ignore_index, [train, *(report for report, _, _ in reports)])
 
 
 def _range(values: list[int]) -> str:

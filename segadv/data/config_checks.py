@@ -11,7 +11,7 @@ from segadv.data.layouts import FIXED_CLASSES, folder_class_names, require_dir
 from segadv.data.synthetic import domain_classes
 from segadv.errors import UserError
 
-__all__ = ["check_config", "class_names", "data_root", "training_side"]
+__all__ = ["check_config", "check_test_split", "class_names", "data_root", "training_side"]
 
 
 def check_config(cfg: DataConfig) -> None:
@@ -43,6 +43,22 @@ def check_config(cfg: DataConfig) -> None:
             f"data.ignore_index: masks on disk are 8-bit, so it must be in "
             f"{cfg.num_classes}..255 for data.kind={kind}, got {cfg.ignore_index}"
         )
+    check_test_split(cfg)
+
+
+def check_test_split(cfg: DataConfig) -> None:
+    """``data.test`` names a split that can be scored and is not the training data."""
+    if cfg.test is None:
+        return
+    if cfg.kind == "synthetic" and cfg.test == "train":
+        raise UserError("data.test: train is the synthetic kind's training split (a generated split is a function of "
+                        "its name): name another, e.g. data.test=test")
+    # Upstream keeps its test labels private (scored on its server): gtFine/test holds only the ego
+    # vehicle, the rectification border and the region out of interest, all of them ignored.
+    if cfg.kind == "cityscapes" and cfg.test == "test":
+        raise UserError("data.test: Cityscapes withholds the labels of its test split (gtFine/test marks no pixel as one "
+                        "of the 19 classes; its scores come from the benchmark server at cityscapes-dataset.com): name "
+                        "a split with labels, or leave data.test null")
 
 
 def class_names(cfg: DataConfig) -> list[str]:

@@ -1,7 +1,8 @@
 """Dataset kinds on disk: where each kind keeps its images, masks and splits, and its classes.
 
 Each kind provides ``label_spec(cfg)`` (its classes and how its mask files encode them) and
-``list_split(cfg, root, split)`` (the samples of ``train`` or ``val`` as a :class:`Listing`).
+``list_split(cfg, root, split)`` (the samples of ``train``, ``val`` or ``test``, the split
+``data.test`` names, as a :class:`Listing`).
 Listing only looks at directory entries and list files; reading the files is left to the
 dataset (and to the header scan of ``listing.py``). The layouts are documented in
 docs/datasets.md.
@@ -16,7 +17,7 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 
-from segadv.config.schema import DataConfig
+from segadv.config.schema import DataConfig, FolderSplitConfig
 from segadv.data.files import LabelSpec, Listing, Problem, Sample, display, read_id_list, shown_id
 from segadv.errors import UserError
 from segadv.fsutil import list_dir
@@ -124,8 +125,10 @@ def voc_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
         name = voc.train_split or ("train_aug" if voc.augmented else "train")
         mask_dir = "SegmentationClassAug" if voc.augmented else "SegmentationClass"
         key = "data.voc.train_split" + (" (data.voc.augmented: SBD train_aug)" if voc.augmented else "")
-    else:
+    elif split == "val":
         name, mask_dir, key = voc.val_split, "SegmentationClass", "data.voc.val_split"
+    else:
+        name, mask_dir, key = cfg.test, "SegmentationClass", "data.test"
     list_path = root / "ImageSets" / "Segmentation" / f"{name}.txt"
     ids = read_id_list(list_path, key)
     return _from_list(
@@ -192,8 +195,10 @@ _CS_MASK_SUFFIX = "_gtFine_labelIds.png"
 
 
 def cityscapes_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
-    name = cfg.cityscapes.train_split if split == "train" else cfg.cityscapes.val_split
-    key = f"data.cityscapes.{split}_split"
+    if split == "test":
+        name, key = cfg.test, "data.test"
+    else:
+        name, key = getattr(cfg.cityscapes, f"{split}_split"), f"data.cityscapes.{split}_split"
     require_dir(root / "leftImg8bit", "data.root", " (expected leftImg8bit/ and gtFine/ in it)")
     image_dir = root / "leftImg8bit" / name
     require_dir(image_dir, key)
@@ -215,10 +220,11 @@ def gta5_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
     by_id, broken = _files_by_stem(image_dir, {".png"}, "data.root")
     labels = _files_by_stem(label_dir, {".png"}, "data.root")[0] if label_dir.is_dir() else {}
     mask_of = lambda i, _: labels.get(i, label_dir / f"{i}.png")  # noqa: E731 - .png or .PNG
-    list_path = gta.train_list if split == "train" else gta.val_list
+    list_path, key = (cfg.test, "data.test") if split == "test" else (getattr(gta, f"{split}_list"),
+                                                                       f"data.gta5.{split}_list")
     if list_path is not None:
         path = resolve(root, list_path)
-        ids = read_id_list(path, f"data.gta5.{split}_list")
+        ids = read_id_list(path, key)
         image_of = lambda i: by_id.get(i) or broken.get(i, image_dir / f"{i}.png")  # noqa: E731
         return _from_list(split, ids, path, image_of, mask_of, "images")
     ids = sorted(by_id)
@@ -253,16 +259,28 @@ def folder_label_spec(cfg: DataConfig) -> LabelSpec:
     )
 
 
+def folder_split(cfg: DataConfig, split: str) -> tuple[FolderSplitConfig, str]:
+    """A split's files and the key that names them: ``data.folder.<split>``, the test split's
+    default (no ``data.folder.test``) ``<data.test>/images`` and ``<data.test>/masks``, named by
+    ``data.test``."""
+    if split != "test":
+        return getattr(cfg.folder, split), f"data.folder.{split}"
+    if cfg.folder.test is not None:
+        return cfg.folder.test, "data.folder.test"
+    return FolderSplitConfig(images=f"{cfg.test}/images", masks=f"{cfg.test}/masks"), "data.test"
+
+
 def folder_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
     folder = cfg.folder
-    split_cfg = folder.train if split == "train" else folder.val
+    split_cfg, key = folder_split(cfg, split)
     image_dir = resolve(root, split_cfg.images)
     mask_dir = resolve(root, split_cfg.masks)
-    require_dir(image_dir, f"data.folder.{split}.images")
+    images_key = key if key == "data.test" else f"{key}.images"
+    require_dir(image_dir, images_key)
     suffixes = {s.lower() if s.startswith(".") else f".{s.lower()}" for s in folder.image_suffixes}
     by_id: dict[str, list[Path]] = {}
     broken: dict[str, Path] = {}  # symlinks to nothing: problems, never silently left out
-    for path in list_dir(image_dir, f"data.folder.{split}.images"):
+    for path in list_dir(image_dir, images_key):
         if path.suffix.lower() not in suffixes:
             continue
         if path.is_file():
@@ -278,7 +296,7 @@ def folder_list_split(cfg: DataConfig, root: Path, split: str) -> Listing:
     unique = {i: paths[0] for i, paths in by_id.items() if len(paths) == 1}
     if split_cfg.list_file is not None:
         list_path = resolve(root, split_cfg.list_file)
-        ids = read_id_list(list_path, f"data.folder.{split}.list_file")
+        ids = read_id_list(list_path, f"{key}.list_file")
         listing = _from_list(split, [i for i in ids if i not in by_id or i in unique], list_path,
                              lambda i: unique.get(i) or broken.get(i), mask_of, display(image_dir))
         listing.problems[:0] = [p for p in problems if p.id in ids]

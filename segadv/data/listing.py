@@ -22,7 +22,7 @@ from segadv.data.skips import SKIPPED_FILE
 from segadv.data.splits import split_labeled
 from segadv.errors import UserError
 
-__all__ = ["Listed", "empty_split_message", "list_source", "list_target", "list_val", "raise_problems",
+__all__ = ["Listed", "empty_split_message", "list_eval_split", "list_source", "list_target", "raise_problems",
            "scan_headers"]
 
 _MAX_SHOWN = 10
@@ -93,21 +93,29 @@ def list_target(cfg: DataConfig) -> Listed:
                   [*train.problems, *val.problems])
 
 
-def list_val(cfg: DataConfig, name: str = "val") -> Listing:
-    """The val split alone, its problems called ``name``'s (the train split is not listed)."""
-    return _list(cfg, data_root(cfg), "val", name)
+def list_eval_split(cfg: DataConfig, split: str = "val") -> Listing:
+    """The split an evaluation scores, alone: ``val``, or ``test`` (``data.test``'s). The train
+    split is not listed, except where a layout's splits are meant to be disjoint
+    (``DISJOINT_SPLITS``): there a test split sharing an image with it is refused, as training
+    refuses a val split that does (training never lists the test split)."""
+    root = data_root(cfg)
+    listing = _list(cfg, root, split, split)
+    if split == "test" and cfg.kind in DISJOINT_SPLITS:
+        shared_images(cfg.kind, _list(cfg, root, "train", "train"), listing)
+    return listing
 
 
-def shared_images(kind: str, train: Listing, val: Listing) -> Optional[str]:
-    """Image files listed in both splits (val images trained on): a UserError for the layouts
-    whose splits are meant to be disjoint (``DISJOINT_SPLITS``), else the warning to show."""
-    val_files = {os.path.realpath(s.image): s.id for s in val.samples}
-    shared = [s.id for s in train.samples if os.path.realpath(s.image) in val_files]
+def shared_images(kind: str, train: Listing, scored: Listing) -> Optional[str]:
+    """Image files listed in the train split and a scored one (val or test: its images trained
+    on): a UserError for the layouts whose splits are meant to be disjoint (``DISJOINT_SPLITS``),
+    else the warning to show."""
+    scored_files = {os.path.realpath(s.image): s.id for s in scored.samples}
+    shared = [s.id for s in train.samples if os.path.realpath(s.image) in scored_files]
     if not shared:
         return None
     shown = ", ".join(shown_id(i) for i in shared[:3]) + (", ..." if len(shared) > 3 else "")
-    message = (f"the train split ({train.source}) and the val split ({val.source}) share {len(shared)} "
-               f"image{'s' if len(shared) > 1 else ''} ({shown}): val would score images the run trains on")
+    message = (f"the train split ({train.source}) and the {scored.split} split ({scored.source}) share {len(shared)} "
+               f"image{'s' if len(shared) > 1 else ''} ({shown}): {scored.split} would score images the run trains on")
     if kind in DISJOINT_SPLITS:
         raise UserError(f"data: {message}; take them out of one split")
     return message

@@ -228,6 +228,7 @@ def build_run_loaders(
     target: Optional[DataConfig] = None,
     catalog: Optional[Catalog] = None,
     source_val: bool = False,
+    val_samples: Optional[int] = None,
 ) -> RunLoaders:
     """A training loader per declared stream and the val loaders, from ``catalog`` (the start's,
     checked against these streams: segadv/training/preflight.py) or, given none, from ``cfg`` and
@@ -243,6 +244,8 @@ def build_run_loaders(
     ``pin_memory``: whether a CUDA device will consume the batches (and ``data.pin_memory``
     allows it). With ``world_size`` > 1 each rank gets its shard of train and of val, and only
     rank 0 writes ``data_split.json`` / ``skipped.json`` (other ranks log their skips).
+    ``val_samples``: each val loader scores at most its first that many samples (a smoke run's
+    evaluation, ``train.smoke``); None: all of them.
     """
     sizes = {spec.name: (batch_sizes or {}).get(spec.name, cfg.batch_size) for spec in streams}
     if catalog is None:
@@ -273,12 +276,12 @@ def build_run_loaders(
     val = bundle.target_val if bundle.target_val is not None else bundle.val
     seed_transform(getattr(val, "transform", None), seed + 1)
     workers = _worker_options(cfg, pin_memory, [val])
-    run = RunLoaders(loaders, _val_loader(val, cfg, seed, rank, world_size, workers, bundle.skipped))
+    run = RunLoaders(loaders, _val_loader(val, cfg, seed, rank, world_size, workers, bundle.skipped, val_samples))
     if source_val and bundle.target_val is not None:
         # The source's val, scanned once with the rest; no pinned memory (a side evaluation).
         seed_transform(getattr(bundle.val, "transform", None), seed + 1)
         run.source_val = _val_loader(bundle.val, cfg, seed, 0, 1, _worker_options(cfg, False, [bundle.val]),
-                                     bundle.skipped)
+                                     bundle.skipped, val_samples)
     return run
 
 
@@ -303,13 +306,14 @@ def _count(pool: Optional[Pool]) -> int:
 
 
 def build_val_loader(
-    cfg: DataConfig, *, seed: int, pin_memory: bool, skipped: Optional[SkipRecorder] = None
+    cfg: DataConfig, *, seed: int, pin_memory: bool, skipped: Optional[SkipRecorder] = None, split: str = "val"
 ) -> DataLoader:
-    """The val loader alone (see ``build_val_dataset``), exactly as training builds it. Samples
-    left out under ``data.on_error=skip`` are recorded in ``skipped`` (default: a recorder of its
-    own, logging only), reachable as the loader's ``skipped``."""
+    """The loader of the split segadv-eval scores alone, ``val`` or ``test`` (see
+    ``build_val_dataset``), exactly as training builds its val loader. Samples left out under
+    ``data.on_error=skip`` are recorded in ``skipped`` (default: a recorder of its own, logging
+    only), reachable as the loader's ``skipped``."""
     skipped = skipped if skipped is not None else SkipRecorder()
-    val = build_val_dataset(cfg, skipped)
+    val = build_val_dataset(cfg, skipped, split)
     seed_transform(getattr(val, "transform", None), seed + 1)
     return _val_loader(val, cfg, seed, 0, 1, _worker_options(cfg, pin_memory, [val]), skipped)
 
@@ -331,12 +335,14 @@ def _worker_options(cfg: DataConfig, pin_memory: bool, datasets: Sequence[Datase
 
 def _val_loader(
     val: Dataset, cfg: DataConfig, seed: int, rank: int, world_size: int, workers: dict[str, Any],
-    skipped: Optional[SkipRecorder],
+    skipped: Optional[SkipRecorder], samples: Optional[int] = None,
 ) -> DataLoader:
+    """``samples``: only the first that many of ``val`` are scored (None: all)."""
+    length = len(val) if samples is None else min(samples, len(val))
     return SegLoader(
         val,
         batch_size=cfg.val_batch_size,
-        sampler=ShardSampler(len(val), rank, world_size) if world_size > 1 else None,
+        sampler=ShardSampler(length, rank, world_size) if world_size > 1 or length < len(val) else None,
         shuffle=False,
         drop_last=False,
         # Own generator: worker seeds come from it, not from the global torch RNG.

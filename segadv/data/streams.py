@@ -103,6 +103,8 @@ class Stream:
                         "changes, so within this epoch some samples may be seen twice and others skipped",
                         self.name, now["samples"], state["samples"])
         self.drawn = int(state["batches"])
+        if self._batches is not None:  # restored mid-run (a checkpoint read back): the old iteration ends
+            self._batches.close()
         self._batches = None
 
 

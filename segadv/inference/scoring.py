@@ -1,6 +1,7 @@
 """segadv-eval's scores: a checkpoint's G evaluated on its config's val split (the target's under
-domain adaptation), or a folder of predicted masks scored against that split's ground truth
-(AdaptSegNet's compute_iou.py). torch loads when a score is computed."""
+domain adaptation) or its test split (``data.test``), or a folder of predicted masks scored against
+that split's ground truth (AdaptSegNet's compute_iou.py). Both splits are scored alike: the val
+pipeline, G's precision, the same metrics. torch loads when a score is computed."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Scored:
     """One evaluation: its scores (an ``EvalResult``), what the JSON report starts with, the line
-    naming what was scored, the val samples left out, the config, the val data section and the
+    naming what was scored, the samples left out, the config, the data section scored and the
     precision G ran in."""
 
     result: Any
@@ -32,6 +33,32 @@ class Scored:
     cfg: Any
     val_data: Any
     precision: Precision | None = None  # G's, for a checkpoint (None: predictions scored)
+    split: str = "val"  # the split scored: val or test (data.test's)
+
+    @property
+    def section(self) -> str:
+        """The config section whose split was scored (:func:`scored_section`)."""
+        return scored_section(self.cfg)
+
+
+SPLITS = ("val", "test")  # what segadv-eval --split takes
+
+
+def scored_section(cfg: Any) -> str:
+    """The config section whose splits segadv-eval scores: the one training measured val/* on,
+    the target's (``target_data``) under domain adaptation, else ``data``."""
+    return "target_data" if cfg.target_data is not None else "data"
+
+
+def scored_data(cfg: Any, split: str) -> Any:
+    """The data section whose ``split`` (val or test) is scored (:func:`scored_section`). A test
+    split the config does not name is a UserError naming the key."""
+    section = scored_section(cfg)
+    data = getattr(cfg, section)
+    if split == "test" and data.test is None:
+        raise UserError(f"--split test: the config has no test split ({section}.test is null): name the split to score "
+                        f"as the test set with {section}.test=<split> (docs/datasets.md), or score the val split")
+    return data
 
 
 def read_prediction(path: Path, num_classes: int) -> np.ndarray:
@@ -84,22 +111,24 @@ def score_predictions(pred_dir: Path, dataset: Any, num_classes: int) -> Any:
     return EvalResult(confmat)
 
 
-def score_prediction_folder(predictions: str, config: str | None, overrides: Sequence[str]) -> Scored:
-    """The masks in ``predictions`` scored against the config's val split."""
+def score_prediction_folder(predictions: str, config: str | None, overrides: Sequence[str],
+                            split: str = "val") -> Scored:
+    """The masks in ``predictions`` scored against the config's ``split`` (val or test)."""
     from segadv.config import load_config
     from segadv.data.bundle import build_val_dataset
 
     cfg = load_config(config, overrides)
-    val_data = cfg.target_data if cfg.target_data is not None else cfg.data
-    dataset = build_val_dataset(val_data)
+    val_data = scored_data(cfg, split)
+    dataset = build_val_dataset(val_data, split=split)
     result = score_predictions(Path(predictions), dataset, cfg.data.num_classes)
-    return Scored(result, {"predictions": predictions}, f"predictions: {predictions}", [], cfg, val_data)
+    return Scored(result, {"predictions": predictions, "split": split}, f"predictions: {predictions}", [], cfg,
+                  val_data, split=split)
 
 
 def evaluate_checkpoint(checkpoint_path: str, config: str | None, overrides: Sequence[str], *, device: str | None = None,
                         trusted: bool = False, network: str | None = None, show_dir: str | None = None,
-                        overwrite: bool = False) -> Scored:
-    """G's evaluation on the val split, writing ``show_dir``'s files on the way."""
+                        overwrite: bool = False, split: str = "val") -> Scored:
+    """G's evaluation on ``split`` (val or test), writing ``show_dir``'s files on the way."""
     from segadv.checkpoint.inference import load_generator
     from segadv.data import build_val_loader
     from segadv.data.loaders import left_out
@@ -113,9 +142,8 @@ def evaluate_checkpoint(checkpoint_path: str, config: str | None, overrides: Seq
     loaded = load_generator(checkpoint_path, config, overrides, trusted=trusted, network=network)
     checkpoint = str(loaded.checkpoint)
     cfg, generator = loaded.cfg, loaded.model.to(device_map.generator)
-    # The split training measured val/* on: the target's with domain adaptation, else data's.
-    val_data = cfg.target_data if cfg.target_data is not None else cfg.data
-    val_loader = build_val_loader(val_data, seed=cfg.train.seed, pin_memory=False)  # no train split needed
+    val_data = scored_data(cfg, split)
+    val_loader = build_val_loader(val_data, seed=cfg.train.seed, pin_memory=False, split=split)  # no train split needed
     # G's forward as the run's evaluations ran it: a bf16 run scored in float32 scores a little otherwise
     precision = evaluation_precision(cfg, loaded.network, device_map.generator)
     log.info("precision: %s (%s)%s", precision.name, precision.why,
@@ -139,9 +167,9 @@ def evaluate_checkpoint(checkpoint_path: str, config: str | None, overrides: Seq
     skipped = left_out(val_loader) + (writer.left_out if writer is not None else [])
     # which of the checkpoint's networks was scored: the student (G) or, --network teacher, its EMA teacher
     header: dict[str, Any] = {"checkpoint": checkpoint, "step": loaded.step, "network": loaded.network,
-                              "precision": precision.name}
+                              "split": split, "precision": precision.name}
     if writer is not None:
         header["show_dir"], header["show_dir_written"] = show_dir, writer.written
     step = "" if loaded.step is None else f", step {loaded.step}"
     return Scored(result, header, f"checkpoint: {checkpoint} ({loaded.kind}{step})", skipped, cfg, val_data,
-                  precision)
+                  precision, split)

@@ -33,9 +33,10 @@ def sample_stems(dataset: Any) -> list[str]:
 
 
 def input_files(dataset: Any) -> list[tuple[str, str]]:
-    """The val split's files, as inputs nothing may replace."""
+    """The scored split's files (val's or test's), as inputs nothing may replace."""
+    split = getattr(dataset, "split", "val")
     return [(what, str(path)) for s in getattr(dataset, "samples", ())
-            for what, path in (("val image", s.image), ("val mask", s.mask)) if path is not None]
+            for what, path in ((f"{split} image", s.image), (f"{split} mask", s.mask)) if path is not None]
 
 
 def input_folders(data_sections: Sequence[tuple[str, Any]], dataset: Any) -> list[tuple[str, str]]:
@@ -44,7 +45,8 @@ def input_folders(data_sections: Sequence[tuple[str, Any]], dataset: Any) -> lis
     folders = [(f"{key}.root", str(section.root)) for key, section in data_sections
                if section is not None and section.root]
     parents = dict.fromkeys(str(Path(path).parent) for _, path in input_files(dataset))
-    return folders + [("the val split's folder", parent) for parent in parents]
+    split = getattr(dataset, "split", "val")
+    return folders + [(f"the {split} split's folder", parent) for parent in parents]
 
 
 def check_show_dir(out_dir: Path, stems: Sequence[str], inputs: Sequence[tuple[str, str]], overwrite: bool,

@@ -281,6 +281,16 @@ def gather_objects(obj: object) -> object:
     return gathered
 
 
+def from_rank_zero(obj: object) -> object:
+    """Rank 0's ``obj`` on every rank (each rank passes its own, ignored but on rank 0); the object
+    itself when not distributed."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
     """Give every rank ``src``'s buffers (BatchNorm running statistics).
 

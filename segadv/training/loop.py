@@ -20,7 +20,7 @@ from segadv.parallel import DeviceMap, activate, parse_device_map
 from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
 from segadv.signals import Interrupted, Shielded, deferred, handling_signals
-from segadv.training import preflight, run_dir as rundir
+from segadv.training import preflight, run_dir as rundir, smoke
 from segadv.training.build import Training
 from segadv.training.early_stop import stopped_early
 from segadv.training.lock import RunDirLock
@@ -61,15 +61,36 @@ def train(
     segadv/training/run_dir.py's rule; a start that fails leaves nothing behind there. SIGINT,
     SIGTERM and SIGHUP are answered by segadv/signals.py's handler from here to the return, called
     as a library too (a command's is already installed): no write of the run meets a signal's
-    default action, which would end the process mid-write."""
+    default action, which would end the process mid-write. With ``train.smoke`` the run is a smoke
+    run (:func:`smoke_run`): it keeps nothing."""
     with handling_signals():
-        return _train(cfg, config_name, resume=resume, trusted=trusted, stop_at=stop_at, force=force,
-                      config_path=config_path)
+        if cfg.train.smoke:
+            return smoke_run(cfg, resume=resume, trusted=trusted, stop_at=stop_at, force=force)
+        return _train(cfg, rundir.run_dir_for(cfg, config_name), resume=resume, trusted=trusted, stop_at=stop_at,
+                      force=force, config_path=config_path)
 
 
-def _train(cfg: Config, config_name: str, *, resume: str | None, trusted: bool, stop_at: int | None, force: bool,
+def smoke_run(cfg: Config, *, resume: str | None, trusted: bool, stop_at: int | None, force: bool) -> TrainResult:
+    """``train.smoke`` (segadv/training/smoke.py): the run cut to a few steps, one evaluation and a
+    checkpoint read back, in a throwaway run dir removed at its end; its ``TrainResult`` names that
+    dir, gone by then. The run dir ``cfg`` names is neither made nor read."""
+    smoke.check_smoke(cfg, resume)
+    env, _ = start_processes(cfg)  # the ranks agree on the throwaway dir: the process group is up first
+    with rundir.throwaway_run_dir(env) as run_dir:
+        log.info("smoke run (train.smoke): %d steps and one evaluation in the throwaway run dir %s, removed at its "
+                 "end; nothing is kept", smoke.SMOKE_STEPS, run_dir)
+        try:
+            result = _train(smoke.smoke_config(cfg, run_dir), run_dir, resume=None, trusted=trusted, stop_at=stop_at,
+                            force=force, config_path=None)
+        except Interrupted as err:
+            err.after = "a smoke run keeps nothing: run it again"
+            raise
+    log.info(smoke.outcome_line(result))
+    return result
+
+
+def _train(cfg: Config, run_dir: Path, *, resume: str | None, trusted: bool, stop_at: int | None, force: bool,
            config_path: Path | None) -> TrainResult:
-    run_dir = rundir.run_dir_for(cfg, config_name)
     rundir.check_start(run_dir, resume, config_path)
     resumed = rundir.resume_point(run_dir, resume, config_to_dict(cfg), trusted)  # before anything is written
     if resumed is not None and resumed.finished(cfg.train.max_steps):
@@ -137,7 +158,7 @@ def run(cfg: Config, site: RunSite, record: RunRecord, options: RunOptions, star
         reporter.finish(step)
     if stop.stopped_by:
         return stopped(site.run_dir, step, cfg.train.max_steps, stop.stopped_by, val_metrics, checkpoints,
-                       session.early_stop.patience if session.early_stop.exhausted else None)
+                       session.early_stop.patience if session.early_stop.exhausted else None, kept=not cfg.train.smoke)
     return finished(cfg, site.run_dir, step, val_metrics, checkpoints, reporter.tensorboard_dir)
 
 
@@ -209,9 +230,12 @@ def start_processes(cfg: Config) -> tuple[DistEnv, DeviceMap]:
 
 
 def stopped(run_dir: Path, step: int, max_steps: int, reason: str, val_metrics: dict[str, object],
-            checkpoints: CheckpointManager, spent_patience: int | None = None) -> TrainResult:
+            checkpoints: CheckpointManager, spent_patience: int | None = None, kept: bool = True) -> TrainResult:
     """``spent_patience``: train.early_stop's patience where it is spent, so a resume as it is
-    trains no more."""
+    trains no more. ``kept``: the run dir stays (a smoke run's goes: nothing there to resume)."""
+    if not kept:
+        log.info("stopped (%s) at step %d/%d", reason, step, max_steps)
+        return TrainResult(run_dir, step, val_metrics, reason, checkpoints.best)
     log.info("stopped (%s) at step %d/%d; checkpoint: %s", reason, step, max_steps, newest_checkpoint(checkpoints))
     if spent_patience is not None:
         log.info("to train on: segadv-train --run-dir %s --resume auto train.early_stop.patience=<more than %d> "
@@ -231,6 +255,8 @@ def finished(cfg: Config, run_dir: Path, step: int, val_metrics: dict[str, objec
         step, val_metrics.get("mIoU", float("nan")), val_metrics.get("pixel_acc", float("nan")),
         best["mIoU"] if best else float("nan"), best["step"] if best else -1, chosen,
     )
+    if cfg.train.smoke:  # its run dir goes as it ends: nothing there to point at
+        return TrainResult(run_dir, step, val_metrics, best=best)
     log.info("checkpoints: %s (final), %s (best)", newest_checkpoint(checkpoints),
              checkpoints.best_path if best else "none")
     if cfg.log.tensorboard:

@@ -30,6 +30,7 @@ from segadv.engine.evaluate import EvalResult, evaluate
 from segadv.parallel import distributed
 from segadv.parallel.placement import for_inference
 from segadv.training.process import RankRNGs
+from segadv.training.smoke import val_samples
 
 
 @dataclass
@@ -58,6 +59,7 @@ def build_data(cfg: Config, parts: Training, run_dir: Path, catalog: Catalog | N
         cfg.data, specs, seed=cfg.train.seed, pin_memory=device_map.generator.type != "cpu",
         run_dir=run_dir, rank=env.rank, world_size=env.world_size, batch_sizes=parts.method.stream_batch_sizes(cfg),
         target=cfg.target_data, catalog=catalog, source_val=cfg.train.eval_source,
+        val_samples=val_samples(cfg, env.world_size),
     )
     keys = {spec.name: spec.batch_size_key for spec in specs}
     check_last_batches(loaders.streams, keys, cfg.train.accumulation_steps,

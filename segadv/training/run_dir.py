@@ -17,6 +17,9 @@
   links to folders, as the run dir itself may: where a folder lies is the user's to choose.
 - A resumed run that already reached ``train.max_steps`` says so and trains nothing; a
   ``train.max_steps`` below the checkpoint's step is refused.
+- A run that keeps nothing (``train.smoke``) runs in a throwaway run dir of its own
+  (:func:`throwaway_run_dir`), removed at its end: the run dir the config names is neither made
+  nor read.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +44,7 @@ from segadv.config.schema import best_score_by
 from segadv.errors import UserError, WriteFailed
 from segadv.fsutil import check_output, check_output_dir, unwritable, user_path
 from segadv.monitor.writer import read_records
+from segadv.parallel import distributed
 from segadv.parallel.distributed import DistEnv
 from segadv.readback import Unreadable, os_reason
 from segadv.signals import Interrupted, deferred
@@ -69,6 +74,26 @@ def run_dir_for(cfg: Config, config_name: str) -> Path:
     if cfg.run_dir is not None:
         return user_path(cfg.run_dir, "run_dir")
     return Path("runs") / f"{config_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+THROWAWAY_PREFIX = "segadv-smoke-"
+
+
+@contextlib.contextmanager
+def throwaway_run_dir(env: DistEnv) -> Iterator[Path]:
+    """The run dir of a run that keeps nothing (``train.smoke``): a new folder in the system's temp
+    dir (``TMPDIR``: under a launch on several nodes, give one every node shares), made by rank 0
+    and named to every rank (the process group is up), removed with everything in it when the run
+    ends, whatever the end (rank 0; every rank has read what it reads by then: the checkpoint
+    manager's read-back waits for all)."""
+    made = tempfile.mkdtemp(prefix=THROWAWAY_PREFIX) if env.is_main else None
+    path = Path(str(distributed.from_rank_zero(made)))
+    try:
+        yield path
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+            log.info("removed the throwaway run dir %s", made)
 
 
 def run_files(run_dir: Path) -> list[str]:

@@ -87,7 +87,7 @@ def open_session(cfg: Config, site: RunSite, record: RunRecord, options: RunOpti
     checkpoints = CheckpointManager(site.run_dir, {**run_state(parts, data.streams, clock), "early_stop": early_stop},
                                     every=cfg.checkpoint.every, keep_last=cfg.checkpoint.keep_last,
                                     config=config_to_dict(cfg), env=site.env, best_by=cfg.checkpoint.best_by,
-                                    keep_best=cfg.checkpoint.keep_best)
+                                    keep_best=cfg.checkpoint.keep_best, read_back=cfg.train.smoke)
     step = start_checkpoints(cfg, checkpoints, options)
     guard = NonFiniteGuard(cfg.train.on_nonfinite, checkpoints, site.device_map.generator)
     with ExitStack() as stack:

@@ -49,6 +49,32 @@ def test_save_writes_last_always_and_step_files_on_multiples(tmp_path):
     assert (step_2["step"], step_2["generator"]["w"].item(), step_2["format"]) == (2, 2.0, "segadv")
 
 
+class Loads(Weights):
+    """Weights that count the states loaded into them."""
+
+    loads = 0
+
+    def load_state_dict(self, state):
+        self.loads += 1
+        super().load_state_dict(state)
+
+
+def test_read_back_restores_each_saved_checkpoint_as_a_resume_would(tmp_path, caplog):
+    """train.smoke's check: every save read back into the states, which hold what they held."""
+    weights = Loads(1.0)
+    m = manager(tmp_path, weights, read_back=True)
+    with caplog.at_level("INFO"):
+        m.save(1)
+    assert (weights.loads, weights.value.item(), m.step) == (1, 1.0, 1)
+    assert "checkpoint read back: last.pt restores the run at step 1" in caplog.text
+    (tmp_path / "checkpoints" / "last.pt").write_bytes(b"garbage")  # a file that would not resume the run
+    with pytest.raises(UserError):
+        m.read_back(tmp_path / "checkpoints" / "last.pt")
+    plain = Loads()
+    manager(tmp_path / "plain", plain).save(1)
+    assert plain.loads == 0  # read back only where asked
+
+
 def test_retention_keeps_the_newest_step_files(tmp_path):
     m = manager(tmp_path, every=1, keep_last=2)
     for step in range(1, 6):

@@ -58,3 +58,15 @@ def test_null_defaults_are_compared_by_the_values_they_stand_for(tmp_path):
     with pytest.raises(UserError, match=r"method.mean_teacher.unlabeled_batch_size differs .*\(2 then, 4 now\)"):
         check_resumed_config(saved, config_to_dict(load_config(None, [*base, "method.mean_teacher.unlabeled_batch_size=4"])),
                              tmp_path / "last.pt")
+
+
+def test_the_test_split_may_change_at_resume_training_never_reads_it(tmp_path):
+    from segadv.config import load_config
+
+    saved = config_to_dict(load_config("uda"))
+    now = config_to_dict(load_config("uda", ["data.test=test", "data.synthetic.test_size=7", "target_data.test=test",
+                                             "data.folder.test={images: a, masks: b}"]))
+    check_resumed_config(saved, now, tmp_path / "last.pt")
+    now["data"]["synthetic"]["val_size"] = 7  # the val split is the run's: refused as before
+    with pytest.raises(UserError, match="data.synthetic.val_size differs"):
+        check_resumed_config(saved, now, tmp_path / "last.pt")

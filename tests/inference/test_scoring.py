@@ -101,3 +101,33 @@ def test_a_checkpoint_is_evaluated_and_its_show_dir_masks_score_the_same(tmp_pat
     again = score_prediction_folder(str(tmp_path / "show"), None, TINY_OVERRIDES)
     assert again.line == f"predictions: {tmp_path / 'show'}"
     assert again.result.metrics["mIoU"] == pytest.approx(scored.result.metrics["mIoU"], nan_ok=True)
+
+
+def test_the_test_split_is_scored_as_val_is_and_one_the_config_lacks_is_named(tmp_path, one_torch_thread):
+    """--split test: data.test's samples (not val's), through the same evaluation; none named: exit 2."""
+    import torch
+
+    from segadv import __version__
+    from segadv.config import config_to_dict, load_config
+    from segadv.inference.scoring import evaluate_checkpoint
+    from segadv.models import build_generator
+
+    from conftest import TINY_OVERRIDES
+    from helpers import TARGET_DATA
+
+    cfg = load_config(None, [*TINY_OVERRIDES, "data.test=test", "data.synthetic.test_size=6"])
+    torch.manual_seed(0)
+    torch.save({"format": "segadv", "format_version": 1, "segadv_version": __version__, "step": 3,
+                "generator": build_generator(cfg.model.generator, cfg.data.num_classes).state_dict(),
+                "config": config_to_dict(cfg)}, tmp_path / "last.pt")
+    ckpt = str(tmp_path / "last.pt")
+    test = evaluate_checkpoint(ckpt, None, [], device="cpu", split="test", show_dir=str(tmp_path / "test"))
+    val = evaluate_checkpoint(ckpt, None, [], device="cpu")
+    assert (test.split, test.header["split"], val.split, val.header["split"]) == ("test", "test", "val", "val")
+    size = cfg.data.synthetic.image_size
+    assert test.result.matrix.sum() == 6 * size * size and val.result.matrix.sum() == 8 * size * size
+    assert test.header["show_dir_written"] == 6 and test.header["precision"] == val.header["precision"]
+    with pytest.raises(UserError, match=r"--split test: the config has no test split \(data\.test is null\)"):
+        evaluate_checkpoint(ckpt, None, ["data.test=null"], device="cpu", split="test")
+    with pytest.raises(UserError, match=r"target_data\.test is null"):  # adaptation scores the target's splits
+        evaluate_checkpoint(ckpt, None, [TARGET_DATA], device="cpu", split="test")

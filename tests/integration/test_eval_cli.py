@@ -135,3 +135,22 @@ def test_predictions_are_scored_against_the_val_ground_truth(tmp_path, capsys):
     assert eval_main(["--predictions", str(preds), *config]) == 2
     assert "not a class id" in capsys.readouterr().err
     assert eval_main(["--predictions", str(preds), "--checkpoint", str(tmp_path / "g.pt")]) == 2  # one or the other
+
+
+def test_split_test_scores_the_test_split_and_says_so(tmp_path, capsys):
+    make_folder(tmp_path / "data", n_train=2, n_val=3, num_classes=3, n_test=2)
+    shutil.rmtree(tmp_path / "data" / "val")  # scoring the test split reads nothing of val
+    cfg = load_config(None, [*TINY_OVERRIDES, "data.kind=folder", f"data.root={tmp_path / 'data'}",
+                             "data.num_classes=3", "data.test=test",
+                             "data.val_transforms=[{name: Resize, height: 32, width: 32}]"])  # the test split's too
+    dump_config(cfg, tmp_path / "config.yaml")
+    torch.save(build_generator(cfg.model.generator, 3).state_dict(), tmp_path / "g.pt")
+    args = ["--checkpoint", str(tmp_path / "g.pt"), "--config", str(tmp_path / "config.yaml"), "--device", "cpu"]
+    assert eval_main([*args, "--split", "test", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["split"] == "test" and sum(map(sum, out["confusion_matrix"]["rows"])) > 0
+    assert eval_main([*args, "--split", "test"]) == 0
+    assert "; test split (data.test: test) of data" in capsys.readouterr().out
+    assert eval_main([*args, "--split", "test", "data.test=null"]) == 2
+    err = capsys.readouterr().err
+    assert "data.test is null" in err and "Traceback" not in err

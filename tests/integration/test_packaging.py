@@ -156,6 +156,13 @@ def test_installed_wheel_trains_from_an_empty_directory(wheel: Path, tmp_path: P
         assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.jsonl").is_file()
     assert "method:\n  name: advsemiseg" in (empty / "runs" / "semi" / "config.yaml").read_text()
 
+    # The demo's test split scored, and a smoke run that keeps nothing, from the wheel alone.
+    scored = run([tmp_path / "venv" / "bin" / "segadv-eval", "--checkpoint", default_runs[0], "--split", "test",
+                  "data.test=test", "--device", "cpu", "--json"], cwd=empty).stdout
+    assert json.loads(scored.strip().splitlines()[-1])["split"] == "test"
+    smoke = run([train, "--run-dir", "runs/smoke", *RUN, "train.smoke=true"], cwd=empty)
+    assert "nothing kept" in smoke.stderr and not (empty / "runs" / "smoke").exists()
+
     # The experiment tools are console scripts of the wheel: the shipped grids by name, the runs'
     # status.json read back, the curves of a run.
     experiment = tmp_path / "venv" / "bin" / "segadv-experiment"

@@ -172,6 +172,18 @@ def test_cli_ddp_run_writes_one_checkpoint_set_and_one_event_file(tmp_path):
     assert not any(k.startswith("module.") for k in ckpt["generator"])
 
 
+def test_cli_ddp_smoke_run_shares_one_throwaway_run_dir_and_keeps_nothing(tmp_path, monkeypatch):
+    """train.smoke under DDP: rank 0 makes the throwaway dir and names it to rank 1, both read the
+    checkpoint back, and rank 0 removes it once both have."""
+    throwaway = tmp_path / "tmp"
+    throwaway.mkdir()
+    monkeypatch.setenv("TMPDIR", str(throwaway))
+    result = run(train_cli(tmp_path / "run", "train.smoke=true", "--nproc-per-node", "2"))
+    assert "nothing kept" in result.stderr and "DistributedDataParallel" in result.stderr
+    assert f"removed the throwaway run dir {throwaway / 'segadv-smoke-'}" in result.stderr
+    assert not (tmp_path / "run").exists() and not list(throwaway.glob("segadv-smoke-*"))  # torchrun's own may stay
+
+
 def test_cli_ddp_ranks_stop_together_when_d_leaves_its_band(tmp_path):
     """train.on_discriminator_collapse=stop under DDP (gloo, 2 ranks): D at 100 times its learning
     rate wins outright within a few log steps; every rank decides from the same rank-averaged
