@@ -58,3 +58,12 @@ def test_null_defaults_are_compared_by_the_values_they_stand_for(tmp_path):
     with pytest.raises(UserError, match=r"method.mean_teacher.unlabeled_batch_size differs .*\(2 then, 4 now\)"):
         check_resumed_config(saved, config_to_dict(load_config(None, [*base, "method.mean_teacher.unlabeled_batch_size=4"])),
                              tmp_path / "last.pt")
+
+
+def test_poly_lag_is_not_changed_at_resume(tmp_path):
+    """It moves every later step's lr: a run saved before it existed resumes at 0, its default, only."""
+    now = config_to_dict(Config())
+    check_resumed_config(saved_before("optim.generator.poly_lag"), now, tmp_path / "last.pt")
+    now["optim"]["generator"]["poly_lag"] = 1
+    with pytest.raises(UserError, match="optim.generator.poly_lag differs"):
+        check_resumed_config(saved_before("optim.generator.poly_lag"), now, tmp_path / "last.pt")
