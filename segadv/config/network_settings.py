@@ -39,11 +39,21 @@ class OptimizerConfig(Section):
         [0.9, 0.999], min_length=2, max_length=2, description="adam / adamw: the two moment decays, each in [0, 1)")
     poly_power: float = Field(
         0.9, ge=0, le=100,
-        description="poly schedule: lr = base_lr * (1 - step / poly_horizon) ** poly_power (0: constant)")
+        description="poly schedule: lr = base_lr * (1 - max(step - poly_lag, 0) / poly_horizon) ** poly_power "
+                    "(0: constant)")
     # The references decay over 250,000 iterations and stop earlier (AdaptSegNet 150,000, ADVENT 120,000).
     poly_horizon: Optional[int] = Field(
         None, ge=1, le=10**9,
         description="steps the poly schedule decays over (at least train.max_steps); null: train.max_steps")
+    # When the reference sets the lr: before optimizer.step() from the iteration about to run (0:
+    # AdvSemiSeg, AdaptSegNet, ADVENT, s4GAN, DACS) or after it from the iteration just run (1:
+    # UniMatch, UniMatch V2), so that their iteration k trains at k - 1's value (docs/methods.md).
+    poly_lag: int = Field(
+        0, ge=0, le=1,
+        description="steps the poly decay runs behind the iteration: iteration k (from 0) trains at "
+                    "lr * (1 - max(k - poly_lag, 0) / poly_horizon) ** poly_power. 0: the lr set before each "
+                    "step (AdvSemiSeg, AdaptSegNet, ADVENT, mmseg); 1: set after each step from the one just "
+                    "run (UniMatch): iteration 0 at lr, k at k - 1's value. The warm-up counts k unshifted")
     # The references train their classifier at 10x the backbone's rate (optim_parameters).
     head_lr_mult: float = Field(
         1.0, gt=0, le=1000,

@@ -83,31 +83,42 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optim
 
 
 class PolyLR(torch.optim.lr_scheduler.LRScheduler):
-    """lr = base_lr * (1 - step / total_iters) ** power, in closed form, per parameter group.
+    """Iteration k (0-based, counting optimizer steps) trains at
+    ``base_lr * (1 - max(k - lag, 0) / total_iters) ** power``, in closed form, per parameter group,
+    times the warm-up's ramp ``min(1, (k + 1) / warmup)`` (the ramp counts k itself, unshifted).
 
-    The horizon and the base learning rates are the run's config, not its state: a run resumed
-    with another ``train.max_steps`` / ``optim.*.poly_horizon`` or ``optim.*.lr`` (or ``train.lr_scaling``) follows them from
-    the step it resumes at (torch's PolynomialLR would restore the old ones, and its chained form
-    cannot change horizon midway), and says so in the log.
+    ``lag`` 0 is the lr set before each step from the iteration about to run (AdvSemiSeg,
+    AdaptSegNet, ADVENT, s4GAN, mmseg's PolyLR); 1 is the lr set after each step from the iteration
+    just run (UniMatch, UniMatch V2): iteration 0 at the base lr, iteration k at k - 1's value.
+
+    The horizon, the base learning rates, the warm-up and the lag are the run's config, not its
+    state: a run resumed with another ``train.max_steps`` / ``optim.*.poly_horizon`` or
+    ``optim.*.lr`` (or ``train.lr_scaling``) follows them from the step it resumes at (torch's
+    PolynomialLR would restore the old ones, and its chained form cannot change horizon midway), and
+    says so in the log. A checkpoint written before the lag existed holds none: the config's holds.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, total_iters: int, power: float, warmup: int = 0) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, total_iters: int, power: float, warmup: int = 0,
+                 lag: int = 0) -> None:
         self.total_iters = total_iters
         self.power = power
         self.warmup = warmup
+        self.lag = lag
         super().__init__(optimizer)
 
     def get_lr(self) -> list[float]:
-        progress = min(self.last_epoch, self.total_iters) / self.total_iters
+        decayed = min(max(self.last_epoch - self.lag, 0), self.total_iters)
+        progress = decayed / self.total_iters
         # Linear warm-up: step t < warmup at (t + 1) / warmup of the schedule's value.
         ramp = min(1.0, (self.last_epoch + 1) / self.warmup) if self.warmup else 1.0
         return [base_lr * (1.0 - progress) ** self.power * ramp for base_lr in self.base_lrs]
 
     def load_state_dict(self, state_dict: dict) -> None:
         saved_horizon = state_dict.get("total_iters", self.total_iters)
-        horizon, base_lrs, warmup = self.total_iters, list(self.base_lrs), self.warmup
+        horizon, base_lrs, warmup, lag = self.total_iters, list(self.base_lrs), self.warmup, self.lag
         super().load_state_dict(state_dict)
-        saved_lrs, self.total_iters, self.base_lrs, self.warmup = self.base_lrs, horizon, base_lrs, warmup
+        saved_lrs = self.base_lrs
+        self.total_iters, self.base_lrs, self.warmup, self.lag = horizon, base_lrs, warmup, lag
         self._last_lr = self.get_lr()
         for group, lr in zip(self.optimizer.param_groups, self._last_lr):
             group["lr"] = lr  # the optimizer's state brought the old horizon's value
@@ -124,10 +135,11 @@ def _shown(lrs: list[float]) -> str:
     return ", ".join(f"{lr:.4g}" for lr in lrs)
 
 
-def build_poly_scheduler(optimizer: torch.optim.Optimizer, max_steps: int, power: float, warmup: int = 0) -> PolyLR:
-    """lr = base_lr * (1 - step / max_steps) ** power, after ``warmup`` linear steps, stepped once per
-    training step."""
-    return PolyLR(optimizer, total_iters=max_steps, power=power, warmup=warmup)
+def build_poly_scheduler(optimizer: torch.optim.Optimizer, max_steps: int, power: float, warmup: int = 0,
+                         lag: int = 0) -> PolyLR:
+    """lr = base_lr * (1 - max(step - lag, 0) / max_steps) ** power, ramped up over ``warmup`` linear
+    steps, stepped once per training step (:class:`PolyLR`)."""
+    return PolyLR(optimizer, total_iters=max_steps, power=power, warmup=warmup, lag=lag)
 
 
 def poly_horizon(cfg: OptimizerConfig, max_steps: int, role: str) -> int:

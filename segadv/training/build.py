@@ -114,7 +114,7 @@ def build_amp_optimizer(
 ) -> AmpOptimizer:
     """``horizon``: the steps the poly schedule decays over (``poly_horizon``, checked at start)."""
     optimizer = build_optimizer(model, optim.model_copy(update={"lr": optim.lr * lr_multiplier}))
-    scheduler = build_poly_scheduler(optimizer, horizon, optim.poly_power, optim.warmup_steps)
+    scheduler = build_poly_scheduler(optimizer, horizon, optim.poly_power, optim.warmup_steps, optim.poly_lag)
     return AmpOptimizer(optimizer, scheduler, device, amp, loss_scaling, name, skip_nonfinite, accumulation_steps)
 
 

@@ -36,3 +36,18 @@ def test_segadv_eval_reads_an_old_minent_checkpoint(capsys):
     assert eval_main(["--checkpoint", str(OLD_MINENT), "--json", "--device", "cpu"]) == 0
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert metrics["step"] == 2 and 0.0 <= metrics["mIoU"] <= 1.0
+
+
+def test_an_old_checkpoints_poly_schedule_restores_at_its_saved_lr():
+    """Its scheduler state predates optim.*.poly_lag (and warmup_steps): its config reads as their
+    defaults, and the schedule resumes at the step and lr it was saved at."""
+    ckpt = read_checkpoint(OLD_MINENT)
+    saved = ckpt["optim_generator"]["scheduler"]
+    assert "lag" not in saved and "poly_lag" not in ckpt["config"]["optim"]["generator"]
+    cfg = config_from_dict(ckpt["config"])
+    assert cfg.optim.generator.poly_lag == 0
+    parts = build_training(cfg, parse_device_map("cpu"))
+    restore(ckpt, run_state(parts, None))
+    scheduler = parts.g.opt.scheduler
+    assert (scheduler.last_epoch, scheduler.lag) == (saved["last_epoch"], 0)
+    assert [group["lr"] for group in parts.g.opt.optimizer.param_groups] == saved["_last_lr"]

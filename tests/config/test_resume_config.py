@@ -70,3 +70,12 @@ def test_the_test_split_may_change_at_resume_training_never_reads_it(tmp_path):
     now["data"]["synthetic"]["val_size"] = 7  # the val split is the run's: refused as before
     with pytest.raises(UserError, match="data.synthetic.val_size differs"):
         check_resumed_config(saved, now, tmp_path / "last.pt")
+
+
+def test_poly_lag_is_not_changed_at_resume(tmp_path):
+    """It moves every later step's lr: a run saved before it existed resumes at 0, its default, only."""
+    now = config_to_dict(Config())
+    check_resumed_config(saved_before("optim.generator.poly_lag"), now, tmp_path / "last.pt")
+    now["optim"]["generator"]["poly_lag"] = 1
+    with pytest.raises(UserError, match="optim.generator.poly_lag differs"):
+        check_resumed_config(saved_before("optim.generator.poly_lag"), now, tmp_path / "last.pt")

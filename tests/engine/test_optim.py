@@ -197,3 +197,176 @@ def test_layer_decay_on_a_deeplab_names_the_key():
                              "model.generator.encoder_depth=3"])
     with pytest.raises(UserError, match="layer_decay=0.5: arch deeplabv3plus numbers no encoder layers"):
         parameter_groups(build_generator(cfg.model.generator, 5), cfg.optim.generator)
+
+
+# ----------------------------------------------------------------------------- when the lr is set: poly_lag
+
+
+def segadv_lrs(base: float, horizon: int, power: float, lag: int, warmup: int = 0, groups: int = 1) -> list[list[float]]:
+    """The lr of each group at iterations 0..horizon-1, as segadv's loop sees it (read before the step)."""
+    params = [{"params": [nn.Parameter(torch.zeros(1))], "lr": base * 10 ** g} for g in range(groups)]
+    opt = torch.optim.SGD(params, lr=base)
+    scheduler = build_poly_scheduler(opt, horizon, power, warmup=warmup, lag=lag)
+    seen = []
+    for _ in range(horizon):
+        seen.append([group["lr"] for group in opt.param_groups])
+        opt.step()
+        scheduler.step()
+    return seen
+
+
+def before_step_reference(base: float, horizon: int, power: float, groups: int = 1) -> list[list[float]]:
+    """hfslyc/AdvSemiSeg train.py 160-168, 308-319, 452 (AdaptSegNet, ADVENT, s4GAN, DACS alike): the lr
+    set from i_iter before the step."""
+    def lr_poly(base_lr, iter, max_iter, power):
+        return base_lr * ((1 - float(iter) / max_iter) ** (power))
+
+    opt = torch.optim.SGD([{"params": [nn.Parameter(torch.zeros(1))]} for _ in range(groups)], lr=base)
+    seen = []
+    for i_iter in range(horizon):
+        lr = lr_poly(base, i_iter, horizon, power)
+        opt.param_groups[0]["lr"] = lr
+        if groups > 1:
+            opt.param_groups[1]["lr"] = lr * 10
+        seen.append([group["lr"] for group in opt.param_groups])
+        opt.step()
+    return seen
+
+
+def after_step_reference(base: float, horizon: int, power: float, groups: int = 1) -> list[list[float]]:
+    """LiheYoung/UniMatch unimatch.py 54-56, 192-208 (UniMatch-V2 unimatch_v2.py 67-72, 206-219 alike):
+    the optimizer built at lr, the lr set from the iteration just run after the step."""
+    opt = torch.optim.SGD([{"params": [nn.Parameter(torch.zeros(1))], "lr": base * 10 ** g} for g in range(groups)],
+                          lr=base)
+    seen = []
+    for iters in range(horizon):
+        seen.append([group["lr"] for group in opt.param_groups])
+        opt.step()
+        lr = base * (1 - iters / horizon) ** power
+        opt.param_groups[0]["lr"] = lr
+        if groups > 1:
+            opt.param_groups[1]["lr"] = lr * 10
+    return seen
+
+
+@pytest.mark.parametrize("horizon", [1, 2, 7, 40])
+def test_poly_lag_0_is_the_lr_set_before_the_step(horizon):
+    """Iteration k (0-based) at base * (1 - k / T) ** p: the formula and AdvSemiSeg's loop, exactly."""
+    formula = [[2.5e-4 * (1 - k / horizon) ** 0.9] for k in range(horizon)]
+    assert segadv_lrs(2.5e-4, horizon, 0.9, lag=0) == formula == before_step_reference(2.5e-4, horizon, 0.9)
+
+
+@pytest.mark.parametrize("horizon", [1, 2, 7, 40])
+def test_poly_lag_1_is_the_lr_set_after_the_step_as_unimatch(horizon):
+    """Iteration 0 at base, iteration k >= 1 at base * (1 - (k - 1) / T) ** p: the formula and
+    UniMatch's loop, exactly; one step behind poly_lag 0 throughout."""
+    formula = [[1e-3]] + [[1e-3 * (1 - (k - 1) / horizon) ** 0.9] for k in range(1, horizon)]
+    lagged = segadv_lrs(1e-3, horizon, 0.9, lag=1)
+    assert lagged == formula == after_step_reference(1e-3, horizon, 0.9)
+    assert lagged[1:] == segadv_lrs(1e-3, horizon, 0.9, lag=0)[:-1]
+
+
+@pytest.mark.parametrize("lag, reference", [(0, before_step_reference), (1, after_step_reference)])
+def test_both_timings_hold_for_the_head_group(lag, reference):
+    """The head at 10x (the references' second group): each group decays from its own base."""
+    got, expected = segadv_lrs(1e-3, 12, 0.9, lag=lag, groups=2), reference(1e-3, 12, 0.9, groups=2)
+    assert [lr for lrs in got for lr in lrs] == pytest.approx([lr for lrs in expected for lr in lrs], rel=1e-14)
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_the_warmup_counts_the_iteration_and_the_lag_shifts_the_decay_only(lag):
+    """Iteration k at min(1, (k + 1) / W) * base * (1 - max(k - lag, 0) / T) ** p: the warm-up keeps
+    its W steps whatever the lag."""
+    horizon, warmup = 10, 4
+    formula = [[(1 - max(k - lag, 0) / horizon) ** 0.9 * min(1.0, (k + 1) / warmup)] for k in range(horizon)]
+    assert segadv_lrs(1.0, horizon, 0.9, lag=lag, warmup=warmup) == formula
+    if lag:
+        assert segadv_lrs(1.0, horizon, 0.9, lag=1, warmup=warmup)[:2] == [[0.25], [0.5]]
+
+
+def trained(lag: int, steps: int, state: bytes | None = None, warmup: int = 2):
+    """A model's SGD run (momentum, head group at 10x, warm-up, ``lag``) over ``steps`` steps of a
+    10-step horizon, from ``state`` (a saved model and AmpOptimizer) if given: the lrs it trained at,
+    its weights and its state."""
+    import io
+
+    from segadv.config.schema import NetworkAmpConfig
+    from segadv.training.build import build_amp_optimizer
+
+    torch.manual_seed(1 if state else 0)  # a resumed model's own init is overwritten
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    cfg = OptimizerConfig(name="sgd", lr=0.05, momentum=0.9, poly_power=0.9, poly_lag=lag, warmup_steps=warmup)
+    opt = build_amp_optimizer(model, cfg, NetworkAmpConfig(), torch.device("cpu"), 10)
+    done = 0
+    if state is not None:
+        saved = torch.load(io.BytesIO(state), weights_only=False)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        done = saved["steps"]
+    lrs = []
+    for step in range(done, steps):
+        x = torch.randn(4, 3, generator=torch.Generator().manual_seed(step))
+        lrs.append(opt.lr)
+        opt.backward(model(x).square().mean())
+        opt.step()
+    out = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "steps": steps}, out)
+    return lrs, [p.detach().clone() for p in model.parameters()], out.getvalue()
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_a_lagged_schedule_resumes_mid_run_bitwise(lag):
+    """8 steps in one go equal 3, a save, a fresh model and optimizer loading it, then 5: the same lrs
+    at every iteration and the same weights, bitwise (the lag is the config's, the position the state's)."""
+    straight, weights, _ = trained(lag, 8)
+    first, _, state = trained(lag, 3)
+    second, resumed, _ = trained(lag, 8, state)
+    assert first + second == straight
+    assert all(torch.equal(a, b) for a, b in zip(resumed, weights))
+    if lag:
+        assert straight[:3] == [0.025, 0.05, 0.05 * (1 - 1 / 10) ** 0.9]  # warm-up 2, the decay one step behind
+
+
+def test_a_schedule_saved_before_the_lag_existed_restores_exactly():
+    """A scheduler state without ``lag`` (nor ``warmup``: written before either) resumes at the
+    step and lr it was saved at, the config's lag (0, the default an old config reads as)."""
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    scheduler = build_poly_scheduler(opt, 10, 0.9)
+    for _ in range(4):
+        opt.step()
+        scheduler.step()
+    old = {k: v for k, v in scheduler.state_dict().items() if k not in ("lag", "warmup")}
+    again = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    restored = build_poly_scheduler(again, 10, 0.9)
+    restored.load_state_dict(old)
+    assert (restored.last_epoch, restored.lag, again.param_groups[0]["lr"]) == (4, 0, opt.param_groups[0]["lr"])
+    assert again.param_groups[0]["lr"] == 0.1 * (1 - 4 / 10) ** 0.9
+
+
+@pytest.mark.parametrize("value", ["2", "-1", "true", "1.0", "'1'", "null"])
+def test_poly_lag_is_0_or_1(value):
+    from segadv.config import load_config
+    from segadv.errors import UserError
+
+    with pytest.raises(UserError, match="optim.generator.poly_lag"):
+        load_config(None, [f"optim.generator.poly_lag={value}"])
+    assert load_config(None, ["optim.discriminator.poly_lag=1"]).optim.discriminator.poly_lag == 1
+
+
+SETS_LR_AFTER_STEP = {"unimatch_voc", "unimatch_v2_dinov2_voc", "unimatch_v2_dinov2_cityscapes"}
+
+
+def test_the_configs_whose_reference_sets_the_lr_after_the_step_lag_it():
+    """UniMatch's and UniMatch V2's G at poly_lag 1 (their D, when on, is AdvSemiSeg's: 0); every other
+    shipped config, the _reference ones included (AdvSemiSeg, AdaptSegNet, ADVENT, s4GAN set it
+    before the step), at 0."""
+    from segadv.config import load_config
+    from segadv.config.shipped import config_names
+
+    assert SETS_LR_AFTER_STEP <= set(config_names())
+    for name in config_names():
+        optim = load_config(name, []).optim
+        lags = {role: getattr(optim, role).poly_lag for role in type(optim).model_fields if getattr(optim, role)}
+        expected = 1 if name in SETS_LR_AFTER_STEP else 0
+        assert lags.pop("generator") == expected, name
+        assert set(lags.values()) <= {0}, name
