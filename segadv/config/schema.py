@@ -120,6 +120,10 @@ class DataConfig(Section):
         None, min_length=2, max_length=2,
         description="[W, H] each val image is resized to (bicubic, after data.val_transforms) before G; G's "
         "raw output upsampled to the full-size label (null: predict at the image's size); docs/datasets.md")
+    # UniMatch V2's evaluation (its supervised.py evaluate, multiplier=14): any val size reaches G.
+    val_resize_to_multiple: bool = Field(
+        False, description="resize each val image (bilinear, align_corners) to the nearest multiple of G's input "
+        "divisor (DINOv2: 14) before G, G's logits back to the label's size; docs/datasets.md")
 
     @field_validator("num_classes")
     @classmethod
@@ -128,6 +132,13 @@ class DataConfig(Section):
             raise ValueError(f"masks are 8-bit, so at most 255 classes (ids 0..254, 255 left for "
                              f"data.ignore_index); got {n}")
         return n
+
+    @model_validator(mode="after")
+    def _one_val_resize(self) -> "DataConfig":
+        if self.val_resize_to_multiple and self.val_input_size is not None:
+            raise ValueError("val_input_size and val_resize_to_multiple both resize the val images before G: "
+                             "set one (val_input_size: null, or val_resize_to_multiple: false)")
+        return self
 
     @model_validator(mode="after")
     def _mean_std_belong_to_the_normalization(self) -> "DataConfig":

@@ -140,13 +140,14 @@ def image_inputs(listed: Listed, key: str, split: str) -> Optional[ImageInputs]:
     """The sizes the images of ``listed``'s ``split`` (train or val; ``key``: the section's config
     key) reach G at through the split's pipeline, where the config leaves the images their own sizes:
     None where it fixes the size G gets (``data.val_input_size``; a training pipeline's fixed-size
-    step or the synthetic image size, ``config_checks.training_shape``) or a step's output depends
+    step or the synthetic image size, ``config_checks.training_shape``), where evaluation resizes
+    each val image to a size G takes (``data.val_resize_to_multiple``) or a step's output depends
     on more than its settings (``augment.pipeline_size``). Reads the split's image headers, once
     (``Listing.image_sizes``)."""
     from segadv.data.augment import pipeline_size
 
     cfg = listed.cfg
-    if split == "val" and cfg.val_input_size is not None:
+    if split == "val" and (cfg.val_input_size is not None or cfg.val_resize_to_multiple):
         return None
     if split == "train" and training_shape(cfg, key) is not None:
         return None

@@ -95,30 +95,34 @@ def evaluate(
     sink: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
     proxies: bool = False,
     realness: Realness | None = None,
+    resize_to_multiple: bool = False,
 ) -> EvalResult:
     """``track``: wraps the loader (a progress bar, segadv/monitor/progress.py). ``sink``: called
     with each batch's ``(labels, predictions)`` as scored, in the loader's order (segadv-eval
     --show-dir writes them). ``proxies``: also the label-free scores, from the images and G's
-    logits alone (``realness``: D's view of them, for ``proxy/d_confidence``)."""
+    logits alone (``realness``: D's view of them, for ``proxy/d_confidence``).
+    ``resize_to_multiple`` (``data.val_resize_to_multiple``): G sees each image resized to the
+    nearest multiple of its input divisor (:func:`resized_to_multiple`), the proxies' views too."""
     was_training = generator.training
     generator.eval()
     confmat = ConfusionMatrix(num_classes, device)
     samples = None
     network = unwrap(generator)  # its class says how G's logits reach the label's size (logits_at)
+    divisor = network.input_divisor()
 
     def predict(x: torch.Tensor, size) -> torch.Tensor:
+        if resize_to_multiple:
+            x = resized_to_multiple(x, divisor)  # outside autocast: in the images' float32, as the reference
         with autocast():
             return logits_at(generator, network, x, size)
 
-    divisor = network.input_divisor()
     meter = ProxyMeter(predict, device, realness=realness, divisor=divisor) if proxies else None
     try:
         for images, labels in (loader if track is None else track(loader)):
             images, labels = to_device(images, device), to_device(labels, device)
-            with autocast():
-                # At the label's size: larger than the image's where data.val_input_size resized the
-                # image alone (the references' evaluation); the label is scored as it is.
-                logits = logits_at(generator, network, images, labels.shape[-2:])
+            # At the label's size: larger than the image's where data.val_input_size resized the image
+            # alone, or back from G's input where it was resized to a multiple; the label is scored as it is.
+            logits = predict(images, labels.shape[-2:])
             pred = logits.argmax(dim=1)
             if meter is not None:
                 meter.update(images, logits)  # the images and G's logits: no label
@@ -137,6 +141,17 @@ def evaluate(
     if meter is not None:
         meter.all_reduce()
     return EvalResult(confmat, samples, meter)
+
+
+def resized_to_multiple(images: torch.Tensor, divisor: int) -> torch.Tensor:
+    """``images`` with each side resized to the nearest multiple of ``divisor`` (halves rounded up,
+    at least one multiple), bilinearly with ``align_corners=True``: UniMatch V2's evaluation
+    (LiheYoung/UniMatch-V2 supervised.py ``evaluate``, lines 70-81, ``multiplier=14``), whose logits
+    go back to the image's size bilinearly with ``align_corners=True`` too (``logits_at``)."""
+    size = tuple(max(1, int(side / divisor + 0.5)) * divisor for side in images.shape[-2:])
+    if size == tuple(images.shape[-2:]):
+        return images
+    return F.interpolate(images, size=size, mode="bilinear", align_corners=True)
 
 
 def panel_inputs(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

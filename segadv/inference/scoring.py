@@ -163,7 +163,7 @@ def evaluate_checkpoint(checkpoint_path: str, config: str | None, overrides: Seq
         writer = ShowDirWriter(dataset, stems, out_dir, cfg.data.num_classes, val_data.input_normalization)
         batches = writer.batches()
     result = evaluate(generator, batches, device_map.generator, cfg.data.num_classes, autocast=precision.autocast,
-                      track=evaluation_progress, sink=writer)
+                      track=evaluation_progress, sink=writer, resize_to_multiple=val_data.val_resize_to_multiple)
     skipped = left_out(val_loader) + (writer.left_out if writer is not None else [])
     # which of the checkpoint's networks was scored: the student (G) or, --network teacher, its EMA teacher
     header: dict[str, Any] = {"checkpoint": checkpoint, "step": loaded.step, "network": loaded.network,

@@ -353,9 +353,9 @@ def evaluation_pass(parts: Training, cfg: Config, tracker: DryRunMode, panel: to
 
     with tracker.phase("evaluation"):  # what stays live from training counts towards it
         try:
-            evaluate_generator(cfg, parts, val_loader(), num_samples=cfg.log.num_images,
+            evaluate_generator(cfg, parts, val_loader(), val_data, num_samples=cfg.log.num_images,
                                proxies=type(parts.method).reads_unlabeled(cfg))
-            evaluate_teacher(cfg, parts, val_loader())  # a mean teacher's val/mIoU_teacher, on its device
+            evaluate_teacher(cfg, parts, val_loader(), val_data)  # a mean teacher's val/mIoU_teacher, on its device
             if panel is not None:
                 parts.method.panel(panel)
         except ValueError as err:

@@ -259,8 +259,10 @@ def input_fix(inputs: ImageInputs, height: int, width: int, divisor: int) -> str
         step = "RandomCrop" if min(height, width) >= divisor else "Resize"
         return (f"crop or resize them to a multiple in {key}.train_transforms, e.g. {{name: {step}, height: "
                 f"{max(height // divisor, 1) * divisor}, width: {max(width // divisor, 1) * divisor}}}")
-    return (f"set {key}.val_input_size: [{multiple(width, 16)}, {multiple(height, 16)}] (G predicts at that size, its "
-            f"output upsampled to the labels), or pad the val images to a multiple: {key}.val_transforms: [..., "
+    return (f"set {key}.val_resize_to_multiple: true (each image resized to the nearest multiple, G's output "
+            f"resized back to the labels: UniMatch V2's evaluation), or {key}.val_input_size: [{multiple(width, 16)}, "
+            f"{multiple(height, 16)}] (G predicts at that size, its output upsampled to the labels), or pad the val "
+            f"images to a multiple: {key}.val_transforms: [..., "
             f"{{name: PadIfNeeded, min_height: null, min_width: null, pad_height_divisor: {divisor}, pad_width_divisor: "
             f"{divisor}, position: top_left}}] (the padding is not scored)")
 

@@ -202,17 +202,18 @@ def evaluate_all(cfg: Config, parts: Training, data: RunData, reporter: Reporter
     teacher's val mIoU where the run has one (``val/mIoU_teacher``), the method's panel and
     diagnostics, the source's val split."""
     train_seconds = reporter.elapsed()
-    val = evaluate_generator(cfg, parts, data.val_loader, num_samples=cfg.log.num_images, track=reporter.track,
-                             proxies=type(parts.method).reads_unlabeled(cfg))
+    val_data = cfg.target_data or cfg.data  # the section data.val_loader reads
+    val = evaluate_generator(cfg, parts, data.val_loader, val_data, num_samples=cfg.log.num_images,
+                             track=reporter.track, proxies=type(parts.method).reads_unlabeled(cfg))
     metrics = reporter.evaluation(step, val, data.val_loader, train_seconds=train_seconds)
-    teacher = evaluate_teacher(cfg, parts, data.val_loader, track=reporter.track)
+    teacher = evaluate_teacher(cfg, parts, data.val_loader, val_data, track=reporter.track)
     if teacher is not None:  # the mean teacher's EMA teacher beside the student's val/mIoU
         score = teacher.metrics["mIoU"]
         reporter.writer.scalars(step, {"val/mIoU_teacher": score})
         reporter.progress.write(f"step {step}: val mIoU of the teacher {score:.4f} (val/mIoU is the student's)")
     reporter.diagnostics(step, data.panel_images, data.diagnostic)
     if data.source_val_loader is not None:
-        source = evaluate_generator(cfg, parts, data.source_val_loader, track=reporter.track)
+        source = evaluate_generator(cfg, parts, data.source_val_loader, cfg.data, track=reporter.track)
         reporter.evaluation(step, source, data.source_val_loader, prefix="val_source")
     return metrics
 

@@ -20,6 +20,7 @@ from segadv.training.build import Training
 from segadv.training.checks import trains_on_one_sample
 from segadv.checkpoint import NetworkWeights, Stateful
 from segadv.config import Config
+from segadv.config.schema import DataConfig
 from segadv.data import pool_has_masks
 from segadv.data.augment import seed_transform
 from segadv.data.batch_checks import check_last_batches
@@ -120,24 +121,27 @@ def generator_for_evaluation(parts: Training) -> nn.Module:
     return for_inference(parts.g.module)
 
 
-def evaluate_teacher(cfg: Config, parts: Training, loader: Iterable,
+def evaluate_teacher(cfg: Config, parts: Training, loader: Iterable, val_data: DataConfig,
                      track: Callable[[Iterable], Iterable] | None = None) -> EvalResult | None:
-    """The run's teacher (the mean teacher's EMA of G, the ``teacher`` role) on one val split, as
-    ``segadv-eval --network teacher`` scores it from a checkpoint (eval mode: its own running
-    statistics), on its own device under its own autocast; None where the run has no teacher. Each
-    rank holds its own copy (no DDP wrapper) and scores its shard; the counts are summed."""
+    """The run's teacher (the mean teacher's EMA of G, the ``teacher`` role) on one val split (of
+    the section ``val_data``), as ``segadv-eval --network teacher`` scores it from a checkpoint
+    (eval mode: its own running statistics), on its own device under its own autocast; None where
+    the run has no teacher. Each rank holds its own copy (no DDP wrapper) and scores its shard; the
+    counts are summed."""
     teacher = parts.network("teacher")
     if teacher is None:
         return None
     return evaluate(for_inference(teacher.module), loader, teacher.device, cfg.data.num_classes,
-                    autocast=teacher.autocast, track=track)
+                    autocast=teacher.autocast, track=track, resize_to_multiple=val_data.val_resize_to_multiple)
 
 
-def evaluate_generator(cfg: Config, parts: Training, loader: Iterable, num_samples: int = 0,
+def evaluate_generator(cfg: Config, parts: Training, loader: Iterable, val_data: DataConfig, num_samples: int = 0,
                        track: Callable[[Iterable], Iterable] | None = None, proxies: bool = False) -> EvalResult:
-    """G on one val split, on G's device under G's autocast (``num_samples`` input/truth/prediction
-    samples kept for a panel; ``track`` wraps the loader, e.g. a progress bar; ``proxies``: the
-    label-free scores too, D's among them where the method has one)."""
+    """G on one val split (of the section ``val_data``: how its images meet G), on G's device
+    under G's autocast (``num_samples`` input/truth/prediction samples kept for a panel; ``track``
+    wraps the loader, e.g. a progress bar; ``proxies``: the label-free scores too, D's among them
+    where the method has one)."""
     return evaluate(generator_for_evaluation(parts), loader, parts.device_map.generator, cfg.data.num_classes,
                     autocast=parts.g.opt.autocast, num_samples=num_samples, track=track, proxies=proxies,
-                    realness=parts.method.discriminator_realness if proxies else None)
+                    realness=parts.method.discriminator_realness if proxies else None,
+                    resize_to_multiple=val_data.val_resize_to_multiple)

@@ -180,7 +180,8 @@ def test_an_input_of_520_px_is_refused_naming_the_patch_and_the_key_before_any_s
 def test_val_images_that_are_no_patch_multiple_are_refused_at_start_naming_the_split_and_the_fix(tmp_path, capsys):
     """60 px folder images with 56 px training crops: the crops fit the patch, the val images (at
     their own size) do not. Refused before the run dir exists, not at the first evaluation; the
-    fixes named (data.val_input_size, or a pad to a multiple) pass the same start checks."""
+    fixes named (data.val_resize_to_multiple, data.val_input_size, or a pad to a multiple) pass the
+    same start checks."""
     from data_builders import make_folder
 
     from segadv.config import load_config
@@ -193,14 +194,46 @@ def test_val_images_that_are_no_patch_multiple_are_refused_at_start_naming_the_s
     capsys.readouterr()
     code = train(tmp_path / "run", *folder, command=COMMAND[:2] + ["--device-map", "g:cpu,d:cpu"])
     assert_refused(capsys, code, "the val split of data (3 of its 3 images, the first 'val_000' of 60x60 px): 60x60 "
-                                 "is not a multiple of DINOv2's patch size 14", "set data.val_input_size: [56, 56]",
+                                 "is not a multiple of DINOv2's patch size 14", "set data.val_resize_to_multiple: true",
+                   "data.val_input_size: [56, 56]",
                    "data.val_transforms: [..., {name: PadIfNeeded, min_height: null, min_width: null, "
                    "pad_height_divisor: 14, pad_width_divisor: 14, position: top_left}]")
     assert not (tmp_path / "run").exists()
-    for fix in ("data.val_input_size=[56, 56]", "data.val_transforms=[{name: PadIfNeeded, min_height: null, "
+    for fix in ("data.val_resize_to_multiple=true", "data.val_input_size=[56, 56]", "data.val_transforms=[{name: PadIfNeeded, min_height: null, "
                 "min_width: null, pad_height_divisor: 14, pad_width_divisor: 14, position: top_left}]"):
         cfg = load_config("dinov2_tiny", [*SMALL, *folder, fix])
         preflight.check_start(cfg, None, parse_device_map("g:cpu,d:cpu"))
+
+
+def test_val_images_resized_to_the_patch_are_scored_alike_by_the_run_and_segadv_eval(tmp_path, capsys, monkeypatch):
+    """data.val_resize_to_multiple (UniMatch V2's evaluation) on 37x53 folder images: G sees them
+    at 42x56, its logits go back to 37x53, and segadv-eval scores the checkpoint as the run did."""
+    import segadv.engine.evaluate as evaluate_module
+    from data_builders import make_folder
+
+    seen = []
+    real = evaluate_module.logits_at
+
+    def spy(model, network, x, size):
+        seen.append((tuple(x.shape[-2:]), tuple(int(n) for n in size)))
+        return real(model, network, x, size)
+
+    monkeypatch.setattr(evaluate_module, "logits_at", spy)
+    make_folder(tmp_path / "data", n_train=4, n_val=3, num_classes=3, h=37, w=53)
+    folder = ["method.name=supervised", "target_data=null", "data.kind=folder", f"data.root={tmp_path / 'data'}",
+              "data.num_classes=3", "data.train_transforms=[{name: RandomCrop, height: 28, width: 28}]",
+              "data.val_resize_to_multiple=true"]
+    assert train(tmp_path / "run", *folder, command=COMMAND[:2] + ["--device-map", "g:cpu,d:cpu"]) == 0
+    assert seen and set(seen) == {((42, 56), (37, 53))}
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    score = [r["val/mIoU"] for r in records if "val/mIoU" in r][-1]
+
+    seen.clear()
+    capsys.readouterr()
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
+    assert eval_cli.main(["--checkpoint", str(checkpoint), "--device", "cpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mIoU"] == pytest.approx(score, abs=1e-9)
+    assert seen and set(seen) == {((42, 56), (37, 53))}
 
 
 def test_the_static_onnx_graph_declares_the_size_it_was_traced_at(full_run, tmp_path):
