@@ -26,7 +26,8 @@ ARCH_TABLE = "segadv.models.registry"
 DEFAULT_ARCH = "deeplabv3plus"
 ARCH_DESCRIPTION = (
     "G's network on the encoder: smp's DeepLabV3, or DeepLabV3+ with its low-level skip (an "
-    "ASPP decoder with image pooling), or DeepLab-v2 as the adversarial references train it (a classifier "
+    "ASPP decoder with image pooling), or deeplabv3plus_unimatch: UniMatch's DeepLabV3+ head (plain ASPP, no "
+    "dropout, two 3x3 fuse convolutions, any input size), or DeepLab-v2 as the adversarial references train it (a classifier "
     "summing dilated 3x3 convolutions, model.generator.aspp_v2_rates; no decoder, no pooling), or dinov2: a "
     "DINOv2 ViT with UniMatch V2's DPT head; a row of the arch table (segadv/models/registry.py)")
 

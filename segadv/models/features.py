@@ -47,9 +47,10 @@ def channels_of(feature: torch.Tensor) -> int:
 
 
 class FeatureScalingMixin:
-    """The two keywords above for a network with ``encoder`` (features in a list) and
-    ``decode_features(features, x)`` (the logits at ``x``'s size); without them ``forward`` is the
-    network's own. Its ``feature_channels()`` (segadv/models/base.py) gives each map's C."""
+    """The two keywords above for a network with ``decoder_inputs(x)`` (the maps its decoder reads,
+    in a list) and ``decode_features(features, x)`` (the logits at ``x``'s size); without them
+    ``forward`` is the network's own. Its ``feature_channels()`` (segadv/models/base.py) gives each
+    map's C."""
 
     encoder: Any
 
@@ -59,9 +60,13 @@ class FeatureScalingMixin:
         # kwargs: the network's own (DeepLab-v2's ``output_size``), passed through.
         if feature_scales is None:
             return super().forward(x, **kwargs)  # type: ignore[misc]
-        features = scale_features(self.encoder(x), feature_scales, with_unperturbed=with_unperturbed)
+        features = scale_features(self.decoder_inputs(x), feature_scales, with_unperturbed=with_unperturbed)
         logits = self.decode_features(features, x)
         return logits.chunk(2) if with_unperturbed else logits
+
+    def decoder_inputs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """smp's models: every stage's output, the input itself first (their decoders pick theirs)."""
+        return self.encoder(x)
 
     def decode_features(self, features: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """smp's models: the decoder, then the head, which upsamples to the input itself."""

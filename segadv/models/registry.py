@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
 from segadv.config.generator_section import DEFAULT_ARCH, GeneratorConfig
-from segadv.models.deeplab.config import SMP_CONFIG_KEYS, DeepLabV2Config, DeepLabV3Config, DeepLabV3PlusConfig
+from segadv.models.deeplab.config import (
+    SMP_CONFIG_KEYS,
+    DeepLabV2Config,
+    DeepLabV3Config,
+    DeepLabV3PlusConfig,
+    DeepLabV3PlusUniMatchConfig,
+)
 from segadv.models.dinov2.config import DinoV2Config
 
 Ref = Union[str, Callable[..., Any]]  # "package.module:attribute", or the object itself
@@ -102,6 +108,10 @@ register_arch(GeneratorArch("deeplabv3plus", DeepLabV3PlusConfig, f"{DEEPLAB}:DE
                             backbone="encoder",
                             smp_class="DeepLabV3Plus", smp_config_keys=SMP_CONFIG_KEYS,
                             inference_builder=f"{DEEPLAB}:DEEPLABV3PLUS_INFERENCE"))
+# UniMatch's DeepLabV3+ head: not smp's class, so no smp directory (segadv/checkpoint/smp_dir.py)
+register_arch(GeneratorArch("deeplabv3plus_unimatch", DeepLabV3PlusUniMatchConfig, f"{DEEPLAB}:DEEPLABV3PLUS_UNIMATCH",
+                            check=f"{DEEPLAB}:check_encoder", backbone="encoder",
+                            inference_builder=f"{DEEPLAB}:DEEPLABV3PLUS_UNIMATCH_INFERENCE"))
 register_arch(GeneratorArch("deeplabv2", DeepLabV2Config, f"{DEEPLAB}:DEEPLABV2", check=f"{DEEPLAB}:check_encoder", backbone="encoder",
                             inference_builder=f"{DEEPLAB}:DEEPLABV2_INFERENCE"))
 DINOV2 = "segadv.models.dinov2.builder"

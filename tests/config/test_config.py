@@ -330,7 +330,8 @@ def test_all_problems_in_one_error(empty: Path) -> None:
     msg = load_error(empty, ("train.seed=1.5", "model.generator.arch=unet", "loss.lambda_adv=-1"))
     assert len(msg.splitlines()) == 4
     assert "train.seed: expected int, got float 1.5" in msg
-    assert "model.generator.arch: expected 'deeplabv3', 'deeplabv3plus', 'deeplabv2' or 'dinov2'" in msg
+    assert ("model.generator.arch: expected 'deeplabv3', 'deeplabv3plus', 'deeplabv3plus_unimatch', 'deeplabv2' or "
+            "'dinov2'" in msg)
     assert "loss.lambda_adv: must be greater than or equal to 0" in msg
 
 

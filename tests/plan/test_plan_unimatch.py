@@ -34,6 +34,7 @@ def test_v2s_teacher_on_ds_card_and_three_gradient_carrying_batches_on_gs():
 
 @pytest.mark.parametrize("overrides, batches", [
     (["method.unimatch.variant=v1"], 4),  # the labeled batch and the weak view in one forward, two strong views
+    (["method.unimatch.variant=v1", "model.generator.arch=deeplabv3plus_unimatch"], 4),  # UniMatch's own head
     (["loss.lambda_adv=0.01"], 4),  # V2 with D on top: the student's own forward of the weak view
     (["method.name=supervised", "loss.lambda_adv=0"], 1),
 ])

@@ -1,5 +1,6 @@
-"""The DeepLab rows' sections (``model.generator`` with arch deeplabv3, deeplabv3plus or deeplabv2):
-the keys the three share, each checked against its arch's limits (``DeepLabLimits``).
+"""The DeepLab rows' sections (``model.generator`` with arch deeplabv3, deeplabv3plus,
+deeplabv3plus_unimatch or deeplabv2): the keys the four share, each checked against its arch's
+limits (``DeepLabLimits``).
 
 torch-free: the arch table (segadv/models/registry.py) holds the rows, the builder is
 this folder's ``model.py``.
@@ -48,10 +49,12 @@ class DeepLabConfig(GeneratorConfig):
     # and large rates sample mostly padding.
     decoder_atrous_rates: list[Annotated[int, Field(ge=1, le=256)]] = Field(
         [12, 24, 36],
-        description="deeplabv3/deeplabv3plus: ASPP dilation rates, three positive integers (feature-map cells)")
+        description="deeplabv3/deeplabv3plus(_unimatch): ASPP dilation rates, three positive integers (feature-map "
+                    "cells)")
     decoder_channels: int = Field(
         256, gt=0, le=1024,
-        description="deeplabv3/deeplabv3plus: width of the decoder (ASPP and DeepLabV3+'s fusion); smp's default 256")
+        description="deeplabv3/deeplabv3plus(_unimatch): width of the decoder (ASPP and DeepLabV3+'s fusion); smp's "
+                    "and UniMatch's default 256")
     aspp_v2_rates: Union[Literal["paper", "early_return"], list[Annotated[int, Field(ge=1, le=256)]]] = Field(
         "paper", min_length=1,
         description="deeplabv2: its classifier's dilation rates, one 3x3 convolution to the classes per rate, "
@@ -143,6 +146,23 @@ class DeepLabV3Config(DeepLabConfig):
 class DeepLabV3PlusConfig(DeepLabConfig):
     arch: str = arch_field("deeplabv3plus")
     limits: ClassVar[DeepLabLimits] = DeepLabLimits(min_encoder_depth=3, atrous_rates=3)  # fuses the stride-4 stage
+
+
+class DeepLabV3PlusUniMatchConfig(DeepLabConfig):
+    """UniMatch's DeepLabV3+ head (segadv/models/deeplab/unimatch.py): plain ASPP without dropout, two
+    3x3 fuse convolutions, maps resized to fit (any input size)."""
+
+    arch: str = arch_field("deeplabv3plus_unimatch")
+    limits: ClassVar[DeepLabLimits] = DeepLabLimits(min_encoder_depth=3, atrous_rates=3)  # fuses the stride-4 stage
+    divisible_input: ClassVar[bool] = False
+
+    @field_validator("aux_head")
+    @classmethod
+    def _no_aux_head(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("deeplabv3plus_unimatch has no aux output (multi-level adaptation: deeplabv2, deeplabv3 "
+                             "or deeplabv3plus)")
+        return value
 
 
 class DeepLabV2Config(DeepLabConfig):

@@ -1,5 +1,6 @@
 """The DeepLab rows' networks and builders: a DeepLab G on an encoder of segmentation-models-pytorch
-(smp's DeepLabV3 / DeepLabV3+, or DeepLab-v2 as the adversarial references train it, deeplabv2.py),
+(smp's DeepLabV3 / DeepLabV3+, UniMatch's DeepLabV3+ (unimatch.py), or DeepLab-v2 as the adversarial
+references train it, deeplabv2.py),
 with the aux head of multi-level adaptation or the feature-scaling keywords of UniMatch.
 
 Pure ``nn.Module`` construction: no device, wrapper or AMP code lives here.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import segmentation_models_pytorch as smp
 import torch
@@ -21,6 +22,7 @@ from segadv.errors import UserError
 from segadv.models.deeplab.base import DeepLabGenerator, drop_unused_stages
 from segadv.models.deeplab.config import DeepLabConfig
 from segadv.models.deeplab.deeplabv2 import ASPP_V2_RATES, DeepLabV2
+from segadv.models.deeplab.unimatch import UniMatchDeepLabV3Plus, UniMatchDeepLabV3PlusTrained
 from segadv.models.deeplab.weights import check_weights_reachable
 from segadv.models.features import FeatureScalingMixin
 from segadv.models.generator import local_encoder_weights
@@ -130,7 +132,7 @@ class DeepLabBuilder:
     settings from the config (its other arguments are the encoder's, shared)."""
 
     model: type[nn.Module]
-    with_aux: type[nn.Module]
+    with_aux: Optional[type[nn.Module]]  # None: no aux output (its section refuses model.generator.aux_head)
     head_settings: Callable[[DeepLabConfig], dict[str, Any]]
     trained: type[nn.Module]  # ``model`` with the feature-scaling keywords: the trained G without an aux head
     inference: bool = False  # build ``model`` (evaluation, export), not a trained class
@@ -156,10 +158,12 @@ def check_encoder(cfg: DeepLabConfig) -> None:
 DEEPLABV3 = DeepLabBuilder(DeepLabV3, DeepLabV3Aux, aspp_settings, DeepLabV3Trained)
 DEEPLABV3PLUS = DeepLabBuilder(DeepLabV3Plus, DeepLabV3PlusAux, aspp_settings, DeepLabV3PlusTrained)
 DEEPLABV2 = DeepLabBuilder(DeepLabV2, DeepLabV2Aux, aspp_v2_settings, DeepLabV2Trained)
+DEEPLABV3PLUS_UNIMATCH = DeepLabBuilder(UniMatchDeepLabV3Plus, None, aspp_settings, UniMatchDeepLabV3PlusTrained)
 # The rows' inference builders (GeneratorArch.inference_builder): the plain classes.
 DEEPLABV3_INFERENCE = replace(DEEPLABV3, inference=True)
 DEEPLABV3PLUS_INFERENCE = replace(DEEPLABV3PLUS, inference=True)
 DEEPLABV2_INFERENCE = replace(DEEPLABV2, inference=True)
+DEEPLABV3PLUS_UNIMATCH_INFERENCE = replace(DEEPLABV3PLUS_UNIMATCH, inference=True)
 
 
 def build_deeplab(arch: DeepLabBuilder, cfg: DeepLabConfig, num_classes: int, in_channels: int = 3, *,
@@ -172,6 +176,8 @@ def build_deeplab(arch: DeepLabBuilder, cfg: DeepLabConfig, num_classes: int, in
     smp_weights = None if local_encoder_weights(cfg) is not None else cfg.encoder_weights
     if smp_weights is not None:
         check_weights_reachable(cfg.encoder, smp_weights)  # an offline machine: said before any retry
+    if cfg.aux_head and arch.with_aux is None:
+        raise UserError(f"model.generator.aux_head: {cfg.arch} has no aux output")
     cls = arch.with_aux if cfg.aux_head else (arch.model if inference else arch.trained)
     try:
         model = cls(
