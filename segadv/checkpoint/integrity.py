@@ -105,7 +105,10 @@ def sniff(path: Path) -> str:
             return TORCH_ZIP  # found to be damaged by verify()
         if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
             return TORCHSCRIPT
-        if any(n == "archive_format" or n.endswith("/archive_format") for n in names):
+        # torch.export.save's archive: an archive_format entry since torch 2.6, the serialized
+        # program's JSON at the top level before (torch 2.5)
+        if any(n == "archive_format" or n.endswith("/archive_format") for n in names) or \
+                "serialized_exported_program.json" in names:
             return EXPORTED_PROGRAM
         return TORCH_ZIP
     if head[:1] == b"\x80":

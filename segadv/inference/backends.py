@@ -215,7 +215,10 @@ def open_model(path_text: str, device: Optional[str]) -> Backend:
             names = archive.namelist()
         if any("/code/" in n or n.endswith("constants.pkl") for n in names):
             return TorchScriptBackend(path, device)
-        if any(n == "archive_format" or n.endswith("/archive_format") for n in names):  # torch.export.save's
+        # torch.export.save's archive: an archive_format entry since torch 2.6, the program's JSON
+        # at the top level in torch 2.5
+        if any(n == "archive_format" or n.endswith("/archive_format") for n in names) or \
+                "serialized_exported_program.json" in names:
             return ExportedProgramBackend(path, device)
         raise UserError(
             f"--model {path} is a PyTorch checkpoint, not an exported model: use --checkpoint {path}"

@@ -71,7 +71,7 @@ def test_the_pt2_runs_in_torch_export_load_and_matches_eager_within_the_verifica
         assert out.shape == (batch, cfg.data.num_classes, h, w)
         assert np.abs(out - ref).max() <= 1e-4 + 1e-4 * np.abs(ref).max()  # the float32 verification's
         assert (out.argmax(1) == ref.argmax(1)).all()
-    with pytest.raises(Exception, match="x.size"):  # below two strides: the program's own guard refuses it
+    with pytest.raises(Exception, match=r"x\.size|shape\[2\]"):  # below two strides: the program's own guard refuses it
         module(torch.zeros(1, 3, 16, 16))
 
 
@@ -171,14 +171,14 @@ def test_dinov2_is_exported_static_at_its_training_size_and_says_why(dinov2, tmp
     assert "note       DinoV2DPT's program is static, 1x3x42x42 only" in report and report.count("   ok") == 1
     meta = json.loads(sidecar_path(output).read_text())
     assert meta["input"]["dynamic_axes"] == [] and meta["exported"]["dynamic"] is False
-    assert "specialized it to be a constant (42)" in meta["exported"]["static_because"]
+    assert "constant (42)" in meta["exported"]["static_because"]  # torch 2.5 "inferred", newer "specialized"
     assert meta["notes"] and meta["verification"]["checks"][0]["shape"] == [1, 3, 42, 42]
     pixels = images(1, 42, 42, seed=5)
     module = load(output)
     out = module(normalized(cfg, pixels)).detach().numpy()
     ref = eager_logits(generator, cfg, pixels)
     assert np.abs(out - ref).max() <= 1e-4 + 1e-4 * np.abs(ref).max()
-    with pytest.raises(Exception, match="x.size"):
+    with pytest.raises(Exception, match=r"x\.size|shape\[2\]"):
         module(normalized(cfg, images(1, 56, 56)))
     from segadv.inference.backends import open_model
 
