@@ -117,3 +117,19 @@ def no_tf32():
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     yield
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.fixture
+def logits_at_calls(monkeypatch):
+    """Every (input size, output size) evaluation asks G for (segadv.engine.evaluate's logits_at)."""
+    import segadv.engine.evaluate as evaluate_module
+
+    calls = []
+    real = evaluate_module.logits_at
+
+    def spy(model, network, x, size):
+        calls.append((tuple(x.shape[-2:]), tuple(int(n) for n in size)))
+        return real(model, network, x, size)
+
+    monkeypatch.setattr(evaluate_module, "logits_at", spy)
+    return calls

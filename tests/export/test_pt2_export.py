@@ -16,8 +16,8 @@ from segadv.config import load_config
 from segadv.export.sidecar import prepare_input, sidecar_path
 from segadv.models import build_generator
 
-from conftest import TINY_OVERRIDES
-from test_export import eager_logits, images, make_generator, save_segadv_checkpoint
+from test_export import eager_logits, images, save_segadv_checkpoint
+from test_export import model  # noqa: F401  (the fixture: the tiny G and its checkpoint, built once per module)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -27,12 +27,6 @@ DINOV2 = ["model.generator.depth=2", "model.generator.head_features=16",
           "model.generator.head_out_channels=[8,16,32,64]", "data.synthetic.image_size=42", "model.discriminator.ndf=8"]
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    cfg = load_config(None, TINY_OVERRIDES)
-    generator = make_generator(cfg)
-    path = save_segadv_checkpoint(tmp_path_factory.mktemp("ckpt") / "last.pt", cfg, generator)
-    return cfg, generator, path
 
 
 def export(ckpt, output, *extra):

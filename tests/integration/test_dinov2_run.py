@@ -205,20 +205,13 @@ def test_val_images_that_are_no_patch_multiple_are_refused_at_start_naming_the_s
         preflight.check_start(cfg, None, parse_device_map("g:cpu,d:cpu"))
 
 
-def test_val_images_resized_to_the_patch_are_scored_alike_by_the_run_and_segadv_eval(tmp_path, capsys, monkeypatch):
+def test_val_images_resized_to_the_patch_are_scored_alike_by_the_run_and_segadv_eval(tmp_path, capsys,
+                                                                                        logits_at_calls):
     """data.val_resize_to_multiple (UniMatch V2's evaluation) on 37x53 folder images: G sees them
     at 42x56, its logits go back to 37x53, and segadv-eval scores the checkpoint as the run did."""
-    import segadv.engine.evaluate as evaluate_module
     from data_builders import make_folder
 
-    seen = []
-    real = evaluate_module.logits_at
-
-    def spy(model, network, x, size):
-        seen.append((tuple(x.shape[-2:]), tuple(int(n) for n in size)))
-        return real(model, network, x, size)
-
-    monkeypatch.setattr(evaluate_module, "logits_at", spy)
+    seen = logits_at_calls
     make_folder(tmp_path / "data", n_train=4, n_val=3, num_classes=3, h=37, w=53)
     folder = ["method.name=supervised", "target_data=null", "data.kind=folder", f"data.root={tmp_path / 'data'}",
               "data.num_classes=3", "data.train_transforms=[{name: RandomCrop, height: 28, width: 28}]",

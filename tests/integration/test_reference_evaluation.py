@@ -10,7 +10,6 @@ import json
 
 import pytest
 
-import segadv.engine.evaluate as evaluate_module
 from segadv.checkpoint import read_checkpoint
 from segadv.cli import eval as eval_cli
 from segadv.cli import train as train_cli
@@ -43,17 +42,9 @@ def overrides(gta5, cityscapes):
 
 
 @pytest.fixture
-def seen(monkeypatch):
+def seen(logits_at_calls):
     """Every (input size, output size) evaluation asks G for."""
-    calls = []
-    real = evaluate_module.logits_at
-
-    def spy(model, network, x, size):
-        calls.append((tuple(x.shape[-2:]), tuple(int(n) for n in size)))
-        return real(model, network, x, size)
-
-    monkeypatch.setattr(evaluate_module, "logits_at", spy)
-    return calls
+    return logits_at_calls
 
 
 @pytest.mark.parametrize("config", ["adaptsegnet_gta5_cityscapes_reference", "advent_gta5_cityscapes_reference"])
