@@ -29,7 +29,8 @@ ARCH_DESCRIPTION = (
     "ASPP decoder with image pooling), or deeplabv3plus_unimatch: UniMatch's DeepLabV3+ head (plain ASPP, no "
     "dropout, two 3x3 fuse convolutions, any input size), or DeepLab-v2 as the adversarial references train it (a classifier "
     "summing dilated 3x3 convolutions, model.generator.aspp_v2_rates; no decoder, no pooling), or dinov2: a "
-    "DINOv2 ViT with UniMatch V2's DPT head; a row of the arch table (segadv/models/registry.py)")
+    "DINOv2 ViT with UniMatch V2's DPT head, or dinov3: a DINOv3 ViT (RoPE, patch 16) with that head; a row of the "
+    "arch table (segadv/models/registry.py)")
 
 
 def arch_field(name: str) -> Any:
