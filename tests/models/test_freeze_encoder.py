@@ -132,3 +132,20 @@ def test_freeze_encoder_is_refused_for_an_arch_without_a_backbone():
             GeneratorConfig(arch="bare_test_arch", freeze_encoder=True)
     finally:
         unregister_arch("bare_test_arch")
+
+
+def test_sync_bn_converts_the_heads_batchnorm_and_leaves_the_frozen_encoders_in_eval_mode():
+    """parallel.sync_bn (segadv/training/build.py): torch's conversion would give the frozen
+    encoder's BatchNorm back as a plain SyncBatchNorm, whose statistics train."""
+    from segadv.models.norm import EvalModeNorm, sync_batch_norms
+
+    model = deeplab(True)
+    keys = model.state_dict().keys()
+    assert sync_batch_norms(model) is model and model.state_dict().keys() == keys
+    encoder = [m for m in model.encoder.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    head = [m for m in model.decoder.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    assert encoder and all(isinstance(m, EvalModeNorm) and not isinstance(m, torch.nn.SyncBatchNorm) for m in encoder)
+    assert head and all(isinstance(m, torch.nn.SyncBatchNorm) for m in head)
+    model.train()
+    assert not any(m.training for m in encoder) and all(m.training for m in head)
+
