@@ -16,7 +16,7 @@ import copy
 import importlib
 from typing import Any, ClassVar, Literal, Mapping, Optional
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from segadv.config.registered import RegisteredSection, generated
 from segadv.config.section import Section, registered_choice
@@ -29,7 +29,8 @@ ARCH_DESCRIPTION = (
     "ASPP decoder with image pooling), or deeplabv3plus_unimatch: UniMatch's DeepLabV3+ head (plain ASPP, no "
     "dropout, two 3x3 fuse convolutions, any input size), or DeepLab-v2 as the adversarial references train it (a classifier "
     "summing dilated 3x3 convolutions, model.generator.aspp_v2_rates; no decoder, no pooling), or dinov2: a "
-    "DINOv2 ViT with UniMatch V2's DPT head; a row of the arch table (segadv/models/registry.py)")
+    "DINOv2 ViT with UniMatch V2's DPT head, or dinov3: a DINOv3 ViT (RoPE, patch 16) with that head; a row of the "
+    "arch table (segadv/models/registry.py)")
 
 
 def arch_field(name: str) -> Any:
@@ -58,6 +59,10 @@ class GeneratorConfig(RegisteredSection):
         False,
         description="training only: recompute G's encoder stages and decoder in the backward (less memory, "
         "about one more forward of time); weights and files unchanged")
+    freeze_encoder: bool = Field(
+        False,
+        description="G's encoder (its arch's backbone) fixed: no gradients, no optimizer state, its BatchNorm "
+                    "in eval mode (running statistics fixed); the head and D train. Checkpoints keep every key")
     norm: Literal["train", "frozen_affine", "frozen"] = Field(
         "train",
         description="G's BatchNorm. train: learned weight and bias, batch statistics. frozen_affine: weight "
@@ -83,6 +88,12 @@ class GeneratorConfig(RegisteredSection):
         if cls is not GeneratorConfig and archs[name].settings is not cls:
             raise ValueError(f"{name} is not the arch of this section ({cls.__name__})")
         return name
+
+    @model_validator(mode="after")
+    def _encoder_to_freeze(self) -> GeneratorConfig:
+        if self.freeze_encoder and registered_archs()[self.arch].backbone is None:
+            raise ValueError(f"freeze_encoder: arch {self.arch} names no encoder (its row's backbone) to freeze")
+        return self
 
     @property
     def trains_batch_statistics(self) -> bool:

@@ -64,8 +64,8 @@ class OptimizerConfig(Section):
     # BEiT's and DINOv2's fine-tuning rule: the deeper a layer, the closer to lr it trains.
     layer_decay: float = Field(
         1.0, gt=0, le=1,
-        description="generator: layer-wise lr decay where G's arch numbers its encoder's layers (dinov2): layer k "
-                    "of L trains at lr * layer_decay ** (L - k) (the embedding the lowest, the last block at lr); "
+        description="generator: layer-wise lr decay where G's arch numbers its encoder's layers (dinov2, dinov3): "
+                    "layer k of L trains at lr * layer_decay ** (L - k) (the embedding the lowest, the last block at lr); "
                     "1.0: every encoder layer at lr")
     warmup_steps: int = Field(
         0, ge=0, le=10**9,

@@ -17,7 +17,7 @@ from torch import nn
 from segadv.config.schema import GeneratorConfig
 from segadv.errors import UserError
 from segadv.models.base import Generator
-from segadv.models.norm import apply_norm
+from segadv.models.norm import apply_norm, batch_norms, in_eval_mode
 from segadv.models.registry import generator_arch, resolve
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,29 @@ def build_generator(cfg: GeneratorConfig, num_classes: int, in_channels: int = 3
     if cfg.norm != "train":
         log.info("model.generator.norm=%s: %d BatchNorm layers with their weight and bias fixed%s", cfg.norm, count,
                  ", in eval mode (running statistics fixed)" if cfg.norm == "frozen" else "")
+    if cfg.freeze_encoder:
+        frozen = freeze_encoder(model, row.backbone)
+        log.info("model.generator.freeze_encoder: %s fixed (%d parameters, no gradients or optimizer state)",
+                 row.backbone, frozen)
     return model
+
+
+def freeze_encoder(model: nn.Module, backbone: str | None) -> int:
+    """``model``'s submodule ``backbone`` (its arch row's encoder) fixed, in place: its parameters
+    take no gradient (so no optimizer holds them, DDP skips them and weight decay leaves them), and
+    its BatchNorm layers stay in eval mode (mmsegmentation's frozen stages), so its running
+    statistics do not move either and every tensor of the encoder stays as loaded. Its other
+    layers (LayerNorm, dropout, drop path) keep G's mode. Names and the state dict are unchanged.
+    Returns the number of parameters fixed."""
+    if backbone is None:
+        raise UserError(f"model.generator.freeze_encoder: arch {model.generator_arch} names no encoder to freeze")
+    encoder = model.get_submodule(backbone)
+    params = list(encoder.parameters())
+    for p in params:
+        p.requires_grad_(False)
+    for norm in batch_norms(encoder):
+        in_eval_mode(norm)
+    return sum(p.numel() for p in params)
 
 
 def build_generator_for_weights(cfg: GeneratorConfig, num_classes: int) -> Generator:
@@ -51,7 +73,8 @@ def build_generator_for_weights(cfg: GeneratorConfig, num_classes: int) -> Gener
     checkpoint brings every weight, so no pretrained encoder weights are fetched or read first,
     the training-only aux head is left out (the loader skips its keys), and BatchNorm is plain
     (in eval mode ``model.generator.norm`` changes nothing; the model stays the class it names)."""
-    return build_generator(cfg.model_copy(update={"encoder_weights": None, "aux_head": False, "norm": "train"}),
+    return build_generator(cfg.model_copy(update={"encoder_weights": None, "aux_head": False, "norm": "train",
+                                                   "freeze_encoder": False}),
                            num_classes, inference=True)
 
 

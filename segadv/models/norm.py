@@ -64,3 +64,19 @@ def apply_norm(model: nn.Module, norm: str) -> int:
             in_eval_mode(m)
     return len(norms)
 
+
+def sync_batch_norms(module: nn.Module) -> nn.Module:
+    """``module`` with its BatchNorm layers as ``SyncBatchNorm`` (``parallel.sync_bn``), except those
+    held in eval mode (a frozen encoder's, ``model.generator.freeze_encoder``): their statistics are
+    fixed, nothing to synchronise, and torch's conversion would hand them back in a class that
+    trains. In place where ``module`` is not itself a BatchNorm; returns the module to use."""
+    if isinstance(module, EvalModeNorm):
+        return module
+    if isinstance(module, _BatchNorm):
+        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    for name, child in list(module.named_children()):
+        converted = sync_batch_norms(child)
+        if converted is not child:
+            module.add_module(name, converted)
+    return module
+

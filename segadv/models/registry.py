@@ -1,7 +1,7 @@
 """The generator architectures, one row each (``model.generator.arch``): the one table the config,
 the builder, the optimizer's head split, weight files and the smp directory interop read.
 
-Each arch is a folder of segadv/models (``deeplab/``, ``dinov2/``): its config section (a
+Each arch is a folder of segadv/models (``deeplab/``, ``dinov2/``, ``dinov3/``): its config section (a
 :class:`~segadv.config.generator_section.GeneratorConfig` subclass: the keys it takes and their
 limits, torch-free), its networks (subclasses of :class:`segadv.models.base.Generator`, which say
 what the network offers: input divisor, ONNX shapes, feature channels, checkpointed blocks, a
@@ -26,6 +26,7 @@ from segadv.models.deeplab.config import (
     DeepLabV3PlusUniMatchConfig,
 )
 from segadv.models.dinov2.config import DinoV2Config
+from segadv.models.dinov3.config import DinoV3Config
 
 Ref = Union[str, Callable[..., Any]]  # "package.module:attribute", or the object itself
 
@@ -117,3 +118,6 @@ register_arch(GeneratorArch("deeplabv2", DeepLabV2Config, f"{DEEPLAB}:DEEPLABV2"
 DINOV2 = "segadv.models.dinov2.builder"
 register_arch(GeneratorArch("dinov2", DinoV2Config, f"{DINOV2}:build_dinov2", backbone="encoder",
                             encoder_weights_loader=f"{DINOV2}:load_weights", encoder_layers=f"{DINOV2}:encoder_layers"))
+DINOV3 = "segadv.models.dinov3.builder"
+register_arch(GeneratorArch("dinov3", DinoV3Config, f"{DINOV3}:build_dinov3", backbone="encoder",
+                            encoder_weights_loader=f"{DINOV3}:load_weights", encoder_layers=f"{DINOV3}:encoder_layers"))

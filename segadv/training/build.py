@@ -21,6 +21,7 @@ from segadv.engine.amp_optimizer import AmpOptimizer, resolve_auto, uses_float16
 from segadv.engine.network import Network
 from segadv.engine.optim import build_optimizer, build_poly_scheduler
 from segadv.methods import Method, method_class
+from segadv.models.norm import sync_batch_norms
 from segadv.monitor.profile import PhaseTimer
 from segadv.parallel import DeviceMap, place_networks
 from segadv.parallel.distributed import DistEnv, check_ranks_agree
@@ -145,7 +146,7 @@ def network_choice(role: Role) -> str:
 def build_network(cfg: Config, env: DistEnv, role: Role, model: nn.Module) -> Network:
     """``role``'s placed network made ready to train (wrappers, optimizer, scaler, schedule)."""
     if role.sync_bn:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = sync_batch_norms(model)
     own = role.settings
     if not role.trained:
         model.requires_grad_(False)  # no backward ever reaches it: its method updates it in place

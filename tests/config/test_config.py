@@ -149,7 +149,7 @@ def test_missing_base_names_both_files(tmp_path: Path) -> None:
 
 SHIPPED = ["adaptsegnet_gta5_cityscapes", "adaptsegnet_gta5_cityscapes_reference", "advent_gta5_cityscapes",
            "advent_gta5_cityscapes_reference", "advsemiseg_voc", "advsemiseg_voc_reference", "cityscapes",
-           "dacs_gta5_cityscapes", "default", "dinov2_tiny", "folder", "folder_scratch", "gta5",
+           "dacs_gta5_cityscapes", "default", "dinov2_tiny", "dinov3_tiny", "folder", "folder_scratch", "gta5",
            "mean_teacher_dinov2_gta5_cityscapes", "mean_teacher_dinov2_voc", "mean_teacher_voc", "pretext", "s4gan_voc",
            "s4gan_voc_reference", "semi", "synthetic", "uda", "unimatch_v2_dinov2_cityscapes", "unimatch_v2_dinov2_voc",
            "unimatch_voc", "voc"]
@@ -330,8 +330,8 @@ def test_all_problems_in_one_error(empty: Path) -> None:
     msg = load_error(empty, ("train.seed=1.5", "model.generator.arch=unet", "loss.lambda_adv=-1"))
     assert len(msg.splitlines()) == 4
     assert "train.seed: expected int, got float 1.5" in msg
-    assert ("model.generator.arch: expected 'deeplabv3', 'deeplabv3plus', 'deeplabv3plus_unimatch', 'deeplabv2' or "
-            "'dinov2'" in msg)
+    assert ("model.generator.arch: expected 'deeplabv3', 'deeplabv3plus', 'deeplabv3plus_unimatch', 'deeplabv2', "
+            "'dinov2' or 'dinov3'" in msg)
     assert "loss.lambda_adv: must be greater than or equal to 0" in msg
 
 

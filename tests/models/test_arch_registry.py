@@ -18,7 +18,7 @@ def test_the_table_and_every_section_import_without_torch():
 
 def test_each_built_in_row_points_into_its_folder():
     folders = {"deeplabv3": "deeplab", "deeplabv3plus": "deeplab", "deeplabv3plus_unimatch": "deeplab",
-               "deeplabv2": "deeplab", "dinov2": "dinov2"}
+               "deeplabv2": "deeplab", "dinov2": "dinov2", "dinov3": "dinov3"}
     assert {name: row.settings.__module__ for name, row in ARCHS.items()} == {
         name: f"segadv.models.{folder}.config" for name, folder in folders.items()}
     for name, row in ARCHS.items():
@@ -29,5 +29,5 @@ def test_each_built_in_row_points_into_its_folder():
 
 
 def test_an_unknown_arch_names_the_archs():
-    with pytest.raises(KeyError, match="archs are deeplabv3, deeplabv3plus, deeplabv3plus_unimatch, deeplabv2, dinov2"):
+    with pytest.raises(KeyError, match="archs are deeplabv3, deeplabv3plus, deeplabv3plus_unimatch, deeplabv2, dinov2, dinov3"):
         generator_arch("unet")

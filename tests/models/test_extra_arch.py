@@ -59,7 +59,7 @@ def test_the_arch_takes_its_own_keys_and_deeplab_does_not(tiny_arch):
         load_config(None, ["model.generator.arch=tinyconv", "model.generator.encoder=resnet18"])
     with pytest.raises(UserError, match="model.generator.width"):
         load_config(None, ["model.generator.width=5"])  # deeplabv3plus takes no width
-    with pytest.raises(UserError, match="'deeplabv2', 'dinov2' or 'tinyconv'"):
+    with pytest.raises(UserError, match="'deeplabv2', 'dinov2', 'dinov3' or 'tinyconv'"):
         load_config(None, ["model.generator.arch=unet"])
 
 

@@ -369,3 +369,16 @@ def test_ddp_unimatch_keeps_every_network_identical_across_ranks(tmp_path, varia
     assert stats and any(not torch.equal(r0["generator"][k], r1["generator"][k]) for k in stats)  # own batches
     if variant == "v2":
         assert all(torch.equal(r0["teacher"][k], r1["teacher"][k]) for k in r0["teacher"])
+
+
+def test_ddp_trains_the_head_on_a_frozen_encoder(tmp_path):
+    """model.generator.freeze_encoder under DDP (gloo, 2 ranks): the encoder's parameters take no
+    gradient, which DDP (find_unused_parameters=False) skips; its BatchNorm stays in eval mode, so
+    even its running statistics, which each rank's own batches would move apart, stay equal."""
+    worker("train", tmp_path, "model.generator.freeze_encoder=true")
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    encoder = [k for k in r0["g"] if k.startswith("encoder.")]
+    assert any("running_mean" in k for k in encoder)
+    assert all(torch.equal(r0["g"][k], r1["g"][k]) for k in encoder)
+    head = [k for k in r0["g"] if not k.startswith("encoder.") and "running" not in k and "num_batches" not in k]
+    assert head and all(torch.equal(r0["g"][k], r1["g"][k]) for k in head)

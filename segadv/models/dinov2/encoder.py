@@ -42,6 +42,8 @@ SIZES = {
     "small": DinoV2Size(12, (2, 5, 8, 11), 64, (48, 96, 192, 384)),
     "base": DinoV2Size(12, (2, 5, 8, 11), 128, (96, 192, 384, 768)),
     "large": DinoV2Size(24, (4, 11, 17, 23), 256, (256, 512, 1024, 1024)),
+    # timm's giant: width 1536, a SwiGLU MLP (fc1 packs Meta's w12, fc2 is its w3)
+    "giant": DinoV2Size(40, (9, 19, 29, 39), 384, (1536, 1536, 1536, 1536)),
 }
 
 # The timm names segadv builds (with or without a pretrained tag such as ``.lvd142m``).

@@ -1,0 +1,93 @@
+"""DINOv3 encoders from timm, built without weights, and what the DPT head needs to know of them.
+
+The encoder is timm's ``Eva`` itself (no wrapper), so its state dict is timm's DINOv3 layout and a
+timm weight file loads into it as it is (weights.py). DINOv3 has no position embedding to resample:
+its rotary embedding (RoPE) normalises each input's patch coordinates to [-1, 1], so any grid runs
+(timm's ``dynamic_img_size``) and the weights fit every input size that is a multiple of the patch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import timm
+import torch
+from torch import nn
+
+from segadv.errors import UserError
+from segadv.models.dinov2.encoder import DinoV2Size
+from segadv.models.dinov3.config import DINOV3_ENCODERS, PATCH
+
+DinoV3Size = DinoV2Size  # depth, the four blocks read, the head's widths
+
+
+def meta_layers(depth: int) -> tuple[int, int, int, int]:
+    """Meta's FOUR_EVEN_INTERVALS (facebookresearch/dinov3, dinov3/eval/segmentation/models:
+    ``_get_backbone_out_indices``): [4, 11, 17, 23] at 24 blocks (the paper's), else the last block
+    of each quarter, ``i * (depth // 4) - 1``."""
+    if depth == 24:
+        return (4, 11, 17, 23)
+    return tuple(i * (depth // 4) - 1 for i in range(1, 5))  # type: ignore[return-value]
+
+
+# The head's widths: UniMatch V2's for S, B and L (by the encoder's width, as for DINOv2); no
+# reference puts a DPT head on H+ or 7B: L's proportions at H+'s width 1280, DINOv2-g's head for 7B
+# (a 4096-wide projection per branch would be a head of a billion parameters).
+SIZES = {
+    "small": DinoV3Size(12, meta_layers(12), 64, (48, 96, 192, 384)),
+    "small_plus": DinoV3Size(12, meta_layers(12), 64, (48, 96, 192, 384)),
+    "base": DinoV3Size(12, meta_layers(12), 128, (96, 192, 384, 768)),
+    "large": DinoV3Size(24, meta_layers(24), 256, (256, 512, 1024, 1024)),
+    "huge_plus": DinoV3Size(32, meta_layers(32), 320, (320, 640, 1280, 1280)),
+    "7b": DinoV3Size(40, meta_layers(40), 384, (1536, 1536, 1536, 1536)),
+}
+
+
+def encoder_size(name: str) -> DinoV3Size:
+    """The size of the timm DINOv3 encoder ``name``; a UserError naming the valid ones otherwise."""
+    base = name.split(".", 1)[0]
+    if base not in DINOV3_ENCODERS:
+        raise UserError(f"encoder {name!r} is not a DINOv3 encoder segadv builds; valid: {sorted(DINOV3_ENCODERS)}")
+    return SIZES[base.removeprefix("vit_").split("_patch16")[0]]
+
+
+def create_encoder(name: str, *, depth: int | None = None, drop_path_rate: float = 0.0, in_channels: int = 3,
+                   overrides: Mapping[str, Any] | None = None) -> nn.Module:
+    """timm's DINOv3 ``name`` with random weights (nothing is downloaded), no classifier head, any
+    input size that is a multiple of the patch. ``depth`` keeps the first blocks only;
+    ``overrides`` are further ``Eva`` arguments (``embed_dim``, ``num_heads``) for tiny test models."""
+    encoder_size(name)
+    kwargs: dict[str, Any] = dict(overrides or {})
+    if depth is not None:
+        if depth < 1:
+            raise UserError(f"encoder depth {depth}: a DINOv3 encoder needs at least one block")
+        kwargs["depth"] = depth
+    return timm.create_model(name.split(".", 1)[0], pretrained=False, num_classes=0, dynamic_img_size=True,
+                             drop_path_rate=drop_path_rate, in_chans=in_channels, **kwargs)
+
+
+def default_layers(name: str, depth: int) -> tuple[int, ...]:
+    """The four blocks the head reads: Meta's for the encoder's full depth; for a depth-reduced
+    encoder the last block of each quarter, ``ceil((i + 1) * depth / 4) - 1`` (Meta's at a depth
+    that is a multiple of 4, and always ending at the last block)."""
+    size = encoder_size(name)
+    if depth == size.depth:
+        return size.layers
+    return tuple(math.ceil((i + 1) * depth / 4) - 1 for i in range(4))
+
+
+def embed(vit: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    """The tokens the first block reads (class and register tokens, then the patches: no position
+    embedding), the rotary embedding at ``x``'s grid, and the grid (rows, columns of patches)."""
+    x = vit.patch_embed(x)  # (B, rows, columns, C): dynamic_img_size keeps the grid
+    batch, rows, columns, channels = x.shape
+    x = x.reshape(batch, rows * columns, channels)
+    prefix = [t.expand(batch, -1, -1) for t in (vit.cls_token, vit.reg_token) if t is not None]
+    x = vit.norm_pre(vit.pos_drop(torch.cat(prefix + [x], dim=1)))
+    # Python ints: a trace (ONNX export) sees the grid of its example input as constants.
+    rope = vit.rope.get_embed(shape=[int(rows), int(columns)])
+    return x, rope, (rows, columns)
+
+
+__all__ = ["PATCH", "SIZES", "create_encoder", "default_layers", "embed", "encoder_size", "meta_layers"]
