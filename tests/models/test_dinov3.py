@@ -7,7 +7,7 @@ import torch
 from segadv.config.schema import GeneratorConfig
 from segadv.errors import UserError
 from segadv.models import build_generator
-from segadv.models.dinov3.encoder import SIZES, meta_layers
+from segadv.models.dinov3.encoder import SIZES, meta_layers, rope_embed
 from segadv.models.dinov3.model import DinoV3DPT
 from segadv.models.dinov3.weights import load_encoder_weights
 
@@ -67,6 +67,15 @@ def test_the_features_are_timms_intermediates_at_any_patch_multiple(height, widt
     assert logits.shape == (2, 5, height, width) and torch.isfinite(logits).all()
     for ours, timm_own in zip(seen[0], theirs):
         torch.testing.assert_close(ours, timm_own)
+
+
+@pytest.mark.parametrize("rows, columns", [(1, 1), (3, 5), (7, 4), (32, 64)])
+def test_the_rotary_embedding_is_timms_bitwise_made_on_the_periods_device(rows, columns):
+    """rope_embed makes the grid where the embedding's periods are (timm makes it on the host and
+    copies it: tests/plan/test_plan.py's dinov3_tiny on two stand-in GPUs refuses that): the same
+    values, bit for bit."""
+    rope = tiny().encoder.rope
+    assert torch.equal(rope_embed(rope, rows, columns), rope.get_embed(shape=[rows, columns]))
 
 
 def test_a_size_that_is_no_multiple_of_16_is_refused_naming_the_input_and_the_config_key():

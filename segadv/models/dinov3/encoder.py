@@ -63,8 +63,16 @@ def create_encoder(name: str, *, depth: int | None = None, drop_path_rate: float
         if depth < 1:
             raise UserError(f"encoder depth {depth}: a DINOv3 encoder needs at least one block")
         kwargs["depth"] = depth
-    return timm.create_model(name.split(".", 1)[0], pretrained=False, num_classes=0, dynamic_img_size=True,
-                             drop_path_rate=drop_path_rate, in_chans=in_channels, **kwargs)
+    vit = timm.create_model(name.split(".", 1)[0], pretrained=False, num_classes=0, dynamic_img_size=True,
+                            drop_path_rate=drop_path_rate, in_chans=in_channels, **kwargs)
+    rope = vit.rope
+    if (rope.normalize_coords, rope.grid_indexing, rope.grid_offset, rope.aug_active) != ("separate", "ij", 0.0, False):
+        # rope_embed computes DINOv3's own grid; another one (or train-time coordinate augmentations)
+        # would need timm's host-side construction
+        raise ValueError(f"{name}: a rotary embedding on another grid than DINOv3's (normalize_coords "
+                         f"{rope.normalize_coords}, indexing {rope.grid_indexing}, offset {rope.grid_offset}, "
+                         f"augmentations {rope.aug_active})")
+    return vit
 
 
 def default_layers(name: str, depth: int) -> tuple[int, ...]:
@@ -86,8 +94,21 @@ def embed(vit: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
     prefix = [t.expand(batch, -1, -1) for t in (vit.cls_token, vit.reg_token) if t is not None]
     x = vit.norm_pre(vit.pos_drop(torch.cat(prefix + [x], dim=1)))
     # Python ints: a trace (ONNX export) sees the grid of its example input as constants.
-    rope = vit.rope.get_embed(shape=[int(rows), int(columns)])
-    return x, rope, (rows, columns)
+    return x, rope_embed(vit.rope, int(rows), int(columns)), (rows, columns)
 
 
-__all__ = ["PATCH", "SIZES", "create_encoder", "default_layers", "embed", "encoder_size", "meta_layers"]
+def rope_embed(rope: nn.Module, rows: int, columns: int) -> torch.Tensor:
+    """The rotary embedding at a grid of ``rows`` x ``columns`` patches, (rows * columns, 2 * dim):
+    timm's ``get_embed``, with the grid made on the device of the embedding's periods. timm makes it
+    on the host and copies it over at every forward: a tensor on a device the map does not name, and
+    a host-to-device copy per step. The grid is DINOv3's (0.5-centred, each axis over its own size,
+    mapped to [-1, 1], rows first), the one ``create_encoder`` admits; equal to timm's bitwise
+    (tests/models/test_dinov3.py)."""
+    device = rope.periods.device
+    axes = [torch.arange(0.5, n, device=device, dtype=torch.float32) / float(n) for n in (rows, columns)]
+    coords = 2.0 * torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).flatten(0, 1) - 1.0
+    sin, cos = rope._get_pos_embed_from_coords(coords)
+    return torch.cat([sin, cos], dim=-1)
+
+
+__all__ = ["PATCH", "SIZES", "create_encoder", "default_layers", "embed", "encoder_size", "meta_layers", "rope_embed"]
