@@ -35,9 +35,9 @@ from segadv.parallel import unwrap
 
 log = logging.getLogger(__name__)
 
-# strict=False, named so that every supported torch does the same (older releases default to strict):
-# the forward runs as Python on fake tensors rather than through TorchDynamo's bytecode capture.
-EXPORTER = "torch.export.export(strict=False)"
+# strict=True, named because the default changed between the supported releases: TorchDynamo captures
+# the forward's bytecode, so Python the trace would bake in unseen is refused rather than exported.
+EXPORTER = "torch.export.export(strict=True)"
 
 
 @dataclass
@@ -101,7 +101,7 @@ def _reason(err: BaseException) -> str:
 
 def _export(model: nn.Module, example: torch.Tensor, shapes: Any) -> Any:
     with torch.inference_mode(False), torch.no_grad():
-        return torch.export.export(model, (example,), dynamic_shapes=shapes, strict=False)
+        return torch.export.export(model, (example,), dynamic_shapes=shapes, strict=True)
 
 
 def export_program(model: nn.Module, example: torch.Tensor, *, dynamic: bool, step: int, least: int,
