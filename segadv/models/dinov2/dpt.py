@@ -6,12 +6,10 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import torch
-from torch import nn
 
 from segadv.models.dinov2.encoder import (PATCH, PRETRAINED_IMG_SIZE, create_encoder, default_layers, embed,
                                           encoder_size, set_attention)
 from segadv.models.vit.model import ViTDPT
-from segadv.models.vit.split import split_blocks
 
 
 class DinoV2DPT(ViTDPT):
@@ -41,32 +39,10 @@ class DinoV2DPT(ViTDPT):
         self.encoder_name = encoder
         self.attention = attention
         set_attention(self.encoder, attention)
-        self._stage_devices: tuple[torch.device, ...] = ()
 
     def set_attention(self, kernel: str) -> None:
         set_attention(self.encoder, kernel)
         self.attention = kernel
-
-    def split(self, stage_devices: Sequence[torch.device], boundaries: Sequence[int] | None = None) -> None:
-        """Pipeline stages (segadv/parallel/pipeline.py's protocol): the embedding on the first
-        device, the blocks in even runs (or from ``boundaries``), the final norm and the head on the
-        last (:func:`~segadv.models.vit.split.split_blocks`)."""
-        split_blocks(self, stage_devices, boundaries)
-        self._stage_devices = tuple(torch.device(d) for d in stage_devices)
-
-    @property
-    def pipeline_devices(self) -> tuple[torch.device, ...]:
-        """Each stage's device in order after :meth:`split` (a device may repeat); () before."""
-        return self._stage_devices
-
-    def stages(self) -> list[tuple[str, list[nn.Module]]]:
-        """The model in pipeline order, as (name, modules): ``embed`` (the embedding's modules; the
-        encoder's own token parameters live on the encoder itself), ``blocks.0`` ... ``blocks.N-1``,
-        ``head`` (the final norm and the DPT head)."""
-        vit = self.encoder
-        embedding = [getattr(vit, name) for name in self.embedding_modules]
-        return ([("embed", embedding)] + [(f"blocks.{i}", [b]) for i, b in enumerate(vit.blocks)]
-                + [("head", [vit.norm, self.head])])
 
     def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[int, int]]:
         """The position-embedded tokens; the blocks take nothing besides them."""

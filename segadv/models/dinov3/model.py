@@ -20,6 +20,9 @@ class DinoV3DPT(ViTDPT):
     ``encoder_overrides``: ``Eva`` arguments for tiny test models."""
 
     patch = PATCH
+    # The rotary embedding's periods go with the embedding stage: its forward makes the embedding
+    # there, and each later stage is handed it.
+    embedding_modules = ("patch_embed", "pos_drop", "rope", "norm_pre")
 
     def __init__(self, encoder: str = "vit_small_patch16_dinov3", num_classes: int = 21, *,
                  in_channels: int = 3, depth: int | None = None, layers: Sequence[int] | None = None,

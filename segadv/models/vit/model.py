@@ -19,7 +19,7 @@ from segadv.models.base import Generator
 from segadv.models.features import scale_features
 from segadv.models.vit.encoder import ViTSize, check_input_size, check_layers, patch_tokens
 from segadv.models.vit.head import DPTHead
-from segadv.models.vit.split import Placement
+from segadv.models.vit.split import Placement, split_blocks
 
 
 def to_stage(device: torch.device, tokens: torch.Tensor, block_inputs: dict[str, torch.Tensor]
@@ -36,14 +36,15 @@ class ViTDPT(Generator):
     a UserError naming ``input_name`` otherwise. ``layers``: the four blocks the head reads (None:
     ``default_layers``); ``features`` and ``out_channels``: the head's widths (None: ``size``'s).
 
-    A subclass sets ``patch`` and implements :meth:`embed`. Its forward runs the blocks where
-    ``placement`` says (:func:`~segadv.models.vit.split.split_blocks`)."""
+    A subclass sets ``patch`` and ``embedding_modules`` (the encoder's submodules that run before
+    its first block, placed with the embedding stage) and implements :meth:`embed`."""
 
     # The embedding is computed from Python numbers of the input's grid (a position embedding's
     # resampling factors, a rotary embedding's coordinates), constants in an ONNX trace: the
     # exported graph takes the traced size only (segadv-export says so).
     onnx_dynamic_shapes = False
     patch = 0
+    embedding_modules = ()  # type: tuple[str, ...]
 
     def __init__(self, encoder: nn.Module, size: ViTSize, num_classes: int, *, layers: Sequence[int] | None,
                  default_layers: Sequence[int], features: int | None, out_channels: Sequence[int] | None,
@@ -58,6 +59,7 @@ class ViTDPT(Generator):
         self.head = DPTHead(num_classes, encoder.embed_dim, size.features if features is None else features,
                             out_channels)
         self.placement: Placement | None = None  # one device unless split_blocks sets it
+        self._stage_devices: tuple[torch.device, ...] = ()
 
     def input_divisor(self) -> int:
         """The encoder cuts the input into patches: both sides must be multiples of the patch."""
@@ -67,6 +69,27 @@ class ViTDPT(Generator):
         """The tokens the first block reads, what every block takes besides them (keyword
         arguments, on the embedding's device), and the grid (rows, columns of patches)."""
         raise NotImplementedError
+
+    def split(self, stage_devices: Sequence[torch.device], boundaries: Sequence[int] | None = None) -> None:
+        """Pipeline stages (segadv/parallel/pipeline.py's protocol): the embedding on the first
+        device, the blocks in even runs (or from ``boundaries``), the final norm and the head on the
+        last (:func:`~segadv.models.vit.split.split_blocks`)."""
+        split_blocks(self, stage_devices, boundaries)
+        self._stage_devices = tuple(torch.device(d) for d in stage_devices)
+
+    @property
+    def pipeline_devices(self) -> tuple[torch.device, ...]:
+        """Each stage's device in order after :meth:`split` (a device may repeat); () before."""
+        return self._stage_devices
+
+    def stages(self) -> list[tuple[str, list[nn.Module]]]:
+        """The model in pipeline order, as (name, modules): ``embed`` (the embedding's modules; the
+        encoder's own token parameters live on the encoder itself), ``blocks.0`` ... ``blocks.N-1``,
+        ``head`` (the final norm and the DPT head)."""
+        vit = self.encoder
+        embedding = [getattr(vit, name) for name in self.embedding_modules]
+        return ([("embed", embedding)] + [(f"blocks.{i}", [b]) for i, b in enumerate(vit.blocks)]
+                + [("head", [vit.norm, self.head])])
 
     def checkpoint_units(self) -> list[str]:
         """The submodule names to run under activation checkpointing: each ViT block (most of the
