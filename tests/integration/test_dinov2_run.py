@@ -232,7 +232,7 @@ def test_the_static_onnx_graph_declares_the_size_it_was_traced_at(full_run, tmp_
 
 
 def test_a_dinov2_generator_split_over_two_host_stages_trains_the_unsplit_runs_weights(full_run, tmp_path):
-    """``--device-map g:cpu/cpu,d:cpu`` (segadv/models/dinov2/split.py: the blocks over two pipeline
+    """``--device-map g:cpu/cpu,d:cpu`` (segadv/models/vit/split.py: the blocks over two pipeline
     stages, on the host) runs the unsplit G's kernels in the same order: after 4 steps of the whole
     run (the teacher's EMA, D, the optimizers) G, the teacher and D equal the ``g:cpu,d:cpu,t:cpu``
     run's bitwise. (One step against the plain loop: test_equivalence.py's
