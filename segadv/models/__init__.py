@@ -1,6 +1,6 @@
 """Network definitions: pure ``nn.Module`` builders, no device or wrapper code. One folder per
-generator arch (``deeplab/``, ``dinov2/``, ``dinov3/``), its row in ``registry.py``; what every G offers in
-``base.py``; the discriminators in ``discriminator.py``.
+generator arch (``deeplab/``, ``dinov2/``, ``dinov3/``), its row in ``registry.py``; what the ViT archs
+share in ``vit/``; what every G offers in ``base.py``; the discriminators in ``discriminator.py``.
 
 torch-free to import: the arch table and the arch folders' config sections are read by the config,
 which loads without torch; the builders below are imported on first use.

@@ -5,9 +5,10 @@ Each arch is a folder of segadv/models (``deeplab/``, ``dinov2/``, ``dinov3/``):
 :class:`~segadv.config.generator_section.GeneratorConfig` subclass: the keys it takes and their
 limits, torch-free), its networks (subclasses of :class:`segadv.models.base.Generator`, which say
 what the network offers: input divisor, ONNX shapes, feature channels, checkpointed blocks, a
-split) and its builder. Its row here points into the folder. torch-free: the builder and the other
-callables are named as ``"module:attribute"`` strings (or given as callables, a plugin's or a
-test's), imported when G is built. A new arch is its folder and one :func:`register_arch` line
+split) and its builder (a ViT arch's on segadv/models/vit, what they share). Its row here points
+into the folder. torch-free: the builder and the other callables are named as
+``"module:attribute"`` strings (or given as callables, a plugin's or a test's), imported when G is
+built. A new arch is its folder and one :func:`register_arch` line
 (below for a built-in one; in its own package for a plugin); nothing else names archs.
 """
 

@@ -1,5 +1,5 @@
 """Where a network's blocks are cut into pipeline stages (the device map's ``g:0/1``): the
-boundaries' rule, shared by the networks that split themselves (segadv/models/dinov2) and by the
+boundaries' rule, shared by the networks that split themselves (segadv/models/vit) and by the
 placement that asks them to (segadv/parallel/pipeline.py). torch-free."""
 
 from __future__ import annotations

@@ -16,30 +16,22 @@ import numpy as np
 import pytest
 import torch
 
+import vit_runs
 from segadv.checkpoint import read_checkpoint
 from segadv.cli import eval as eval_cli
 from segadv.cli import export as export_cli
-from segadv.cli import train as train_cli
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SIZE = 42  # a multiple of DINOv2's patch (14)
 DEPTH = 2
-COMMAND = ["--config", "dinov2_tiny", "method.name=mean_teacher", "loss.lambda_adv=0.001",
-           "--device-map", "g:cpu,d:cpu,t:cpu"]
-SMALL = [f"data.synthetic.image_size={SIZE}", f"target_data.synthetic.image_size={SIZE}",
-         "data.synthetic.train_size=8", "target_data.synthetic.train_size=8",
-         "data.synthetic.val_size=4", "target_data.synthetic.val_size=4",
-         "data.batch_size=2", "data.val_batch_size=4", "data.num_workers=0",
-         f"model.generator.depth={DEPTH}", "model.generator.head_features=16",
-         "model.generator.head_out_channels=[8,16,32,64]", "model.discriminator.ndf=8",
-         "train.max_steps=4", "train.eval_every=4", "train.log_every=1", "checkpoint.every=2",
-         "train.deterministic=true", "log.tensorboard=false"]
+COMMAND = vit_runs.command("dinov2_tiny")
+SMALL = vit_runs.small(SIZE, DEPTH)
 NETWORKS = ("generator", "teacher", "discriminator")
 
 
 def train(run_dir: Path, *extra: str, command=COMMAND) -> int:
-    return train_cli.main([*command, "--run-dir", str(run_dir), *SMALL, *extra])
+    return vit_runs.train(command, SMALL, run_dir, *extra)
 
 
 def assert_refused(capsys, code: int, *named: str) -> str:
@@ -53,9 +45,7 @@ def assert_refused(capsys, code: int, *named: str) -> str:
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory, one_torch_thread):
-    run_dir = tmp_path_factory.mktemp("dinov2") / "full"
-    assert train(run_dir) == 0
-    return run_dir
+    return vit_runs.trained(tmp_path_factory.mktemp("dinov2") / "full", COMMAND, SMALL)
 
 
 def test_the_tiny_dinov2_mean_teacher_run_trains_saves_and_saves_each_network(full_run):
@@ -242,7 +232,7 @@ def test_the_static_onnx_graph_declares_the_size_it_was_traced_at(full_run, tmp_
 
 
 def test_a_dinov2_generator_split_over_two_host_stages_trains_the_unsplit_runs_weights(full_run, tmp_path):
-    """``--device-map g:cpu/cpu,d:cpu`` (segadv/models/dinov2/split.py: the blocks over two pipeline
+    """``--device-map g:cpu/cpu,d:cpu`` (segadv/models/vit/split.py: the blocks over two pipeline
     stages, on the host) runs the unsplit G's kernels in the same order: after 4 steps of the whole
     run (the teacher's EMA, D, the optimizers) G, the teacher and D equal the ``g:cpu,d:cpu,t:cpu``
     run's bitwise. (One step against the plain loop: test_equivalence.py's

@@ -15,37 +15,27 @@ import numpy as np
 import pytest
 import torch
 
+import vit_runs
 from segadv.checkpoint import read_checkpoint
 from segadv.cli import eval as eval_cli
 from segadv.cli import export as export_cli
-from segadv.cli import train as train_cli
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SIZE = 48  # a multiple of DINOv3's patch (16)
 DEPTH = 2
-COMMAND = ["--config", "dinov3_tiny", "method.name=mean_teacher", "loss.lambda_adv=0.001",
-           "--device-map", "g:cpu,d:cpu,t:cpu"]
-SMALL = [f"data.synthetic.image_size={SIZE}", f"target_data.synthetic.image_size={SIZE}",
-         "data.synthetic.train_size=8", "target_data.synthetic.train_size=8",
-         "data.synthetic.val_size=4", "target_data.synthetic.val_size=4",
-         "data.batch_size=2", "data.val_batch_size=4", "data.num_workers=0",
-         f"model.generator.depth={DEPTH}", "model.generator.head_features=16",
-         "model.generator.head_out_channels=[8,16,32,64]", "model.discriminator.ndf=8",
-         "train.max_steps=4", "train.eval_every=4", "train.log_every=1", "checkpoint.every=2",
-         "train.deterministic=true", "log.tensorboard=false"]
+COMMAND = vit_runs.command("dinov3_tiny")
+SMALL = vit_runs.small(SIZE, DEPTH)
 NETWORKS = ("generator", "teacher", "discriminator")
 
 
 def train(run_dir: Path, *extra: str) -> int:
-    return train_cli.main([*COMMAND, "--run-dir", str(run_dir), *SMALL, *extra])
+    return vit_runs.train(COMMAND, SMALL, run_dir, *extra)
 
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory, one_torch_thread):
-    run_dir = tmp_path_factory.mktemp("dinov3") / "full"
-    assert train(run_dir) == 0
-    return run_dir
+    return vit_runs.trained(tmp_path_factory.mktemp("dinov3") / "full", COMMAND, SMALL)
 
 
 def test_the_tiny_dinov3_run_trains_every_network(full_run):

@@ -603,7 +603,7 @@ def test_a_generator_split_into_stages_matches_the_plain_float32_loop(device_map
 
 
 def test_a_dinov2_generator_split_into_stages_matches_the_plain_loop(references, no_tf32):
-    """``g:cpu/cpu,d:cpu`` with the DINOv2 G (segadv/models/dinov2/split.py: the embedding and block 0 on
+    """``g:cpu/cpu,d:cpu`` with the DINOv2 G (segadv/models/vit/split.py: the embedding and block 0 on
     the first stage, block 1, the norm and the head on the second) trains what the plain loop and
     the unsplit G train: the same kernels in the same order, so bitwise the unsplit step's."""
     split = segadv_outcome(HostStagesCase("dinov2-g:cpu/cpu,d:cpu", "g:cpu/cpu,d:cpu", DINOV2))

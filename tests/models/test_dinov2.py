@@ -10,9 +10,9 @@ from dinov2_tiny import images, tiny_model
 
 from segadv.errors import UserError
 from segadv.models.dinov2.dpt import DinoV2DPT
-from segadv.models.dinov2.encoder import check_input_size, default_layers
-from segadv.models.dinov2.split import even_boundaries, split_blocks
-from segadv.models.dinov2.encoder import SIZES, create_encoder, embed, patch_tokens, position_embedding
+from segadv.models.dinov2.encoder import SIZES, create_encoder, default_layers, embed, position_embedding
+from segadv.models.vit.encoder import check_input_size, patch_tokens
+from segadv.models.vit.split import even_boundaries, split_blocks
 from segadv.parallel.activation_checkpoint import checkpointed
 
 
@@ -45,7 +45,7 @@ def test_a_size_that_is_not_a_multiple_of_the_patch_is_one_user_error_naming_it(
     message = str(err.value)
     assert "data.crop_size" in message and f"{height}x{width}" in message and "(14)" in message
     assert "\n" not in message
-    check_input_size(518, 798)  # multiples pass
+    check_input_size(518, 798, "the input", 14)  # multiples pass
 
 
 def test_fused_and_math_attention_give_the_same_logits_and_gradients():

@@ -7,7 +7,8 @@ from dinov2_tiny import images, tiny_model
 from safetensors.torch import save_file
 
 from segadv.errors import UserError
-from segadv.models.dinov2.weights import load_encoder_weights, read_weights
+from segadv.models.dinov2.weights import load_encoder_weights
+from segadv.models.vit.weights import read_weights
 
 
 def official_layout(vit, seed=0):

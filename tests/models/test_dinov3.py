@@ -1,8 +1,9 @@
-"""The DINOv3 generator (segadv/models/dinov3): timm's Eva with the DPT head of segadv/models/dinov2.
+"""The DINOv3 generator (segadv/models/dinov3): timm's Eva with the DPT head of segadv/models/vit.
 Tiny models (4 blocks of width 32): milliseconds a forward on one CPU thread."""
 
 import pytest
 import torch
+from dinov3_tiny import images, tiny
 
 from segadv.config.schema import GeneratorConfig
 from segadv.errors import UserError
@@ -10,26 +11,6 @@ from segadv.models import build_generator
 from segadv.models.dinov3.encoder import SIZES, meta_layers, rope_embed
 from segadv.models.dinov3.model import DinoV3DPT
 from segadv.models.dinov3.weights import load_encoder_weights
-
-TINY = dict(depth=4, features=16, out_channels=(8, 16, 32, 64), encoder_overrides=dict(embed_dim=32, num_heads=2))
-
-
-def tiny(encoder="vit_small_patch16_dinov3", seed=0, **kwargs):
-    torch.manual_seed(seed)
-    model = DinoV3DPT(encoder, 5, **{**TINY, **kwargs})
-    # timm initialises the layer scales at 1e-5 (DINOv3's init), which makes every block nearly the
-    # identity: the tests should see the blocks matter.
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(("gamma_1", "gamma_2")):
-                param.uniform_(0.5, 1.0)
-            elif name.endswith(("cls_token", "reg_token", "q_bias", "v_bias")):
-                param.normal_()
-    return model.eval()
-
-
-def images(height=64, width=64, seed=1):
-    return torch.randn(2, 3, height, width, generator=torch.Generator().manual_seed(seed))
 
 
 def test_the_config_builds_g_with_metas_layers_at_full_depth_and_evenly_spaced_ones_when_reduced():

@@ -12,24 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
+import vit_runs
 from segadv.checkpoint import read_checkpoint
-from segadv.cli import train as train_cli
 from segadv.config.schema import GeneratorConfig
 from segadv.engine.optim import build_optimizer
 from segadv.models import build_generator
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-SMALL = ["data.synthetic.image_size=42", "target_data.synthetic.image_size=42",
-         "data.synthetic.train_size=8", "target_data.synthetic.train_size=8",
-         "data.synthetic.val_size=4", "target_data.synthetic.val_size=4",
-         "data.batch_size=2", "data.val_batch_size=4", "data.num_workers=0",
-         "model.generator.depth=2", "model.generator.head_features=16",
-         "model.generator.head_out_channels=[8,16,32,64]", "model.discriminator.ndf=8",
-         "train.max_steps=4", "train.eval_every=4", "train.log_every=1", "checkpoint.every=2",
-         "train.deterministic=true", "log.tensorboard=false", "model.generator.freeze_encoder=true"]
-COMMAND = ["--config", "dinov2_tiny", "method.name=mean_teacher", "loss.lambda_adv=0.001",
-           "--device-map", "g:cpu,d:cpu,t:cpu"]
+COMMAND = vit_runs.command("dinov2_tiny")
+SMALL = [*vit_runs.small(42), "model.generator.freeze_encoder=true"]
 
 
 def deeplab(freeze: bool) -> torch.nn.Module:
@@ -81,14 +73,12 @@ def test_the_inference_build_of_a_frozen_config_is_the_plain_network():
 
 
 def train(run_dir: Path, *extra: str) -> int:
-    return train_cli.main([*COMMAND, "--run-dir", str(run_dir), *SMALL, *extra])
+    return vit_runs.train(COMMAND, SMALL, run_dir, *extra)
 
 
 @pytest.fixture(scope="module")
 def frozen_run(tmp_path_factory, one_torch_thread):
-    run_dir = tmp_path_factory.mktemp("frozen") / "run"
-    assert train(run_dir) == 0
-    return run_dir
+    return vit_runs.trained(tmp_path_factory.mktemp("frozen") / "run", COMMAND, SMALL)
 
 
 def test_a_frozen_dinov2_run_moves_the_head_alone_and_keeps_no_encoder_optimizer_state(frozen_run):

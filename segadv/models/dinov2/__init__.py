@@ -1,6 +1,7 @@
-"""The DINOv2 arch (``model.generator.arch: dinov2``): its config section (``config.py``, torch-free),
-G on a DINOv2 ViT (timm) with UniMatch V2's DPT head (``dpt.py``), its encoder's construction
-(``encoder.py``), its blocks split over devices (``split.py``), its weights from a local file in
-timm's or the official DINOv2 layout (``weights.py``) and the builder its row names
+"""The DINOv2 arch (``model.generator.arch: dinov2``): what DINOv2 alone has, on the shared ViT
+module (segadv/models/vit: the DPT head, the model, its split over devices, the weight file's
+reading). Its config section (``config.py``, torch-free), G on a DINOv2 ViT (timm) with its
+position embedding and attention kernel (``dpt.py``), its encoder table and construction
+(``encoder.py``), the official DINOv2 weight layout (``weights.py``) and the builder its row names
 (``builder.py``). Its row is in segadv/models/registry.py; this package imports no torch, its
 modules do."""

@@ -9,9 +9,7 @@ grid in the forward, so any multiple of the patch runs.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import timm
 import torch
@@ -20,42 +18,28 @@ from timm.layers import Attention
 from torch import nn
 
 from segadv.errors import UserError
+from segadv.models.vit.encoder import EncoderTable, ViTSize
 
 PATCH = 14
 PRETRAINED_IMG_SIZE = 518  # the grid DINOv2's weights were trained at (37 x 37 patches)
 ATTENTION_KERNELS = ("fused", "math")
 
 
-@dataclass(frozen=True)
-class DinoV2Size:
-    """One DINOv2 size as UniMatch V2 puts a DPT head on it (model/semseg/dpt.py and the
-    ``model_configs`` of unimatch_v2.py): its depth, the four blocks the head reads, and the
-    head's widths (``features``: the fusion width; ``out_channels``: the four projections)."""
-
-    depth: int
-    layers: tuple[int, int, int, int]
-    features: int
-    out_channels: tuple[int, int, int, int]
-
-
+# UniMatch V2's DPT head on each size (model/semseg/dpt.py and the ``model_configs`` of unimatch_v2.py)
 SIZES = {
-    "small": DinoV2Size(12, (2, 5, 8, 11), 64, (48, 96, 192, 384)),
-    "base": DinoV2Size(12, (2, 5, 8, 11), 128, (96, 192, 384, 768)),
-    "large": DinoV2Size(24, (4, 11, 17, 23), 256, (256, 512, 1024, 1024)),
+    "small": ViTSize(12, (2, 5, 8, 11), 64, (48, 96, 192, 384)),
+    "base": ViTSize(12, (2, 5, 8, 11), 128, (96, 192, 384, 768)),
+    "large": ViTSize(24, (4, 11, 17, 23), 256, (256, 512, 1024, 1024)),
     # timm's giant: width 1536, a SwiGLU MLP (fc1 packs Meta's w12, fc2 is its w3)
-    "giant": DinoV2Size(40, (9, 19, 29, 39), 384, (1536, 1536, 1536, 1536)),
+    "giant": ViTSize(40, (9, 19, 29, 39), 384, (1536, 1536, 1536, 1536)),
 }
 
 # The timm names segadv builds (with or without a pretrained tag such as ``.lvd142m``).
-ENCODERS = {f"vit_{size}_patch14{reg}_dinov2": size for size in SIZES for reg in ("", "_reg4")}
-
-
-def encoder_size(name: str) -> DinoV2Size:
-    """The size of the timm DINOv2 encoder ``name``; a UserError naming the valid ones otherwise."""
-    base = name.split(".", 1)[0]
-    if base not in ENCODERS:
-        raise UserError(f"encoder {name!r} is not a DINOv2 encoder segadv builds; valid: {sorted(ENCODERS)}")
-    return SIZES[ENCODERS[base]]
+ENCODERS = EncoderTable("DINOv2", {f"vit_{size}_patch14{reg}_dinov2": SIZES[size]
+                                   for size in SIZES for reg in ("", "_reg4")})
+encoder_size = ENCODERS.size
+# UniMatch V2's at the full depth; [2, 5, 8, 11] at depth 12 for any size, as the quarter rule gives
+default_layers = ENCODERS.default_layers
 
 
 def create_encoder(name: str, *, img_size: int = PRETRAINED_IMG_SIZE, depth: int | None = None,
@@ -65,47 +49,11 @@ def create_encoder(name: str, *, img_size: int = PRETRAINED_IMG_SIZE, depth: int
     input size that is a multiple of the patch. ``depth`` keeps the first blocks only (a smaller
     model for tests or a CPU); ``overrides`` are further ``VisionTransformer`` arguments
     (``embed_dim``, ``num_heads``) for tiny test models, whose weights no DINOv2 file fits."""
-    encoder_size(name)
-    kwargs: dict[str, Any] = dict(overrides or {})
-    if depth is not None:
-        if depth < 1:
-            raise UserError(f"encoder depth {depth}: a DINOv2 encoder needs at least one block")
-        kwargs["depth"] = depth
+    kwargs = ENCODERS.timm_kwargs(name, depth, overrides)
     if img_size % PATCH:
         raise UserError(f"encoder img_size {img_size} is not a multiple of the patch ({PATCH})")
     return timm.create_model(name.split(".", 1)[0], pretrained=False, num_classes=0, img_size=img_size,
                              dynamic_img_size=True, drop_path_rate=drop_path_rate, in_chans=in_channels, **kwargs)
-
-
-def default_layers(name: str, depth: int) -> tuple[int, ...]:
-    """The four blocks the head reads: UniMatch V2's for the encoder's full depth; for a
-    depth-reduced encoder the last block of each quarter, ``ceil((i + 1) * depth / 4) - 1``
-    (which is UniMatch V2's [2, 5, 8, 11] at depth 12; a shallow encoder repeats blocks)."""
-    size = encoder_size(name)
-    if depth == size.depth:
-        return size.layers
-    return tuple(math.ceil((i + 1) * depth / 4) - 1 for i in range(4))
-
-
-def check_layers(layers: Sequence[int], depth: int) -> tuple[int, ...]:
-    """``layers`` as the head reads them: four block indices in ``[0, depth)``."""
-    layers = tuple(int(i) for i in layers)
-    if len(layers) != 4:
-        raise UserError(f"intermediate layers {list(layers)}: the DPT head reads exactly 4 blocks")
-    bad = [i for i in layers if not 0 <= i < depth]
-    if bad:
-        raise UserError(f"intermediate layer {bad[0]} is not a block of this {depth}-block encoder "
-                        f"(valid: 0..{depth - 1})")
-    return layers
-
-
-def check_input_size(height: int, width: int, what: str = "the input", patch: int = PATCH) -> None:
-    """A UserError unless both sides are multiples of the patch: the patch embedding would drop
-    the remainder silently, and the logits would not cover the image."""
-    if height % patch or width % patch:
-        fix = "x".join(str(round(n / patch) * patch or patch) for n in (height, width))
-        raise UserError(f"{what}: {height}x{width} is not a multiple of the ViT patch ({patch}) on both sides "
-                        f"(the nearest is {fix})")
 
 
 def set_attention(module: nn.Module, kernel: str) -> int:
@@ -160,10 +108,3 @@ def embed(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
     x = vit.pos_drop(x)
     x = vit.patch_drop(x)
     return vit.norm_pre(x)
-
-
-def patch_tokens(vit: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """A block's output as the head reads it, as UniMatch V2's ``get_intermediate_layers`` (norm=True)
-    gives it: the encoder's final norm applied, then the class and register tokens dropped
-    (the head uses the patch tokens alone)."""
-    return vit.norm(tokens)[:, vit.num_prefix_tokens:]

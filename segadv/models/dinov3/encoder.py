@@ -8,18 +8,14 @@ its rotary embedding (RoPE) normalises each input's patch coordinates to [-1, 1]
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
 import timm
 import torch
 from torch import nn
 
-from segadv.errors import UserError
-from segadv.models.dinov2.encoder import DinoV2Size
 from segadv.models.dinov3.config import DINOV3_ENCODERS, PATCH
-
-DinoV3Size = DinoV2Size  # depth, the four blocks read, the head's widths
+from segadv.models.vit.encoder import EncoderTable, ViTSize
 
 
 def meta_layers(depth: int) -> tuple[int, int, int, int]:
@@ -35,21 +31,21 @@ def meta_layers(depth: int) -> tuple[int, int, int, int]:
 # reference puts a DPT head on H+ or 7B: L's proportions at H+'s width 1280, DINOv2-g's head for 7B
 # (a 4096-wide projection per branch would be a head of a billion parameters).
 SIZES = {
-    "small": DinoV3Size(12, meta_layers(12), 64, (48, 96, 192, 384)),
-    "small_plus": DinoV3Size(12, meta_layers(12), 64, (48, 96, 192, 384)),
-    "base": DinoV3Size(12, meta_layers(12), 128, (96, 192, 384, 768)),
-    "large": DinoV3Size(24, meta_layers(24), 256, (256, 512, 1024, 1024)),
-    "huge_plus": DinoV3Size(32, meta_layers(32), 320, (320, 640, 1280, 1280)),
-    "7b": DinoV3Size(40, meta_layers(40), 384, (1536, 1536, 1536, 1536)),
+    "small": ViTSize(12, meta_layers(12), 64, (48, 96, 192, 384)),
+    "small_plus": ViTSize(12, meta_layers(12), 64, (48, 96, 192, 384)),
+    "base": ViTSize(12, meta_layers(12), 128, (96, 192, 384, 768)),
+    "large": ViTSize(24, meta_layers(24), 256, (256, 512, 1024, 1024)),
+    "huge_plus": ViTSize(32, meta_layers(32), 320, (320, 640, 1280, 1280)),
+    "7b": ViTSize(40, meta_layers(40), 384, (1536, 1536, 1536, 1536)),
 }
 
 
-def encoder_size(name: str) -> DinoV3Size:
-    """The size of the timm DINOv3 encoder ``name``; a UserError naming the valid ones otherwise."""
-    base = name.split(".", 1)[0]
-    if base not in DINOV3_ENCODERS:
-        raise UserError(f"encoder {name!r} is not a DINOv3 encoder segadv builds; valid: {sorted(DINOV3_ENCODERS)}")
-    return SIZES[base.removeprefix("vit_").split("_patch16")[0]]
+ENCODERS = EncoderTable("DINOv3", {name: SIZES[name.removeprefix("vit_").split("_patch16")[0]]
+                                   for name in DINOV3_ENCODERS})
+encoder_size = ENCODERS.size
+# Meta's at the full depth; the last block of each quarter at a reduced one (Meta's where the depth
+# is a multiple of 4)
+default_layers = ENCODERS.default_layers
 
 
 def create_encoder(name: str, *, depth: int | None = None, drop_path_rate: float = 0.0, in_channels: int = 3,
@@ -57,12 +53,7 @@ def create_encoder(name: str, *, depth: int | None = None, drop_path_rate: float
     """timm's DINOv3 ``name`` with random weights (nothing is downloaded), no classifier head, any
     input size that is a multiple of the patch. ``depth`` keeps the first blocks only;
     ``overrides`` are further ``Eva`` arguments (``embed_dim``, ``num_heads``) for tiny test models."""
-    encoder_size(name)
-    kwargs: dict[str, Any] = dict(overrides or {})
-    if depth is not None:
-        if depth < 1:
-            raise UserError(f"encoder depth {depth}: a DINOv3 encoder needs at least one block")
-        kwargs["depth"] = depth
+    kwargs = ENCODERS.timm_kwargs(name, depth, overrides)
     vit = timm.create_model(name.split(".", 1)[0], pretrained=False, num_classes=0, dynamic_img_size=True,
                             drop_path_rate=drop_path_rate, in_chans=in_channels, **kwargs)
     rope = vit.rope
@@ -73,16 +64,6 @@ def create_encoder(name: str, *, depth: int | None = None, drop_path_rate: float
                          f"{rope.normalize_coords}, indexing {rope.grid_indexing}, offset {rope.grid_offset}, "
                          f"augmentations {rope.aug_active})")
     return vit
-
-
-def default_layers(name: str, depth: int) -> tuple[int, ...]:
-    """The four blocks the head reads: Meta's for the encoder's full depth; for a depth-reduced
-    encoder the last block of each quarter, ``ceil((i + 1) * depth / 4) - 1`` (Meta's at a depth
-    that is a multiple of 4, and always ending at the last block)."""
-    size = encoder_size(name)
-    if depth == size.depth:
-        return size.layers
-    return tuple(math.ceil((i + 1) * depth / 4) - 1 for i in range(4))
 
 
 def embed(vit: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:

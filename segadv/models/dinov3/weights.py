@@ -7,7 +7,7 @@ registers, ``ls1`` / ``ls2`` for the layer scales, a fused ``attn.qkv.bias`` wit
 ``bias_mask``, the SwiGLU's ``w1`` / ``w2`` / ``w3``, and tensors only pretraining uses
 (``mask_token``, ``rope_embed.periods``, 7B's ``local_cls_norm``). timm's own
 ``checkpoint_filter_fn`` (timm/models/eva.py) maps Meta's layout onto timm's; the result is then
-checked key by key against the encoder as DINOv2's loader does (segadv/models/dinov2/weights.py).
+checked key by key against the encoder and loaded strictly (segadv/models/vit/weights.py).
 
 One thing is decided here, not by timm: Meta's files hold a query / key / value bias. The
 ``_qkvb`` encoders take its query and value parts (the key's is fixed at 0); an encoder without
@@ -17,7 +17,6 @@ non-zero bias rather than dropping it.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -26,19 +25,10 @@ from timm.models.eva import checkpoint_filter_fn
 from torch import nn
 
 from segadv.errors import UserError
-from segadv.models.dinov2.weights import CONTAINER_KEYS, EncoderWeights, check_fits, flat_tensors, read_weights
-
-log = logging.getLogger(__name__)
+from segadv.models.vit.weights import EncoderWeights, check_fits, first_line, flat_tensors, load_into_encoder, unwrap
 
 META_ONLY_SUFFIXES = (".bias_mask", ".periods", "mask_token")  # pretraining's, or recomputed buffers
 META_ONLY_PREFIXES = ("local_cls_norm.",)  # 7B's pretraining on local crops
-
-
-def unwrap(obj: Mapping[str, Any]) -> dict[str, Any]:
-    for key in CONTAINER_KEYS:
-        if isinstance(obj.get(key), Mapping):
-            obj = obj[key]
-    return dict(obj)
 
 
 def encoder_state_dict(obj: Mapping[str, Any], encoder: nn.Module, name: str = "encoder weights"
@@ -57,8 +47,8 @@ def encoder_state_dict(obj: Mapping[str, Any], encoder: nn.Module, name: str = "
         try:
             state = checkpoint_filter_fn(dict(flat), encoder)
         except (RuntimeError, ValueError, AssertionError, IndexError, KeyError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise UserError(f"{name}: cannot map Meta's layout onto {type(encoder).__name__}: {first}") from None
+            raise UserError(f"{name}: cannot map Meta's layout onto {type(encoder).__name__}: "
+                            f"{first_line(err)}") from None
     else:
         state = flat
     check_fits(state, expected, name)
@@ -83,14 +73,4 @@ def load_encoder_weights(model: nn.Module, source: str | Path | Mapping[str, Any
                          name: str | None = None) -> EncoderWeights:
     """Load DINOv3 weights (a file, or a mapping already read) into ``model.encoder`` strictly
     (``model`` a :class:`~segadv.models.dinov3.model.DinoV3DPT`, bare)."""
-    if isinstance(source, (str, Path)):
-        name = name or f"encoder weights {source}"
-        obj = read_weights(source)
-    else:
-        name = name or "encoder weights"
-        obj = dict(source)
-    encoder = model.encoder
-    state, report = encoder_state_dict(obj, encoder, name)
-    encoder.load_state_dict(state, strict=True)
-    log.info("%s: %d tensors loaded (%s layout)", name, report.tensors, report.layout)
-    return report
+    return load_into_encoder(model, source, encoder_state_dict, name)
