@@ -17,6 +17,7 @@ from torch import nn
 from segadv import __version__
 from segadv.config.roles import ROLES
 from segadv.errors import UserError
+from segadv.parallel.fsdp import full_state, is_sharded
 from segadv.parallel.placement import unwrap
 
 log = logging.getLogger(__name__)
@@ -36,14 +37,16 @@ class Stateful(Protocol):
 
 class NetworkWeights:
     """A network's weights as a Stateful: saved unwrapped (never a ``module.`` prefix), loaded by
-    the one strict loader."""
+    the one strict loader. A sharded network (FSDP) is saved as its full state, plain CPU tensors
+    under a single process's keys (every rank takes part in the gathers), and loaded from one."""
 
     def __init__(self, role: str, module: nn.Module) -> None:
         self.role = role
         self.module = module
 
     def state_dict(self) -> dict[str, Any]:
-        return unwrap(self.module).state_dict()
+        bare = unwrap(self.module)
+        return full_state(bare.state_dict()) if is_sharded(bare) else bare.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         from segadv.checkpoint.loader import load_weights  # the same strict loader as everywhere
