@@ -111,6 +111,10 @@ def check_role(cfg: Config, name: str, device_map: DeviceMap, env: DistEnv, micr
     # sharded like the network it copies (same units, same ranks), its EMA shard by shard.
     mode = resolve_mode(setting(cfg.parallel, name), name, devices, env) if trained or not env.distributed \
         else copy_mode(cfg, name)
+    if mode == "fsdp" and len(device_map.stages_of(name)) > 1:
+        raise UserError(f"parallel.{name}=fsdp with the device "
+                        f"map {device_map} splitting the {name} into pipeline stages: FSDP shards a network held on "
+                        "one device per process; drop the split (each rank then holds 1/N of it) or use ddp")
     checkpointing = generator and trained and cfg.model.generator.activation_checkpointing
     compiled = compile_enabled(cfg.compile, name)
     check_batch_for_replicas(micro_batch, len(devices), name)
