@@ -59,4 +59,6 @@ class EMATeacher:
         each rank averages its own shards (buffers are not sharded: rank 0's are given as under DDP)."""
         with self.phases.phase("optimizer", self.net.device):
             mixing.ema_update_(*(self.averaged() if self.sharded else self.pairs), decay)
+            if self.sharded:
+                fsdp.forget_forwards(self.net.bare)  # its no_grad forwards: no backward ever clears them
             distributed.broadcast_buffers(self.net.bare)

@@ -178,7 +178,7 @@ def broadcast_buffers_in_forward(module: nn.Module) -> None:
         return
 
     def hook(mod: nn.Module, args: Any) -> None:
-        if mod.training and torch.is_grad_enabled():
+        if mod.training:  # as DDP: every forward in train mode
             for buffer in buffers:
                 dist.broadcast(buffer, 0)
 
@@ -198,11 +198,12 @@ def shard(module: nn.Module, device: torch.device, *, broadcast_buffers: bool) -
     torchtitan's default for the blocks): every forward gathers again, so a network used in no_grad
     forwards (the teacher, D's view in G's loss) never keeps its full weights between calls."""
     broadcast_state(module)
-    if broadcast_buffers:
+    if broadcast_buffers and any(p.requires_grad for p in module.parameters()):  # trained: a copy follows its own rule
         broadcast_buffers_in_forward(module)
-    units = shard_network(module, device_mesh(device))
-    log.info("fsdp: %s sharded over %d ranks, units: %s", type(module).__name__,
-             device_mesh(device).size(), ", ".join(units) if units else "the root alone")
+    mesh = device_mesh(device)
+    units = shard_network(module, mesh)
+    log.info("fsdp: %s sharded over %d ranks, units: %s", type(module).__name__, mesh.size(),
+             ", ".join(units) if units else "the root alone")
     return units
 
 
@@ -249,6 +250,12 @@ def gathered(modules: Sequence[nn.Module]) -> Iterator[None]:
     evaluation runs (no gradients, no optimizer state)."""
     sharded = [m for m in modules if is_sharded(m)]
     for module in sharded:
+        # The root's lazy initialisation (which FSDP runs in its first forward) first: unsharded
+        # before it, the first forward would initialise and gather again, a collective that a
+        # rank evaluating alone would wait in forever. FSDP exposes no public call for it.
+        lazy_init = getattr(module._get_fsdp_state(), "_lazy_init", None)
+        if lazy_init is not None:
+            lazy_init()
         for unit in fsdp_modules(module):
             unit.set_reshard_after_forward(False, recurse=False)
             unit.unshard()
@@ -259,6 +266,28 @@ def gathered(modules: Sequence[nn.Module]) -> Iterator[None]:
             for unit in fsdp_modules(module):
                 unit.set_reshard_after_forward(True, recurse=False)
             reshard(module)
+            forget_forwards(module)
+
+
+def forget_forwards(module: nn.Module) -> None:
+    """FSDP's record of the forwards run since the last backward, cleared (``module``: a sharded
+    root, between iterations). FSDP prefetches each unit's all-gather in the backward from the
+    order of the forwards before it, so forwards that only some ranks ran (an evaluation's uneven
+    val shards, rank 0's panels) would have the ranks gather different units in the next backward:
+    a hang, or, where the units have the same shapes (a ViT's blocks), weights silently mixed from
+    two blocks. A network that never runs a backward (the teacher) would otherwise keep a record
+    that grows each step."""
+    reset = getattr(module, "reset_iter_state", None)  # public in recent torch
+    if reset is not None:
+        reset()
+        return
+    state = module._get_fsdp_state()  # older torch: the same record, cleared by hand
+    state._comm_ctx.post_forward_order.clear()
+    for each in state._state_ctx.all_states:
+        groups = getattr(each, "_fsdp_param_groups", None) or [getattr(each, "_fsdp_param_group", None)]
+        for group in groups:
+            if group is not None:
+                group._post_forward_indices.clear()
 
 
 def local_tensors(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
