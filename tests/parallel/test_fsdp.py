@@ -31,6 +31,7 @@ from segadv.parallel.wrap import resolve_mode
 from segadv.training.checks import check_build
 
 from conftest import TINY_OVERRIDES
+from fsdp_worker import network as small_network
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 COMMAND = ["--config", "dinov2_tiny", "method.name=mean_teacher", "loss.lambda_adv=0.001",
@@ -179,16 +180,14 @@ def test_forwards_only_some_ranks_run_while_gathered_leave_the_next_steps_right(
     assert result.returncode == 0, result.stderr[-4000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     assert ranks[0]["sharded"] and len(ranks[0]["evaluated"]) == 9 and len(ranks[1]["evaluated"]) == 1
-    sys.path.insert(0, str(Path(__file__).parent))
-    from fsdp_worker import network
-
-    single = network()
+    single = small_network()
     single.load_state_dict(ranks[0]["initial"])
     optimizer = torch.optim.SGD(single.parameters(), lr=0.1)
     x = torch.randn(4, 6, generator=torch.Generator().manual_seed(1))
     for step in range(3):
         with torch.no_grad():
-            assert all(torch.allclose(single(x), out, atol=1e-6) for out in ranks[0]["evaluated"][3 * step:3 * step + 3])
+            expected, evaluated = single(x), ranks[0]["evaluated"][3 * step:3 * step + 3]
+            assert all(torch.allclose(expected, out, atol=1e-6) for out in evaluated)
         single(x).square().mean().backward()
         optimizer.step()
         optimizer.zero_grad()
