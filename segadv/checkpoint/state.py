@@ -48,6 +48,11 @@ class NetworkWeights:
         bare = unwrap(self.module)
         return full_state(bare.state_dict()) if is_sharded(bare) else bare.state_dict()
 
+    def state_as_held(self) -> dict[str, Any]:
+        """The state without gathering a sharded network: its DTensors have the full tensors'
+        shapes, so what a checkpoint of it weighs is read off without a collective or a full copy."""
+        return unwrap(self.module).state_dict()
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         from segadv.checkpoint.loader import load_weights  # the same strict loader as everywhere
 
@@ -111,7 +116,10 @@ def expected_bytes(states: Mapping[str, Stateful]) -> int:
     has one) when it does not exist yet."""
     total = 0
     for state in states.values():
-        held = sum(t.numel() * t.element_size() for t in tensors_in(state.state_dict()))
+        # As held (``state_as_held``, where a state has it): a sharded network's size is its full
+        # tensors', without gathering them to ask.
+        as_held = getattr(state, "state_as_held", state.state_dict)()
+        held = sum(t.numel() * t.element_size() for t in tensors_in(as_held))
         total += max(held, getattr(state, "state_bytes", lambda: 0)())
     return total
 

@@ -212,6 +212,12 @@ class AmpOptimizer:
             "scaler": self.scaler.state_dict() if self.scales_loss else {},
         }
 
+    def state_as_held(self) -> dict[str, Any]:
+        """The state without gathering sharded moments (their DTensors have the full shapes): what
+        a checkpoint of it weighs, read without a collective."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scales_loss else {}}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The optimizer's moments, the schedule's position and the scaler from the checkpoint;
         the settings (learning rate, weight decay, betas, momentum) from this run's config, so an

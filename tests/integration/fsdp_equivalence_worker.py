@@ -8,8 +8,9 @@ CASE_DIR holds ``input.pt`` (the reference's initial weights and batch) and ``ov
 sharded (``parallel.*=fsdp``), loads the initial weights through segadv's strict loader (a full
 state laid out as this rank's shards), takes one AdvSemiSeg step on its 1/N of the batch and saves
 the networks' full states (gathered, as a checkpoint holds them), the adversarial gradient G's
-update sent into D's input, and whether any of G's or D's shards held a gradient after each
-micro-batch but the last (FSDP's reduce-scatter writes them; none may run before the last).
+update sent into D's input, whether any of G's or D's shards held a gradient after each
+micro-batch but the last (FSDP's reduce-scatter writes them; none may run before the last), and
+the size of a checkpoint of the networks as the run dir's room check reads it off the shards.
 """
 
 import sys
@@ -24,6 +25,7 @@ from test_equivalence import (  # noqa: E402
 )
 
 from segadv.checkpoint import NetworkWeights, load_weights  # noqa: E402
+from segadv.checkpoint.state import expected_bytes  # noqa: E402
 from segadv.parallel import distributed, parse_device_map  # noqa: E402
 from segadv.parallel.fsdp import is_sharded  # noqa: E402
 from segadv.training.build import build_training  # noqa: E402
@@ -55,9 +57,10 @@ def run_case(out: Path, env: distributed.DistEnv, device_map) -> None:
 
     parts.step.method = watched
     parts.step({"labeled": FixedStream((data["images"][rows], data["labels"][rows]))}, step=0)
-    result = {"g": NetworkWeights("generator", parts.g.module).state_dict(),
-              "d": NetworkWeights("discriminator", parts.d.module).state_dict(),
-              "adv_grad": torch.cat(grads) / scale, "held": held[:-1]}
+    weights = {"g": NetworkWeights("generator", parts.g.module), "d": NetworkWeights("discriminator", parts.d.module)}
+    result = {**{key: state.state_dict() for key, state in weights.items()},
+              "adv_grad": torch.cat(grads) / scale, "held": held[:-1],
+              "expected_bytes": expected_bytes(weights)}  # read off the shards, without a gather
     torch.save(result, out / f"rank{env.rank}.pt")
 
 

@@ -703,7 +703,8 @@ def fsdp_runs(tmp_path_factory):
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
             result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
             assert result.returncode == 0, result.stderr[-4000:]
-            runs[ranks] = {d.name: [torch.load(d / f"rank{r}.pt", weights_only=True) for r in range(ranks)] for d in dirs}
+            runs[ranks] = {d.name: [torch.load(d / f"rank{r}.pt", weights_only=True) for r in range(ranks)]
+                           for d in dirs}
         return runs[ranks]
 
     return get
@@ -724,6 +725,8 @@ def test_fsdp_step_matches_the_plain_loop(fsdp_runs, references, ranks, name):
     assert not any(held for r in results for held in r["held"]), "a shard held a gradient before the last micro-batch"
     if "train.accumulation_steps=2" in overrides:
         assert all(len(r["held"]) == 1 for r in results)
+    gathered = sum(t.numel() * t.element_size() for net in ("g", "d") for t in results[0][net].values())
+    assert all(r["expected_bytes"] == gathered for r in results)  # the room check's size, read off the shards
     cfg = harness_config(*overrides)
     init_g, init_d = initial_networks(cfg)
     # Each rank's adversarial loss is a mean over its 1/ranks: the full batch's gradient is 1/ranks of it.
