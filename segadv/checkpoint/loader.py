@@ -32,6 +32,7 @@ from segadv.config.schema import GeneratorConfig
 from segadv.errors import UserError
 from segadv.models.base import AUX_HEAD_PREFIX, DroppedStage
 from segadv.models.generator import local_encoder_weights
+from segadv.parallel.fsdp import is_sharded, like_current
 from segadv.parallel.placement import unwrap
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,8 @@ def load_weights(
         raise CheckpointMismatchError(mismatch_message(name, location, flat, required, role, prefix))
     check_weight_values({prefix + k: mapped[k] for k in required}, {prefix + k: v for k, v in required.items()}, name)
     state = {k: (expected[k] if k in skipped else mapped[k]) for k in expected}
+    if is_sharded(target):  # the file's full tensors as this rank's shards (no communication)
+        state = like_current(state, expected)
     target.load_state_dict(state)  # strict: every key present, none extra
     report = LoadReport(name, location, prefix, sorted(set(expected) - set(skipped)), skipped, other)
     _log_report(report, role)

@@ -17,6 +17,7 @@ from torch import nn
 from segadv import __version__
 from segadv.config.roles import ROLES
 from segadv.errors import UserError
+from segadv.parallel.fsdp import full_state, is_sharded
 from segadv.parallel.placement import unwrap
 
 log = logging.getLogger(__name__)
@@ -36,13 +37,20 @@ class Stateful(Protocol):
 
 class NetworkWeights:
     """A network's weights as a Stateful: saved unwrapped (never a ``module.`` prefix), loaded by
-    the one strict loader."""
+    the one strict loader. A sharded network (FSDP) is saved as its full state, plain CPU tensors
+    under a single process's keys (every rank takes part in the gathers), and loaded from one."""
 
     def __init__(self, role: str, module: nn.Module) -> None:
         self.role = role
         self.module = module
 
     def state_dict(self) -> dict[str, Any]:
+        bare = unwrap(self.module)
+        return full_state(bare.state_dict()) if is_sharded(bare) else bare.state_dict()
+
+    def state_as_held(self) -> dict[str, Any]:
+        """The state without gathering a sharded network: its DTensors have the full tensors'
+        shapes, so what a checkpoint of it weighs is read off without a collective or a full copy."""
         return unwrap(self.module).state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -108,7 +116,10 @@ def expected_bytes(states: Mapping[str, Stateful]) -> int:
     has one) when it does not exist yet."""
     total = 0
     for state in states.values():
-        held = sum(t.numel() * t.element_size() for t in tensors_in(state.state_dict()))
+        # As held (``state_as_held``, where a state has it): a sharded network's size is its full
+        # tensors', without gathering them to ask.
+        as_held = getattr(state, "state_as_held", state.state_dict)()
+        held = sum(t.numel() * t.element_size() for t in tensors_in(as_held))
         total += max(held, getattr(state, "state_bytes", lambda: 0)())
     return total
 

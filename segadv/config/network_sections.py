@@ -92,7 +92,7 @@ NETWORK_SECTIONS: dict[str, NetworkSection] = {section.name: section for section
     NetworkSection("amp", "mixed precision",
                    lambda kind: (NetworkAmpConfig, NetworkAmpConfig)),
     # An untrained network has no gradients to sync: no wrapper of its own.
-    NetworkSection("parallel", "wrapper: auto, none, dp or ddp",
+    NetworkSection("parallel", "wrapper: auto, none, dp, ddp or fsdp",
                    lambda kind: (ParallelMode, lambda: "auto"), takes=lambda spec: spec.trained,
                    shared={"sync_bn": (bool, Field(False, description="convert G's BatchNorm to SyncBatchNorm under DDP"))}),
     NetworkSection("compile", "torch.compile of its forward",

@@ -109,7 +109,7 @@ class NetworkAmpConfig(Section):
         return self.enabled == "auto"
 
 
-ParallelMode = Literal["auto", "none", "dp", "ddp"]
+ParallelMode = Literal["auto", "none", "dp", "ddp", "fsdp"]
 
 
 class InitSource(Section):

@@ -7,7 +7,8 @@ so the streams' positions (and resume) count batches as without accumulation. Th
 once per micro-batch, unchanged: each network's ``AmpOptimizer`` divides every loss by K and
 steps (unscale, inf check, step, scale update, LR schedule) on the K-th ``step()`` call only
 (segadv/engine/amp_optimizer.py). Every micro-batch but the last runs under each DDP wrapper's
-``no_sync``: the gradients are all-reduced once, in the last micro-batch's backward.
+``no_sync`` (an FSDP network's ``set_requires_gradient_sync(False)``): the gradients are all-reduced
+(reduce-scattered) once, in the last micro-batch's backward.
 
 G's update and D's commute over the micro-batches: neither network steps before the K-th, so D's
 frozen view in G's loss and D's own update see the same parameters in every micro-batch, as in
@@ -23,6 +24,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from segadv.engine.network import Network
+from segadv.parallel.fsdp import no_gradient_sync
 
 
 def split_batch(batch: Any, parts: int) -> list[Any]:
@@ -73,6 +75,7 @@ class Accumulation:
                     for net in self.networks:
                         if isinstance(net.module, DistributedDataParallel):
                             stack.enter_context(net.module.no_sync())
+                    stack.enter_context(no_gradient_sync([net.module for net in self.networks if net.trained]))
                 losses = self.method(views, step)
             for name, value in losses.items():
                 totals[name] = value if name not in totals else totals[name] + value

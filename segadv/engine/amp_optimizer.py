@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from segadv.config.schema import NetworkAmpConfig
+from segadv.parallel import fsdp
 
 
 log = logging.getLogger(__name__)
@@ -197,21 +198,35 @@ class AmpOptimizer:
         per_param = {torch.optim.Adam: 2, torch.optim.AdamW: 2}.get(type(self.optimizer))
         if per_param is None:
             per_param = int(any(group.get("momentum", 0) for group in self.optimizer.param_groups))
-        return per_param * sum(p.numel() * p.element_size() for p in params)
+        return per_param * sum(p.numel() * p.element_size() for p in params)  # full sizes: what a checkpoint holds
 
     def state_dict(self) -> dict[str, Any]:
+        """Under FSDP the optimizer's moments are gathered to full plain tensors (every rank takes
+        part) under their integer parameter ids, as a single process or DDP saves them."""
+        optimizer = self.optimizer.state_dict()
+        if fsdp.holds_dtensors(optimizer):
+            optimizer = fsdp.full_state(optimizer)
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scales_loss else {},
         }
+
+    def state_as_held(self) -> dict[str, Any]:
+        """The state without gathering sharded moments (their DTensors have the full shapes): what
+        a checkpoint of it weighs, read without a collective."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scales_loss else {}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The optimizer's moments, the schedule's position and the scaler from the checkpoint;
         the settings (learning rate, weight decay, betas, momentum) from this run's config, so an
         override at resume takes effect (torch would bring back the saved ones)."""
         configured = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(state["optimizer"])
+        saved = state["optimizer"]
+        if any(fsdp.holds_dtensors(p) for group in self.optimizer.param_groups for p in group["params"]):
+            saved = fsdp.optimizer_state_like(saved, self.optimizer)  # full tensors as this rank's shards
+        self.optimizer.load_state_dict(saved)
         for group, settings in zip(self.optimizer.param_groups, configured):
             changed = [f"{k} {group[k]} -> {v}" for k, v in settings.items()
                        if k not in ("lr", "initial_lr") and k in group and group[k] != v]

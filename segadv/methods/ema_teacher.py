@@ -11,7 +11,7 @@ from segadv.engine.network import Network
 from segadv.methods import mixing
 from segadv.methods.adversarial import hand_over
 from segadv.monitor.profile import PhaseTimer
-from segadv.parallel import distributed
+from segadv.parallel import distributed, fsdp
 
 
 class EMATeacher:
@@ -20,9 +20,23 @@ class EMATeacher:
         its parameters, for a teacher that predicts with them; else the parameters alone. Integer
         buffers (BatchNorm's batch counter) are never averaged."""
         self.net, self.g, self.phases = teacher, g, phases
-        # What the EMA averages, in the same order on both.
-        self.pairs = [list(m.parameters()) + ([b for b in m.buffers() if b.is_floating_point()] if buffers else [])
-                      for m in (teacher.bare, g.bare)]
+        self.buffers = buffers
+        self.sharded = fsdp.is_sharded(teacher.bare)
+        if self.sharded != fsdp.is_sharded(g.bare):
+            raise TypeError("the teacher and G must be sharded alike (parallel.generator=fsdp shards both)")
+        self.pairs = self.averaged()
+
+    def averaged(self) -> list[list[torch.Tensor]]:
+        """What the EMA averages, in the same order on both. Sharded (FSDP), each rank's shard of
+        each parameter: the teacher is sharded like G (same units, same ranks), so shard i of the
+        teacher pairs with shard i of G and the EMA needs no gather; taken after both are
+        resharded, so the tensors written are the ones the next all-gather reads."""
+        if self.sharded:
+            fsdp.reshard(self.net.bare)
+            fsdp.reshard(self.g.bare)
+        return [fsdp.local_tensors(list(m.parameters()))
+                + ([b for b in m.buffers() if b.is_floating_point()] if self.buffers else [])
+                for m in (self.net.bare, self.g.bare)]
 
     @torch.no_grad()
     def labels(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,7 +55,10 @@ class EMATeacher:
     def update(self, decay: float) -> None:
         """``teacher <- decay * teacher + (1 - decay) * G`` across devices without a host sync; under
         DDP every rank's teacher then takes rank 0's buffers (its parameters are equal already: the
-        EMA of G's synchronised ones; each rank's G has its own BatchNorm statistics)."""
+        EMA of G's synchronised ones; each rank's G has its own BatchNorm statistics). Under FSDP
+        each rank averages its own shards (buffers are not sharded: rank 0's are given as under DDP)."""
         with self.phases.phase("optimizer", self.net.device):
-            mixing.ema_update_(*self.pairs, decay)
+            mixing.ema_update_(*(self.averaged() if self.sharded else self.pairs), decay)
+            if self.sharded:
+                fsdp.forget_forwards(self.net.bare)  # its no_grad forwards: no backward ever clears them
             distributed.broadcast_buffers(self.net.bare)

@@ -16,7 +16,8 @@ tensors.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -139,3 +140,209 @@ def _takes_src_data_rank() -> bool:
     from torch.distributed.tensor import distribute_tensor
 
     return "src_data_rank" in inspect.signature(distribute_tensor).parameters
+
+
+# ---------------------------------------------------------------------------- wrapping a network
+
+def device_mesh(device: torch.device) -> Any:
+    """The 1-D mesh of every rank of the process group (already joined: segadv/parallel/
+    distributed.py), on ``device``'s type: one shard per rank."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (dist.get_world_size(),))
+
+
+def broadcast_state(module: nn.Module, src: int = 0) -> None:
+    """Every rank's parameters and buffers made ``src``'s, before sharding. Each rank builds its
+    network from its own seed (segadv/training/loop.py seeds ``train.seed + rank``); DDP
+    broadcasts rank 0's initial state in its constructor, fully_shard keeps each rank's own slice
+    of its own tensors. Without this a rank's shard would be cut from another initialisation
+    than its neighbour's, and the run would not be DDP's or a single process's."""
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor.data, src)
+
+
+def broadcast_buffers_in_forward(module: nn.Module) -> None:
+    """Rank 0's floating buffers (BatchNorm's running statistics) given to every rank at the start
+    of each training forward, as DDP's ``broadcast_buffers`` does: FSDP shards parameters only,
+    so without it each rank's statistics would follow its own batches and the ranks would
+    evaluate (and rank 0 save) different models."""
+    import torch.distributed as dist
+
+    buffers = [b for b in module.buffers() if b.is_floating_point()]
+    if not buffers:
+        return
+
+    def hook(mod: nn.Module, args: Any) -> None:
+        if mod.training:  # as DDP: every forward in train mode
+            for buffer in buffers:
+                dist.broadcast(buffer, 0)
+
+    module.register_forward_pre_hook(hook)
+
+
+def shard(module: nn.Module, device: torch.device, *, broadcast_buffers: bool) -> list[str]:
+    """``parallel.<role>=fsdp``: ``module`` (placed on ``device``, checkpointed and compiled as
+    asked) made rank 0's and sharded in place over every rank, per unit then the root.
+
+    No ``MixedPrecisionPolicy``: parameters are gathered and gradients reduce-scattered in float32,
+    and ``amp.<role>`` stays autocast inside the forward, exactly as under DDP or a single process.
+    Gathering bf16 parameters would halve the all-gather, but autocast keeps some ops in float32
+    (norms, softmax, the losses): those would then see bf16-rounded weights and return bf16
+    gradients for them, a different computation from the autocast path this run is checked
+    against (docs/distributed.md "FSDP"). ``reshard_after_forward``: True, the root too (ZeRO-3,
+    torchtitan's default for the blocks): every forward gathers again, so a network used in no_grad
+    forwards (the teacher, D's view in G's loss) never keeps its full weights between calls."""
+    broadcast_state(module)
+    if broadcast_buffers and any(p.requires_grad for p in module.parameters()):  # trained: a copy follows its own rule
+        broadcast_buffers_in_forward(module)
+    mesh = device_mesh(device)
+    units = shard_network(module, mesh)
+    log.info("fsdp: %s sharded over %d ranks, units: %s", type(module).__name__, mesh.size(),
+             ", ".join(units) if units else "the root alone")
+    return units
+
+
+def fsdp_modules(module: nn.Module) -> list[nn.Module]:
+    """Every FSDP unit of ``module`` (the root last: ``modules()`` order reversed), none when it is
+    not sharded."""
+    if not is_sharded(module):
+        return []
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in module.modules() if isinstance(m, FSDPModule)][::-1]
+
+
+def reshard(module: nn.Module) -> None:
+    """Each unit's sharded parameters registered again (its gathered ones freed). Where a forward
+    left them gathered (a root that does not reshard after forward on torch before the explicit
+    flag, an evaluation), the module's parameters are the gathered copies, which an in-place update
+    of the shards would not reach."""
+    for unit in fsdp_modules(module):
+        unit.reshard()
+
+
+@contextmanager
+def no_gradient_sync(modules: Sequence[nn.Module]) -> Iterator[None]:
+    """The sharded ``modules`` accumulate their gradients unreduced (FSDP2's equivalent of DDP's
+    ``no_sync``): every micro-batch but the last, so the gradients are reduce-scattered once, in
+    the last one's backward."""
+    sharded = [m for m in modules if is_sharded(m)]
+    for module in sharded:
+        module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        for module in sharded:
+            module.set_requires_gradient_sync(True)
+
+
+@contextmanager
+def gathered(modules: Sequence[nn.Module]) -> Iterator[None]:
+    """The sharded ``modules`` with their full parameters on every rank for the block (one
+    all-gather per unit on entering, every rank together) and kept between forwards: inside it
+    a forward is no collective, so ranks may evaluate val shards of different lengths and rank 0
+    alone may draw its panels. Resharded on leaving. Costs the full weights on each rank while an
+    evaluation runs (no gradients, no optimizer state)."""
+    sharded = [m for m in modules if is_sharded(m)]
+    for module in sharded:
+        # The root's lazy initialisation (which FSDP runs in its first forward) first: unsharded
+        # before it, the first forward would initialise and gather again, a collective that a
+        # rank evaluating alone would wait in forever. FSDP exposes no public call for it.
+        lazy_init = getattr(module._get_fsdp_state(), "_lazy_init", None)
+        if lazy_init is not None:
+            lazy_init()
+        for unit in fsdp_modules(module):
+            unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+    try:
+        yield
+    finally:
+        for module in sharded:
+            for unit in fsdp_modules(module):
+                unit.set_reshard_after_forward(True, recurse=False)
+            reshard(module)
+            forget_forwards(module)
+
+
+def forget_forwards(module: nn.Module) -> None:
+    """FSDP's record of the forwards run since the last backward, cleared (``module``: a sharded
+    root, between iterations). FSDP prefetches each unit's all-gather in the backward from the
+    order of the forwards before it, so forwards that only some ranks ran (an evaluation's uneven
+    val shards, rank 0's panels) would have the ranks gather different units in the next backward:
+    a hang, or, where the units have the same shapes (a ViT's blocks), weights silently mixed from
+    two blocks. A network that never runs a backward (the teacher) would otherwise keep a record
+    that grows each step."""
+    reset = getattr(module, "reset_iter_state", None)  # public in recent torch
+    if reset is not None:
+        reset()
+        return
+    state = module._get_fsdp_state()  # older torch: the same record, cleared by hand
+    state._comm_ctx.post_forward_order.clear()
+    for each in state._state_ctx.all_states:
+        groups = getattr(each, "_fsdp_param_groups", None) or [getattr(each, "_fsdp_param_group", None)]
+        for group in groups:
+            if group is not None:
+                group._post_forward_indices.clear()
+
+
+def local_tensors(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each DTensor as this rank's shard (a view sharing its storage: writing it writes the
+    parameter), every other tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+
+
+def local_bytes(tensor: torch.Tensor) -> int:
+    """The bytes ``tensor`` holds on this rank: its shard's for a DTensor."""
+    if fsdp_available():
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(tensor, DTensor):
+            tensor = tensor.to_local()
+    return tensor.numel() * tensor.element_size()
+
+
+def holds_dtensors(state: Any) -> bool:
+    """Whether a (nested) state holds any DTensor."""
+    if not fsdp_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(state, DTensor):
+        return True
+    if isinstance(state, Mapping):
+        return any(holds_dtensors(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return any(holds_dtensors(value) for value in state)
+    return False
+
+
+def optimizer_state_like(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """A full, plain optimizer state dict (integer parameter ids, as a single process writes it)
+    laid out for ``optimizer`` over sharded parameters: each state tensor shaped like its
+    parameter becomes that parameter's DTensor shard, the rest (Adam's scalar ``step``) as saved.
+    The optimizer may not have stepped yet (a resume starts with empty state), so the layout is
+    taken from the parameters, not from the current state."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = {}
+    for index, entry in saved.get("state", {}).items():
+        param = params[int(index)] if 0 <= int(index) < len(params) else None
+        if not isinstance(param, DTensor):
+            state[index] = entry
+            continue
+        state[index] = {
+            key: distribute_tensor(value.to(device=param.to_local().device, dtype=value.dtype),
+                                   param.device_mesh, param.placements,
+                                   **({"src_data_rank": None} if _takes_src_data_rank() else {}))
+            if isinstance(value, torch.Tensor) and not isinstance(value, DTensor)
+            and tuple(value.shape) == tuple(param.shape) else value
+            for key, value in entry.items()}
+    return {**saved, "state": state}

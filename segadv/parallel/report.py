@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from segadv.parallel.fsdp import is_sharded, local_bytes
 from segadv.parallel.pipeline import is_split, stage_devices
 from segadv.parallel.placement import unwrap
 
@@ -18,18 +19,20 @@ def network_row(rank: int, role: str, wrapped: nn.Module, devices, opt) -> dict[
     bare = unwrap(wrapped)
     params = list(bare.parameters())
     numel = sum(p.numel() for p in params)
-    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    # This rank's bytes: under FSDP its shards of the parameters, gradients and optimizer state
+    # (the params column still counts the whole network).
+    param_bytes = sum(local_bytes(p) for p in params)
     buffer_bytes = sum(b.numel() * b.element_size() for b in bare.buffers())
     state_tensors = [t for s in opt.optimizer.state.values() for t in s.values() if torch.is_tensor(t)] if opt else []
     if opt is None:  # not trained (the teacher): no gradients, no optimizer state, no scaler
         state_bytes, state_devices = 0, ["-"]
     elif state_tensors:
-        state_bytes = sum(t.numel() * t.element_size() for t in state_tensors)
+        state_bytes = sum(local_bytes(t) for t in state_tensors)
         state_devices = sorted({str(t.device) for t in state_tensors if t.dim() > 0})
     else:
         state_bytes = param_bytes * STATE_FACTOR.get(type(opt.optimizer), 2)
         state_devices = sorted({str(p.device) for p in params})  # created beside the parameters
-    wrapper = type(wrapped).__name__ if wrapped is not bare else "none"
+    wrapper = type(wrapped).__name__ if wrapped is not bare else ("FSDP" if is_sharded(bare) else "none")
     return {
         "rank": rank,
         "network": role,

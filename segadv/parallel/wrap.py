@@ -1,7 +1,10 @@
-"""Wrapping each network on its own in DataParallel or DistributedDataParallel.
+"""Wrapping each network on its own in DataParallel or DistributedDataParallel, or sharding it
+with FSDP2 (``fully_shard``, segadv/parallel/fsdp.py).
 
 mmengine's separate-DDP idea for GANs: G and D each get their own wrapper, so D's update never
-syncs G's gradients and vice versa, and G's adversarial forward can go through D's bare module.
+syncs G's gradients and vice versa, and G's adversarial forward can go through D's bare module
+(under FSDP the bare module is the sharded one: its forward gathers D's weights, and with D
+frozen its backward reduces nothing).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from segadv.errors import UserError
 from segadv.parallel.activation_checkpoint import apply_activation_checkpointing
 from segadv.parallel.compile import compile_network
 from segadv.parallel.distributed import DistEnv
+from segadv.parallel.fsdp import require_fsdp, shard
 from segadv.parallel.pipeline import is_split
 
 log = logging.getLogger(__name__)
@@ -50,9 +54,12 @@ def resolve_mode(requested: str, role: str, devices: tuple[torch.device, ...], e
     if mode == "auto":
         mode = "ddp" if env.distributed else ("dp" if len(devices) > 1 else "none")
     key = f"parallel.{role}"
+    if mode == "fsdp":
+        check_fsdp(key, role, devices, env)
+        return mode
     if env.distributed and mode != "ddp":
         raise UserError(f"{key}={mode}: this is a {env.world_size}-process launch, so every process would "
-                        f"train its own copy of the {role}; use ddp (or auto)")
+                        f"train its own copy of the {role}; use ddp, fsdp (or auto)")
     if mode == "ddp" and not env.distributed:
         raise UserError(f"{key}=ddp needs a multi-process launch: torchrun --nproc-per-node N -m segadv.cli.train ... "
                         "or segadv-train --nproc-per-node N ...")
@@ -65,6 +72,19 @@ def resolve_mode(requested: str, role: str, devices: tuple[torch.device, ...], e
     if mode == "dp" and devices[0].type != "cuda" and torch.cuda.is_available():
         raise UserError(f"{key}=dp replicates over CUDA devices, but the {role} is on {devices[0]}")
     return mode
+
+
+def check_fsdp(key: str, role: str, devices: tuple[torch.device, ...], env: DistEnv) -> None:
+    """``parallel.<role>=fsdp`` against this torch, the launch and the device map: each process
+    holds 1/N of the network on one device, so it needs N processes and one device each."""
+    require_fsdp(role)
+    if not env.distributed:
+        raise UserError(f"{key}=fsdp shards the {role} over the processes of a multi-process launch: torchrun "
+                        "--nproc-per-node N -m segadv.cli.train ... or segadv-train --nproc-per-node N ...")
+    if len(devices) > 1:
+        raise UserError(f"{key}=fsdp takes one device per process, but the device map gives the {role} "
+                        f"{len(devices)} ({'+'.join(map(str, devices))}: a DataParallel replica set); launch more "
+                        "processes instead")
 
 
 def parallelize_network(
@@ -80,8 +100,12 @@ def parallelize_network(
 ) -> nn.Module:
     """One placed network made ready to train, in the order the wrappers need (as torchtitan's
     ``parallelize_*``): activation checkpointing of its blocks, then ``torch.compile`` of its
-    forward (in place: ``compile_config``, None for eager), then its wrapper (none, DataParallel or DDP).
-    Returns the module as trained."""
+    forward (in place: ``compile_config``, None for eager), then its wrapper (none, DataParallel or DDP)
+    or FSDP's sharding (in place: fully_shard wraps nothing). Returns the module as trained."""
+    if mode == "fsdp" and is_split(module):
+        raise UserError(f"parallel.{role}=fsdp: the device map splits the {role} into pipeline stages, and FSDP "
+                        f"shards a network held on one device per process; drop the split (each rank then holds "
+                        f"1/N of the {role}) or set parallel.{role}=ddp")
     if mode == "dp" and is_split(module):
         raise UserError(f"parallel.{role}=dp: the device map splits the {role} into pipeline stages, and "
                         "DataParallel cannot replicate a split network; set parallel."
@@ -103,6 +127,9 @@ def wrap_network(
     broadcast_buffers: bool,
 ) -> nn.Module:
     if mode == "none":
+        return module
+    if mode == "fsdp":
+        shard(module, devices[0], broadcast_buffers=broadcast_buffers)
         return module
     if mode == "dp":
         inner = AutocastForward(module, devices[0].type, getattr(torch, amp.dtype)) if amp.enabled else module

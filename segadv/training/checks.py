@@ -107,8 +107,14 @@ def check_role(cfg: Config, name: str, device_map: DeviceMap, env: DistEnv, micr
     horizon = poly_horizon(setting(cfg.optim, name), cfg.train.max_steps, name) if trained else None
     devices = device_map.devices_of(name)
     # An untrained network has no gradients to sync: under DDP each rank holds its own copy,
-    # kept equal by its method (the teacher: an EMA of G's synced weights).
-    mode = resolve_mode(setting(cfg.parallel, name), name, devices, env) if trained or not env.distributed else "none"
+    # kept equal by its method (the teacher: an EMA of G's synced weights). Under FSDP the copy is
+    # sharded like the network it copies (same units, same ranks), its EMA shard by shard.
+    mode = resolve_mode(setting(cfg.parallel, name), name, devices, env) if trained or not env.distributed \
+        else copy_mode(cfg, name)
+    if mode == "fsdp" and len(device_map.stages_of(name)) > 1:
+        raise UserError(f"parallel.{name}=fsdp with the device "
+                        f"map {device_map} splitting the {name} into pipeline stages: FSDP shards a network held on "
+                        "one device per process; drop the split (each rank then holds 1/N of it) or use ddp")
     checkpointing = generator and trained and cfg.model.generator.activation_checkpointing
     compiled = compile_enabled(cfg.compile, name)
     check_batch_for_replicas(micro_batch, len(devices), name)
@@ -119,10 +125,21 @@ def check_role(cfg: Config, name: str, device_map: DeviceMap, env: DistEnv, micr
         raise UserError("parallel.sync_bn with model.generator.norm=frozen: G's BatchNorm statistics are fixed, "
                         "there are none to synchronise")
     if sync_bn and mode != "ddp":
-        raise UserError("parallel.sync_bn needs the generator under DDP (a multi-process launch)")
+        raise UserError("parallel.sync_bn needs the generator under DDP (a multi-process launch)"
+                        + (": FSDP shards G's parameters only, each rank's BatchNorm normalises its own batch; "
+                           "set parallel.generator=ddp or parallel.sync_bn=false" if mode == "fsdp" else ""))
     if sync_bn and devices[0].type != "cuda":
         raise UserError("parallel.sync_bn needs the generator on CUDA (SyncBatchNorm has no CPU kernel)")
     return Role(role(name), network_settings(cfg, name), devices, mode, checkpointing, compiled, sync_bn, horizon)
+
+
+def copy_mode(cfg: Config, name: str) -> str:
+    """The wrapper of an untrained network under a multi-process launch: fsdp where the network it
+    starts as (the teacher's G) is sharded, so that its EMA pairs shard with shard; else none."""
+    source = role(name).starts_as
+    if source is not None and setting(cfg.parallel, source) == "fsdp":
+        return "fsdp"
+    return "none"
 
 
 def check_accumulation(cfg: Config, replicas: int = 1) -> int:

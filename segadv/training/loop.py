@@ -17,7 +17,7 @@ from segadv.checkpoint import CheckpointManager
 from segadv.monitor.reporter import Reporter
 from segadv.monitor.status import RunRecord
 from segadv.parallel import DeviceMap, activate, parse_device_map
-from segadv.parallel import distributed
+from segadv.parallel import distributed, fsdp
 from segadv.parallel.distributed import DistEnv
 from segadv.signals import Interrupted, Shielded, deferred, handling_signals
 from segadv.training import preflight, run_dir as rundir, smoke
@@ -201,6 +201,13 @@ def evaluate_all(cfg: Config, parts: Training, data: RunData, reporter: Reporter
     its label-free scores as ``proxies`` where the method reads unlabeled or target images), the
     teacher's val mIoU where the run has one (``val/mIoU_teacher``), the method's panel and
     diagnostics, the source's val split."""
+    # Sharded networks (FSDP) gathered for the evaluations: their forwards are then no
+    # collectives, so uneven val shards and rank 0's panels cannot leave a rank waiting in one.
+    with fsdp.gathered([net.bare for net in parts.every_network()]):
+        return evaluate_networks(cfg, parts, data, reporter, step)
+
+
+def evaluate_networks(cfg: Config, parts: Training, data: RunData, reporter: Reporter, step: int) -> dict[str, object]:
     train_seconds = reporter.elapsed()
     val_data = cfg.target_data or cfg.data  # the section data.val_loader reads
     val = evaluate_generator(cfg, parts, data.val_loader, val_data, num_samples=cfg.log.num_images,

@@ -55,7 +55,7 @@ class Role:
     spec: RoleSpec  # its role in the role table (segadv/config/roles.py)
     settings: NetworkSettings  # amp.<role>.enabled: auto resolved on its devices once built (network_roles)
     devices: tuple[torch.device, ...]  # devices[0]: where its parameters live and its output is gathered
-    mode: str  # its wrapper: none, dp or ddp
+    mode: str  # its wrapper: none, dp or ddp, or fsdp (sharded in place)
     checkpointing: bool  # activation checkpointing of its blocks
     compiled: bool  # torch.compile of its forward
     sync_bn: bool  # its BatchNorm layers synchronised across ranks

@@ -29,6 +29,7 @@ from segadv.data.loaders import build_run_loaders
 from segadv.data.streams import Stream, Streams, close_loader
 from segadv.engine.evaluate import EvalResult, evaluate
 from segadv.parallel import distributed
+from segadv.parallel.fsdp import is_sharded
 from segadv.parallel.placement import for_inference
 from segadv.training.process import RankRNGs
 from segadv.training.smoke import val_samples
@@ -116,7 +117,7 @@ def run_state(parts: Training, streams: Streams | None, clock: Stateful | None =
 def generator_for_evaluation(parts: Training) -> nn.Module:
     """G as every rank evaluates it: under DDP with rank 0's BatchNorm statistics (after the last
     step each rank's hold one local update), and outside DDP's collective forward."""
-    if isinstance(parts.g.module, DistributedDataParallel):
+    if isinstance(parts.g.module, DistributedDataParallel) or is_sharded(parts.g.bare):
         distributed.broadcast_buffers(parts.g.bare)
     return for_inference(parts.g.module)
 
