@@ -35,6 +35,7 @@ test-fast: $(STAMP)
 # the equivalence harness, the precision tests and the models', methods' and exports' numeric tests;
 # SSE4.1: the equivalence harness and the precision tests. .ci/run runs it after make test.
 ISA_NUMERIC := tests/integration/test_equivalence.py tests/integration/test_equivalence_unimatch.py \
+	tests/integration/test_equivalence_fsdp.py \
 	tests/inference/test_eval_precision.py tests/engine/test_amp_auto.py
 test-isa: $(STAMP)
 	ONEDNN_MAX_CPU_ISA=AVX2 $(PYTEST) $(ISA_NUMERIC) tests/methods tests/models tests/export
