@@ -70,6 +70,15 @@ class Tensor:
             return self.nbytes
         return shard_rows(self.shape[0], world_size) * self.rest() * self.itemsize
 
+    def local_bytes(self, world_size: int, rank: int) -> int:
+        """What a tensor made like the rank's shard holds (AdamW's ``zeros_like`` of a sharded
+        parameter): its unpadded rows, fewer on the last ranks, none where dim 0 runs out (a
+        ViT's (1, tokens, dim) position embedding sits whole on rank 0)."""
+        if not self.shape:
+            return self.nbytes
+        rows = shard_rows(self.shape[0], world_size)
+        return max(0, min(rows, self.shape[0] - rank * rows)) * self.rest() * self.itemsize
+
     def padded_numel(self, world_size: int) -> int:
         """Elements once gathered: dim 0 padded to a multiple of N."""
         if not self.shape:
@@ -107,15 +116,18 @@ class NetworkState:
         return sum(s.nbytes for p in self.params for s in p.state)
 
     # ------------------------------------------------------------- one rank's figures
-    def rank(self, category: str, world_size: int) -> int:
-        """The rank's bytes of ``category`` under its wrapper."""
+    def rank(self, category: str, world_size: int, rank: int = 0) -> int:
+        """Rank ``rank``'s bytes of ``category`` under its wrapper (rank 0 holds the most). FSDP2
+        keeps each parameter's shard, and each unit's reduce-scattered gradients, padded to
+        ``ceil(dim0 / N)`` rows on every rank; the optimizer's state is made like the shard's
+        unpadded rows (``Tensor.local_bytes``)."""
         if self.mode != "fsdp":
             return self.full(category)
         if category == "params":
             return sum(p.tensor.shard_bytes(world_size) for p in self.params) + self.buffers_bytes
         if category == "grads":
             return sum(p.tensor.shard_bytes(world_size) for p in self.params if p.trained) if self.trained else 0
-        return sum(s.shard_bytes(world_size) if s.shape == p.tensor.shape else s.nbytes
+        return sum(s.local_bytes(world_size, rank) if s.shape == p.tensor.shape else s.nbytes
                    for p in self.params for s in p.state)
 
     def _gathered(self, params: Iterable[Param], world_size: int) -> int:
@@ -149,7 +161,10 @@ class NetworkState:
                 **{f"{c}_bytes": self.rank(c, world_size) for c in STATE},
                 "in_flight_bytes": self.in_flight(world_size, training=True),
                 **{f"unsharded_{c}_bytes": self.full(c) for c in STATE},
-                "units": len(self.units)}
+                "units": len(self.units),
+                # every rank's own (they differ where dim 0 does not divide: the optimizer's state)
+                "ranks": [{f"{c}_bytes": self.rank(c, world_size, r) for c in STATE}
+                          for r in range(world_size if self.mode == "fsdp" else 1)]}
 
 
 def rescale(live: dict[tuple[str, str], int], states: list[NetworkState], world_size: int) -> int:

@@ -1,0 +1,102 @@
+"""segadv-plan --world-size N: one rank of an N-process launch under FSDP or DDP (docs/planning.md
+"One rank of a launch"), checked against FSDP2 on 2 gloo CPU ranks."""
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import needs_planner_torch
+from segadv.cli.plan import main
+from segadv.config import CONFIGS_DIR, load_config
+from segadv.plan.dry_run import dry_run
+from segadv.parallel.fsdp import fsdp_available
+from segadv.plan.sharding import Tensor, rank_plan
+
+pytestmark = needs_planner_torch
+
+HERE = Path(__file__).parent
+TINY = str(CONFIGS_DIR / "dinov2_tiny.yaml")
+STATE = ("params_bytes", "grads_bytes", "optimizer_bytes")
+
+
+def plan_json(capsys, *args):
+    assert main(["--config", TINY, "--device-map", "g:0,d:0", "--steps", "1", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_shard_is_ceil_dim0_over_n_rows_padded_and_the_state_is_made_like_its_rows():
+    weight = Tensor((5, 3), 4)
+    assert weight.shard_bytes(2) == 3 * 3 * 4  # FSDP2 pads dim 0 to 6: 3 rows a rank
+    assert weight.padded_numel(2) == 6 * 3
+    assert [weight.local_bytes(2, r) for r in (0, 1)] == [3 * 3 * 4, 2 * 3 * 4]
+    position = Tensor((1, 10, 8), 4)  # a ViT's position embedding: dim 0 is 1
+    assert [position.local_bytes(2, r) for r in (0, 1)] == [position.nbytes, 0]
+    assert Tensor((), 4).shard_bytes(8) == 4  # an optimizer's step count stays whole
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (["--world-size", "0"], "--world-size"),
+    (["parallel.generator=fsdp"], "--world-size"),  # a launch's wrapper without a launch
+    (["--world-size", "2", "parallel.generator=none"], "parallel.generator=none"),
+    (["--world-size", "2", "parallel.generator=fsdp", "--device-map", "g:0/1,d:1"], "splits the generator"),
+])
+def test_user_errors_exit_2_naming_the_culprit(capsys, args, culprit):
+    argv = ["--config", TINY, "--steps", "1", *args]
+    if "--device-map" not in args:
+        argv += ["--device-map", "g:0,d:0"]
+    assert main(argv) == 2
+    assert culprit in capsys.readouterr().err
+
+
+def test_fsdp_state_falls_with_the_world_size_and_its_units_stay_in_flight():
+    """One dry run accounted for 2 and 8 ranks: about a quarter of the shards, whole gathered units."""
+    cfg = load_config(TINY, ["parallel.generator=fsdp"])
+    cfg.device_map = "g:0,d:0"
+    two = dry_run(cfg, 1, world_size=2)
+    eight = rank_plan(two, 8)
+    g2, g8 = (p.devices["cuda:0"].networks["generator"] for p in (two, eight))
+    for key in STATE:
+        # at least a quarter: dim-0 padding, and a tensor whose dim 0 is 1 (the position
+        # embedding, the class token) is whole on every rank that holds a row of it
+        assert 0.25 <= g8[key] / g2[key] < 0.5, key
+    assert g8["in_flight_bytes"] >= g2["in_flight_bytes"] > 0  # gathered units are whole, padded to 8
+    assert len(g8["ranks"]) == 8 and g8["ranks"][0]["optimizer_bytes"] >= g8["ranks"][-1]["optimizer_bytes"]
+    assert eight.devices["cuda:0"].peak_bytes < two.devices["cuda:0"].peak_bytes
+
+
+def rank_plans(capsys):
+    return {mode: plan_json(capsys, "--world-size", "2", f"parallel.generator={mode}") for mode in ("fsdp", "ddp")}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not fsdp_available(), reason="FSDP2's fully_shard is public from torch 2.6")
+def test_fsdp_plan_matches_fsdp2_on_two_gloo_ranks_and_halves_ddp(capsys, tmp_path):
+    """G's parameters, gradients and AdamW state per rank after one real FSDP2 step of
+    dinov2_tiny's G on 2 gloo CPU ranks (``shard_network``, the config's optimizer): within 5% of
+    what the plan gives each rank, and about half of what it plans under DDP."""
+    plans = rank_plans(capsys)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+                    f"--master-port={free_port()}", str(HERE / "fsdp_measure_worker.py"), TINY, str(tmp_path)],
+                   check=True, timeout=300, capture_output=True)
+    measured = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    fsdp = plans["fsdp"]["devices"]["cuda:0"]["networks"]["generator"]
+    ddp = plans["ddp"]["devices"]["cuda:0"]["networks"]["generator"]
+    assert plans["fsdp"]["world_size"] == 2 and fsdp["mode"] == "fsdp" and ddp["mode"] == "ddp"
+    assert all(m["sharded"] and m["units"] == fsdp["units"] for m in measured)
+    for rank, real in enumerate(measured):
+        for key in STATE:
+            planned = fsdp["ranks"][rank][key]
+            assert abs(real[key] - planned) <= 0.05 * planned, (rank, key, real[key], planned)
+            assert 0.45 <= real[key] / ddp[key] <= 0.55, (rank, key, real[key], ddp[key])
+    # the rank's device: FSDP's state and in-flight units below DDP's full state and buckets
+    assert plans["fsdp"]["devices"]["cuda:0"]["peak_bytes"] < plans["ddp"]["devices"]["cuda:0"]["peak_bytes"]
+    assert ddp["in_flight_bytes"] == ddp["unsharded_grads_bytes"]  # DDP's buckets: a copy of every gradient
