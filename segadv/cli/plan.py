@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def advise_main(args: argparse.Namespace) -> int:
     """--advise: plan the candidate settings, print those that fit, best first; 3 when none does."""
+    if args.world_size is not None:
+        return launch_main(args)
     if args.gpus is None or args.gpus < 1:
         raise UserError(f"--advise needs --gpus N (at least 1), got {args.gpus}")
     if args.gpu_memory is None:
@@ -146,6 +148,40 @@ def advise_main(args: argparse.Namespace) -> int:
         print(advice_table(options, args.gpus, budget))
     if not options:
         log.error("no setting fits %d GPU(s) of %.2f GiB", args.gpus, budget / GiB)
+        return EXIT_DOES_NOT_FIT
+    return 0
+
+
+def launch_main(args: argparse.Namespace) -> int:
+    """--advise --world-size N: DDP, FSDP and the split, each without and with activation
+    checkpointing and a frozen encoder, planned for N GPUs and ranked; 3 when none fits."""
+    from segadv.plan.launch import advise_launch, launch_json, launch_table
+
+    cards = args.world_size
+    if args.gpus is not None and args.gpus != cards:
+        raise UserError(f"--advise --world-size {cards} plans {cards} GPUs, one process each; --gpus {args.gpus} "
+                        "says otherwise (leave --gpus out)")
+    if args.gpu_memory is None:
+        raise UserError("--advise needs --gpu-memory (each GPU's memory, GiB)")
+    if args.device_map is not None or args.max_batch or args.measure:
+        raise UserError("--advise chooses the device map itself; leave out --device-map, --max-batch and --measure")
+    wrappers = [o for o in args.overrides if o.split("=")[0].startswith("parallel.")]
+    if wrappers:
+        raise UserError(f"--advise --world-size chooses each network's wrapper itself; leave out {' '.join(wrappers)}")
+    budget = int(args.gpu_memory * GiB)
+    quiet, saved = logging.getLogger("segadv"), logging.getLogger("segadv").level
+    quiet.setLevel(logging.WARNING)  # each dry run's build logs, eight times over, would drown the advice
+    try:
+        options = advise_launch(lambda extra: load_config(args.config, [*args.overrides, *extra]), cards, budget,
+                                args.steps)
+    finally:
+        quiet.setLevel(saved)
+    if args.json:
+        print(json.dumps(launch_json(options, cards, budget), indent=1))
+    else:
+        print(launch_table(options, cards, budget))
+    if not any(option.fits for option in options):
+        log.error("no way of training fits %d GPU(s) of %.2f GiB", cards, budget / GiB)
         return EXIT_DOES_NOT_FIT
     return 0
 

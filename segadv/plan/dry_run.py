@@ -94,6 +94,7 @@ class Plan:
     # unwrapped rank ran: what the plan for another world size is accounted from (sharding.rank_plan).
     network_states: list[NetworkState] = field(default_factory=list, repr=False)
     memory: dict[str, DeviceMemory] = field(default_factory=dict, repr=False)
+    unwrapped: dict[str, DevicePlan] = field(default_factory=dict, repr=False)  # the rows as dry-run
 
 
 def plan_config(cfg: Config) -> Config:
@@ -204,7 +205,7 @@ def network_states(parts: Training, cfg: Config, modes: dict[str, str],
     out = []
     for net in parts.every_network():
         bare, mode = net.bare, modes.get(net.role, "none")
-        units = shard_units(bare) if mode == "fsdp" else []
+        units = shard_units(bare)  # FSDP's units, whichever wrapper this plan gives it (advise re-accounts)
         state = net.opt.optimizer.state if net.opt is not None else {}
         amp = network_settings(cfg, net.role).amp
         gather = 2 if amp.enabled is True and amp.dtype == "bfloat16" else None
@@ -553,8 +554,8 @@ def dry_run(cfg: Config, steps: int = 2, world_size: int = 1) -> Plan:
             checkpoint_pass(parts, tracker)
     notes.extend(note for note in [attention.note()] if note)
     shown_as = {device: str(real_device) for device, real_device in zip(planned.devices, real.devices)}
-    plan = Plan(device_rows(tracker, planned, real, parts, cfg.data.batch_size), between, host, steps,
-                time.perf_counter() - start, notes, run,
+    rows = device_rows(tracker, planned, real, parts, cfg.data.batch_size)
+    plan = Plan(rows, between, host, steps, time.perf_counter() - start, notes, run, unwrapped=rows,
                 network_states=network_states(parts, cfg, modes, shown_as),
                 memory={shown_as[device]: tracker.memory[device] for device in planned.devices})
     return rank_plan(plan, world_size)

@@ -215,9 +215,12 @@ def rank_row(row: "DevicePlan", states: list[NetworkState], world_size: int, mem
     )
 
 
-def rank_plan(plan: "Plan", world_size: int) -> "Plan":
-    """``plan`` (the unwrapped rank, with its ``network_states`` and ``memory``) for a launch of
-    ``world_size`` processes."""
-    rows = {name: rank_row(row, plan.network_states, world_size, plan.memory[name])
-            for name, row in plan.devices.items()}
-    return replace(plan, devices=rows, world_size=world_size)
+def rank_plan(plan: "Plan", world_size: int, modes: dict[str, str] | None = None) -> "Plan":
+    """``plan``'s rank (from its unwrapped rows, ``network_states`` and ``memory``) in a launch of
+    ``world_size`` processes, its networks under their wrappers (``modes``: {role: none, ddp or
+    fsdp}; None: as planned). One dry run gives every world size and wrapper."""
+    states = plan.network_states
+    if modes is not None:
+        states = [replace(s, mode=modes.get(s.role, "none")) for s in states]
+    rows = {name: rank_row(row, states, world_size, plan.memory[name]) for name, row in plan.unwrapped.items()}
+    return replace(plan, devices=rows, world_size=world_size, network_states=states)
