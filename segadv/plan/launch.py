@@ -91,11 +91,14 @@ def variant_overrides(checkpointing: bool, frozen: bool) -> list[str]:
             f"model.generator.freeze_encoder={str(frozen).lower()}"]
 
 
+Variants = dict[tuple[str, bool, bool], "Plan | str"]
+
+
 def variant_plans(config: Callable[[list[str]], Config], steps: int,
-                  maps: tuple[str, ...] = (ONE_CARD, SPLIT)) -> dict[tuple[str, bool, bool], Optional[Plan]]:
-    """The unwrapped rank's dry run of each map x checkpointing x frozen encoder (None where it
-    does not train)."""
-    plans = {}
+                  maps: tuple[str, ...] = (ONE_CARD, SPLIT)) -> Variants:
+    """The unwrapped rank's dry run of each map x checkpointing x frozen encoder, or why there is
+    none: it does not train at this batch, or G cannot be split (its arch has no ``split``)."""
+    plans: Variants = {}
     for device_map in maps:
         for checkpointing in (False, True):
             for frozen in (False, True):
@@ -104,9 +107,15 @@ def variant_plans(config: Callable[[list[str]], Config], steps: int,
                 try:
                     plans[device_map, checkpointing, frozen] = dry_run(cfg, steps)
                 except (IterationFails, BatchTooSmall) as err:
-                    log.info("%s %s: does not train (%s)", device_map, variant_overrides(checkpointing, frozen),
-                             str(err).splitlines()[0])
-                    plans[device_map, checkpointing, frozen] = None
+                    plans[device_map, checkpointing, frozen] = f"does not train: {str(err).splitlines()[0]}"
+                except UserError as err:
+                    if device_map != SPLIT or "cannot be split" not in str(err):
+                        raise
+                    plans[device_map, checkpointing, frozen] = \
+                        f"{cfg.model.generator.arch} cannot be split over two cards (its network has no split())"
+                if isinstance(plans[device_map, checkpointing, frozen], str):
+                    log.info("%s %s: %s", device_map, " ".join(variant_overrides(checkpointing, frozen)),
+                             plans[device_map, checkpointing, frozen])
     return plans
 
 
@@ -135,8 +144,7 @@ def judged(option: LaunchOption) -> LaunchOption:
     """Whether each card's need fits the budget, and why (or why not) in a line."""
     plan = option.plan
     if plan is None:
-        option.why = "does not train at this batch (a micro-batch BatchNorm refuses)"
-        return option
+        return option  # why: the dry run's reason (variant_plans)
     option.needs = {name: need(name, row) for name, row in plan.devices.items() if name.startswith("cuda")}
     worst = max(option.needs, key=option.needs.get)
     row = plan.devices[worst]
@@ -151,8 +159,7 @@ def judged(option: LaunchOption) -> LaunchOption:
     return option
 
 
-def launch_options(cfg: Config, plans: dict[tuple[str, bool, bool], Optional[Plan]], cards: int,
-                   budget: int) -> list[LaunchOption]:
+def launch_options(cfg: Config, plans: Variants, cards: int, budget: int) -> list[LaunchOption]:
     """Every strategy x checkpointing x frozen encoder on ``cards`` GPUs of ``budget`` bytes, each
     judged, best first (``LaunchOption.rank``)."""
     options = []
@@ -164,12 +171,13 @@ def launch_options(cfg: Config, plans: dict[tuple[str, bool, bool], Optional[Pla
         processes = processes if processes >= 2 else 1
         for checkpointing in (False, True):
             for frozen in (False, True):
-                base = plans.get((device_map, checkpointing, frozen))
+                base = plans.get((device_map, checkpointing, frozen), "not planned")
                 plan = None
-                if base is not None:
+                if not isinstance(base, str):
                     modes = launch_modes(cfg, strategy, processes)
                     plan = rank_plan(base, processes, modes) if processes > 1 else base
-                option = LaunchOption(strategy, checkpointing, frozen, cards, processes, device_map, plan, budget)
+                option = LaunchOption(strategy, checkpointing, frozen, cards, processes, device_map, plan, budget,
+                                      why=base if isinstance(base, str) else "")
                 options.append(judged(option))
     return sorted(options, key=LaunchOption.rank)
 
