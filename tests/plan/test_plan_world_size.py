@@ -14,6 +14,7 @@ from segadv.cli.plan import main
 from segadv.config import CONFIGS_DIR, load_config
 from segadv.plan.dry_run import dry_run
 from segadv.parallel.fsdp import fsdp_available
+from segadv.plan.launch import ONE_CARD, launch_options, variant_plans
 from segadv.plan.sharding import Tensor, rank_plan
 
 pytestmark = needs_planner_torch
@@ -100,3 +101,39 @@ def test_fsdp_plan_matches_fsdp2_on_two_gloo_ranks_and_halves_ddp(capsys, tmp_pa
     # the rank's device: FSDP's state and in-flight units below DDP's full state and buckets
     assert plans["fsdp"]["devices"]["cuda:0"]["peak_bytes"] < plans["ddp"]["devices"]["cuda:0"]["peak_bytes"]
     assert ddp["in_flight_bytes"] == ddp["unsharded_grads_bytes"]  # DDP's buckets: a copy of every gradient
+
+
+def test_advise_for_a_launch_ranks_what_fits_and_says_why_the_rest_does_not():
+    """Four dry runs of dinov2_tiny on one card (checkpointing x frozen encoder), accounted for 2
+    processes under DDP and FSDP, judged against a budget between FSDP's need and DDP's."""
+    config = lambda extra: load_config(TINY, extra)  # noqa: E731
+    plans = variant_plans(config, 1, maps=(ONE_CARD,))
+    cfg = config([])
+    by_need = {(o.strategy, o.checkpointing, o.frozen): o
+               for o in launch_options(cfg, plans, 2, budget=1 << 62)}
+    ddp, fsdp = by_need["ddp", False, False], by_need["fsdp", False, False]
+    assert max(fsdp.needs.values()) < max(ddp.needs.values())
+    budget = (max(fsdp.needs.values()) + max(ddp.needs.values())) // 2
+    options = launch_options(cfg, plans, 2, budget)
+    fitting = [o for o in options if o.fits]
+    assert fitting and all(o.fits for o in options[:len(fitting)])  # what fits comes first
+    trained = [o for o in fitting if not o.frozen]
+    assert (trained[0].strategy, trained[0].checkpointing) == ("fsdp", False)  # DDP does not fit: FSDP is best
+    assert fitting[-1].frozen or not any(o.frozen for o in fitting)  # a frozen encoder last among what fits
+    refused = next(o for o in options if (o.strategy, o.checkpointing, o.frozen) == ("ddp", False, False))
+    assert not refused.fits and "does not fit" in refused.why and "cuda:0 needs" in refused.why
+    assert all("parallel.generator=fsdp" in o.overrides for o in options if o.strategy == "fsdp")
+    split = [o for o in options if o.strategy == "split"]
+    assert split and all(o.plan is None and not o.fits for o in split)  # not planned here: no split map given
+    frozen = by_need["ddp", False, True].plan.devices["cuda:0"].networks["generator"]
+    assert frozen["grads_bytes"] < ddp.plan.devices["cuda:0"].networks["generator"]["grads_bytes"] / 2
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (["--world-size", "2", "--gpus", "3"], "--gpus 3"),
+    (["--world-size", "2", "parallel.generator=ddp"], "parallel.generator=ddp"),
+    (["--world-size", "2", "--device-map", "g:0"], "--device-map"),
+])
+def test_advise_for_a_launch_refuses_what_it_chooses_itself(capsys, args, culprit):
+    assert main(["--config", TINY, "--advise", "--gpu-memory", "1", *args]) == 2
+    assert culprit in capsys.readouterr().err
