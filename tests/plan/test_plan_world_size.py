@@ -14,7 +14,7 @@ from segadv.cli.plan import main
 from segadv.config import CONFIGS_DIR, load_config
 from segadv.plan.dry_run import dry_run
 from segadv.parallel.fsdp import fsdp_available
-from segadv.plan.launch import ONE_CARD, launch_options, variant_plans
+from segadv.plan.launch import ONE_CARD, launch_json, launch_options, variant_plans
 from segadv.plan.sharding import Tensor, rank_plan
 
 pytestmark = needs_planner_torch
@@ -125,6 +125,9 @@ def test_advise_for_a_launch_ranks_what_fits_and_says_why_the_rest_does_not():
     assert all("parallel.generator=fsdp" in o.overrides for o in options if o.strategy == "fsdp")
     split = [o for o in options if o.strategy == "split"]
     assert split and all(o.plan is None and not o.fits for o in split)  # not planned here: no split map given
+    listed = json.loads(json.dumps(launch_json(options, 2, budget)))
+    assert listed["world_size"] == 2 and [o["fits"] for o in listed["options"]] == [o.fits for o in options]
+    assert listed["options"][0]["need_bytes"]["cuda:0"] <= budget
     frozen = by_need["ddp", False, True].plan.devices["cuda:0"].networks["generator"]
     assert frozen["grads_bytes"] < ddp.plan.devices["cuda:0"].networks["generator"]["grads_bytes"] / 2
 
