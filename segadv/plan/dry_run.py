@@ -207,8 +207,6 @@ def network_states(parts: Training, cfg: Config, modes: dict[str, str],
         bare, mode = net.bare, modes.get(net.role, "none")
         units = shard_units(bare)  # FSDP's units, whichever wrapper this plan gives it (advise re-accounts)
         state = net.opt.optimizer.state if net.opt is not None else {}
-        amp = network_settings(cfg, net.role).amp
-        gather = 2 if amp.enabled is True and amp.dtype == "bfloat16" else None
         by_device: dict[torch.device, list[Param]] = {}
         for name, p in bare.named_parameters():
             unit = next((i for i, u in enumerate(units) if name.startswith(u + ".")), None)
@@ -219,7 +217,7 @@ def network_states(parts: Training, cfg: Config, modes: dict[str, str],
             buffers[b.device] = buffers.get(b.device, 0) + b.numel() * b.element_size()
         for device, params in by_device.items():
             out.append(NetworkState(net.role, mode, shown_as.get(device, str(device)), params, buffers.get(device, 0),
-                                    units, gather, net.trained))
+                                    units, None, net.trained))
     return out
 
 

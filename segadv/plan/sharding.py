@@ -10,11 +10,11 @@ accounts the wrapper over the network's real parameters, units and optimizer sta
   rank holds ``ceil(dim0 / N)`` rows of it (the padded shard), and so do its gradient and each of
   its optimizer state tensors of the parameter's shape (AdamW's moments; the step counts are
   scalars, kept whole). Buffers are not sharded. In flight beside them: the root's gathered
-  parameters (FSDP2 keeps the root unsharded from its forward to its backward), the unit being
-  computed and the next one prefetched (gathered in the dtype the unit computes in: bfloat16
-  where ``amp.<role>`` is bf16, else the parameters' own), and while a trained unit's backward
-  ends its unsharded gradients and the reduce-scatter's input, a copy of them in float32 (FSDP2
-  frees the gradients only after the copy-in). The largest neighbouring pair of units and the
+  parameters (the root's forward encloses every unit's, and its backward theirs), the unit being
+  computed and the next one prefetched (gathered in the parameters' own dtype: segadv's FSDP sets
+  no ``MixedPrecisionPolicy``, autocast stays inside the forward), and while a trained unit's
+  backward ends its unsharded gradients and the reduce-scatter's input, a copy of them in float32
+  (FSDP2 frees the gradients only after the copy-in). The largest neighbouring pair of units and the
   largest unit are taken, whichever they are: an upper bound by at most a unit's difference.
   The teacher of a student under FSDP is sharded like it (its forward gathers its units too).
 - **DDP**: full parameters, gradients and optimizer state, and the reducer's gradient buckets: with
@@ -104,7 +104,7 @@ class NetworkState:
     params: list[Param]
     buffers_bytes: int
     units: list[str]
-    gather_itemsize: int | None  # the dtype FSDP gathers in (bf16 autocast: 2); None: the parameters'
+    gather_itemsize: int | None  # the dtype FSDP gathers in; None: the parameters' own (segadv's: no MixedPrecisionPolicy)
     trained: bool
 
     # ------------------------------------------------------------- full (unwrapped) figures
