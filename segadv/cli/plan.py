@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the settings that fit --gpus GPUs of --gpu-memory each (device map, per-network dtype, "
                              "activation checkpointing, gradient accumulation; the batch kept), best first")
     parser.add_argument("--gpus", type=int, metavar="N", help="with --advise: how many GPUs there are")
+    parser.add_argument("--world-size", type=int, metavar="N",
+                        help="plan one rank of an N-process launch (default 1): parallel.<network>=fsdp shards its "
+                             "parameters, gradients and optimizer state over the N ranks, ddp adds its gradient "
+                             "buckets; with --advise: rank DDP, FSDP, the split, checkpointing and a frozen encoder "
+                             "for N GPUs")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted config overrides (the keys: segadv-train --help-config)")
@@ -67,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--gpu-memory: a finite size in GiB above 0, got {args.gpu_memory}")
     if args.max_batch and args.gpu_memory is None:
         raise UserError("--max-batch needs --gpu-memory (the budget to fit)")
+    if args.world_size is not None and args.world_size < 1:
+        raise UserError(f"--world-size: the processes of the launch, at least 1, got {args.world_size}")
+    world_size = 1 if args.world_size is None else args.world_size
+    if args.measure and world_size > 1:
+        raise UserError("--measure runs this process's iterations for real: it measures one process, not a "
+                        f"--world-size {world_size} launch (tests/plan/test_plan_fsdp_measured.py measures FSDP on "
+                        "gloo ranks)")
     # A torch the planner cannot run on is refused before any config is read or network built.
     torch_surfaces.require(*torch_surfaces.PLAN, *(torch_surfaces.MEASURE if args.measure else ()))
     if args.advise:
@@ -79,13 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     budget = None if args.gpu_memory is None else int(args.gpu_memory * GiB)
     max_batch = None
     if args.max_batch:
-        max_batch, plan = largest_batch(cfg, args.steps, budget)
+        max_batch, plan = largest_batch(cfg, args.steps, budget, world_size)
         if plan is None:
-            plan = dry_run(cfg, args.steps)  # the configured batch, to show by how much it misses
+            plan = dry_run(cfg, args.steps, world_size)  # the configured batch, to show by how much it misses
         else:
             cfg = with_batch(cfg, max_batch)
     else:
-        plan = dry_run(cfg, args.steps)
+        plan = dry_run(cfg, args.steps, world_size)
     if args.measure:
         measure(cfg, plan, args.steps)
     if args.json:
@@ -94,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         batch = "" if not args.max_batch else (
             f"largest data.batch_size that fits: {max_batch_text(max_batch)}\n" if max_batch
             else "no batch size fits (not even the smallest that trains)\n")
+        rank = "" if plan.world_size == 1 else f", one rank of {plan.world_size} processes"
         print(f"plan of {cfg.method.name}, data.batch_size {cfg.data.batch_size}, {len(plan.steps_run)} iterations "
-              f"at steps {', '.join(map(str, plan.steps_run))} ({plan.seconds:.1f} s), device map {cfg.device_map}:\n"
+              f"at steps {', '.join(map(str, plan.steps_run))} ({plan.seconds:.1f} s), device map {cfg.device_map}"
+              f"{rank}:\n"
               f"{batch}{plan_table(plan, budget)}")
     short = shortfalls(plan, budget)
     if args.max_batch and not max_batch:
@@ -112,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def advise_main(args: argparse.Namespace) -> int:
     """--advise: plan the candidate settings, print those that fit, best first; 3 when none does."""
+    if args.world_size is not None:
+        return launch_main(args)
     if args.gpus is None or args.gpus < 1:
         raise UserError(f"--advise needs --gpus N (at least 1), got {args.gpus}")
     if args.gpu_memory is None:
@@ -132,6 +148,40 @@ def advise_main(args: argparse.Namespace) -> int:
         print(advice_table(options, args.gpus, budget))
     if not options:
         log.error("no setting fits %d GPU(s) of %.2f GiB", args.gpus, budget / GiB)
+        return EXIT_DOES_NOT_FIT
+    return 0
+
+
+def launch_main(args: argparse.Namespace) -> int:
+    """--advise --world-size N: DDP, FSDP and the split, each without and with activation
+    checkpointing and a frozen encoder, planned for N GPUs and ranked; 3 when none fits."""
+    from segadv.plan.launch import advise_launch, launch_json, launch_table
+
+    cards = args.world_size
+    if args.gpus is not None and args.gpus != cards:
+        raise UserError(f"--advise --world-size {cards} plans {cards} GPUs, one process each; --gpus {args.gpus} "
+                        "says otherwise (leave --gpus out)")
+    if args.gpu_memory is None:
+        raise UserError("--advise needs --gpu-memory (each GPU's memory, GiB)")
+    if args.device_map is not None or args.max_batch or args.measure:
+        raise UserError("--advise chooses the device map itself; leave out --device-map, --max-batch and --measure")
+    wrappers = [o for o in args.overrides if o.split("=")[0].startswith("parallel.")]
+    if wrappers:
+        raise UserError(f"--advise --world-size chooses each network's wrapper itself; leave out {' '.join(wrappers)}")
+    budget = int(args.gpu_memory * GiB)
+    quiet, saved = logging.getLogger("segadv"), logging.getLogger("segadv").level
+    quiet.setLevel(logging.WARNING)  # each dry run's build logs, eight times over, would drown the advice
+    try:
+        options = advise_launch(lambda extra: load_config(args.config, [*args.overrides, *extra]), cards, budget,
+                                args.steps)
+    finally:
+        quiet.setLevel(saved)
+    if args.json:
+        print(json.dumps(launch_json(options, cards, budget), indent=1))
+    else:
+        print(launch_table(options, cards, budget))
+    if not any(option.fits for option in options):
+        log.error("no way of training fits %d GPU(s) of %.2f GiB", cards, budget / GiB)
         return EXIT_DOES_NOT_FIT
     return 0
 

@@ -57,10 +57,18 @@ class DeviceMemory:
     largest: dict[str, dict[str, int]] = field(
         default_factory=lambda: {phase: dict.fromkeys(CATEGORIES, 0) for phase in PHASES})
     peak_step: int | None = None  # the iteration (its step) during which peaks["iterations"] was reached
+    # Live bytes of each network's parameters, gradients and optimizer state ({(role, category): bytes}),
+    # and a copy of them at each phase's peak: what a wrapper that shards them (FSDP) or adds to
+    # them (DDP's buckets) changes at that moment (segadv/plan/sharding.py).
+    by_role: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    at_peak: dict[str, dict[tuple[str, str], int]] = field(default_factory=lambda: {phase: {} for phase in PHASES})
 
     def enter(self, phase: str) -> None:
         """``phase`` begins: what is live already counts towards its peak."""
-        self.peaks[phase] = max(self.peaks[phase], sum(self.live.values()))
+        live = sum(self.live.values())
+        if live >= self.peaks[phase]:
+            self.peaks[phase] = live
+            self.at_peak[phase] = dict(self.by_role)
         for category, nbytes in self.live.items():
             self.largest[phase][category] = max(self.largest[phase][category], nbytes)
 
@@ -70,8 +78,13 @@ class DeviceMemory:
         self.largest[phase][category] = max(self.largest[phase][category], self.live[category])
         if live > self.peaks[phase]:
             self.peaks[phase] = live
+            self.at_peak[phase] = dict(self.by_role)
             if phase == "iterations":
                 self.peak_step = step
+
+    def training_at_peak(self) -> dict[tuple[str, str], int]:
+        """Each network's live state bytes at ``training_peak``'s moment."""
+        return self.at_peak["iterations" if self.peaks["iterations"] > self.peaks["build"] else "build"]
 
     def training_peak(self) -> tuple[int, int | None]:
         """The most live at once while the run builds and trains, and the iteration that reached
@@ -111,6 +124,7 @@ class DryRunMode(TorchDispatchMode):
         self.allowed = set(allowed)
         self.memory: dict[torch.device, DeviceMemory] = defaultdict(DeviceMemory)
         self._storages: dict[int, tuple[torch.device, int, str]] = {}
+        self._owners: dict[int, str] = {}  # storage -> the role whose parameter, gradient or state it is
         # Bytes copied between devices during the last iteration (its transfers: G's maps to D,
         # gradients back, the batches from the host).
         self.transfers: dict[tuple[torch.device, torch.device], int] = defaultdict(int)
@@ -183,21 +197,37 @@ class DryRunMode(TorchDispatchMode):
 
     def _free(self, key: int) -> None:
         device, nbytes, category = self._storages.pop(key)
-        self.memory[device].live[category] -= nbytes
+        memory = self.memory[device]
+        memory.live[category] -= nbytes
+        owner = self._owners.pop(key, None)
+        if owner is not None:
+            memory.by_role[owner, category] -= nbytes
 
-    def mark(self, tensors: Iterable[torch.Tensor], category: str) -> None:
-        """File these tensors' storages under ``category`` from now on."""
+    def mark(self, tensors: Iterable[torch.Tensor], category: str, role: str | None = None) -> None:
+        """File these tensors' storages under ``category`` from now on (as ``role``'s, where given:
+        a network's parameters, gradients or optimizer state)."""
         for tensor in tensors:
             key = tensor.untyped_storage()._cdata
             if key not in self._storages:
                 self._track(tensor)
             device, nbytes, old = self._storages[key]
-            if old == category:
-                continue
-            self._storages[key] = (device, nbytes, category)
             memory = self.memory[device]
-            memory.live[old] -= nbytes
-            memory.add(category, nbytes, self._phase, self._step)
+            owner = self._owners.get(key)
+            if old == category and owner == role:
+                continue
+            if owner is not None:
+                memory.by_role[owner, old] -= nbytes
+                del self._owners[key]
+            if role is not None:
+                self._owners[key] = role
+                memory.by_role[role, category] += nbytes
+            if old != category:
+                self._storages[key] = (device, nbytes, category)
+                memory.live[old] -= nbytes
+                memory.add(category, nbytes, self._phase, self._step)
+            if sum(memory.live.values()) == memory.peaks[self._phase]:
+                # filed at the peak's own moment (what a resume's load made, filed once loaded)
+                memory.at_peak[self._phase] = dict(memory.by_role)
 
     # ---------------------------------------------------------------- enforcement
     def _check_inputs(self, func: Any, inputs: list[torch.Tensor]) -> None:

@@ -27,16 +27,18 @@ from segadv.training.build import Training, build_training
 from segadv.training.role import network_settings
 from segadv.training.checks import run_role_names
 from segadv.config import Config
-from segadv.config.roles import ROLES
+from segadv.config.roles import ROLES, role as role_spec
 from segadv.data import pool_has_masks
 from segadv.engine.amp_optimizer import resolve_auto
 from segadv.errors import UserError
 from segadv.parallel.compile import compile_enabled
+from segadv.parallel.fsdp import shard_units
 from segadv.parallel.device_map import DeviceMap, parse_device_map
 from segadv.parallel.placement import Misplaced
 from segadv.plan import standin, torch_surfaces
 from segadv.plan.attention import CudaAttention
-from segadv.plan.accounting import DryRunMode, PlacementError, segadv_line
+from segadv.plan.accounting import DeviceMemory, DryRunMode, PlacementError, segadv_line
+from segadv.plan.sharding import NetworkState, Param, Tensor, rank_plan
 from segadv.plan.batches import BatchShape, FixedStream, make_batch, stream_shapes, val_size
 from segadv.training.run_data import build_data, evaluate_generator, evaluate_teacher, run_state
 
@@ -69,6 +71,12 @@ class DevicePlan:
     # two strong views), V1's 4 (the weak view beside them; its perturbed copy is decoded in the same pass).
     gradient_images_per_iteration: int = 0
     gradient_batches_per_iteration: float = 0.0
+    # What the networks' wrappers hold beside their state (segadv/plan/sharding.py): FSDP's gathered
+    # units and unsharded gradients in flight, DDP's gradient buckets; counted in the peaks.
+    wrapper_bytes: int = 0
+    # Per network on this device: its wrapper and the rank's parameters, gradients, optimizer state
+    # (sharded under FSDP) and what its wrapper holds in flight, beside the unsharded figures.
+    networks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -81,6 +89,12 @@ class Plan:
     seconds: float
     notes: list[str] = field(default_factory=list)
     steps_run: list[int] = field(default_factory=list)  # the iterations' steps, in order
+    world_size: int = 1  # the processes of the launch whose one rank this plans (--world-size)
+    # The networks' parameters, units and optimizer state, and each device's memory record as the
+    # unwrapped rank ran: what the plan for another world size is accounted from (sharding.rank_plan).
+    network_states: list[NetworkState] = field(default_factory=list, repr=False)
+    memory: dict[str, DeviceMemory] = field(default_factory=dict, repr=False)
+    unwrapped: dict[str, DevicePlan] = field(default_factory=dict, repr=False)  # the rows as dry-run
 
 
 def plan_config(cfg: Config) -> Config:
@@ -130,6 +144,81 @@ def without_one_device_dp(cfg: Config, device_map: DeviceMap) -> tuple[Config, l
             notes.append(f"parallel.{role}=dp on one device ({devices[0]}): DataParallel runs the network itself "
                          "there; planned without the wrapper (same memory)")
     return cfg.model_copy(update={"parallel": parallel}), notes
+
+
+def rank_config(cfg: Config, device_map: DeviceMap, world_size: int) -> tuple[Config, dict[str, str], list[str]]:
+    """One rank of a ``world_size``-process launch: each network's wrapper as the launch gives it
+    (``auto`` is ddp under a launch, as segadv-train resolves it; the teacher of a student under
+    FSDP is sharded like it, else each rank holds its own copy), and the config the dry run runs,
+    with every network unwrapped (``parallel.*: none``): the rank's iteration is the same, and
+    sharding.py accounts the wrapper. Refused as segadv-train refuses it: a wrapper that needs a
+    launch without one, a copy per process under one, FSDP over a network the map splits."""
+    if world_size < 1:
+        raise UserError(f"--world-size: the processes of the launch, at least 1, got {world_size}")
+    parallel, modes, notes = cfg.parallel, {}, []
+    names = run_role_names(cfg)
+    for name in names:
+        spec = role_spec(name)
+        if not spec.trained:
+            continue
+        requested = network_settings(cfg, name).parallel
+        if world_size == 1:
+            if requested in ("ddp", "fsdp"):
+                raise UserError(f"parallel.{name}={requested} runs under a multi-process launch: plan one rank of it "
+                                f"with --world-size N (its processes, 2 or more)")
+            continue
+        mode = "ddp" if requested == "auto" else requested
+        if mode in ("none", "dp"):
+            raise UserError(f"parallel.{name}={mode} with --world-size {world_size}: every process would train its "
+                            f"own copy of the {name}; use ddp or fsdp (or auto: ddp)")
+        stages = device_map.stages_of(name)
+        if mode == "fsdp" and len(stages) > 1:
+            split = "/".join(",".join(str(d) for d in stage) for stage in stages)
+            raise UserError(f"--world-size {world_size} with parallel.{name}=fsdp: the device map {cfg.device_map!r} "
+                            f"splits the {name} over {split}; FSDP shards it over the processes, one device each: "
+                            f"give the {name} one device, or use parallel.{name}=ddp with the split")
+        if mode == "fsdp":
+            from segadv.parallel.fsdp import require_fsdp
+
+            require_fsdp(name)
+        modes[name] = mode
+        parallel = parallel.model_copy(update={name: "none"})
+    for name in names:
+        starts_as = role_spec(name).starts_as
+        if name not in modes and world_size > 1:
+            modes[name] = "fsdp" if starts_as is not None and modes.get(starts_as) == "fsdp" else "none"
+    if world_size > 1:
+        if cfg.parallel.sync_bn:
+            # SyncBatchNorm holds what BatchNorm holds (its statistics' all-reduce is of a few floats)
+            parallel = parallel.model_copy(update={"sync_bn": False})
+        notes.append(f"one rank of {world_size} processes (--world-size {world_size}), data.batch_size "
+                     f"{cfg.data.batch_size} a process: " + ", ".join(f"{n} {m}" for n, m in modes.items())
+                     + "; the iteration planned unwrapped, each wrapper's state and what it holds in flight "
+                       "accounted over the networks' own parameters and units (segadv/plan/sharding.py)")
+    return cfg.model_copy(update={"parallel": parallel}), modes, notes
+
+
+def network_states(parts: Training, cfg: Config, modes: dict[str, str],
+                   shown_as: dict[torch.device, str]) -> list[NetworkState]:
+    """Each network's parameters (shape, dtype, whether trained, FSDP unit), buffers and optimizer
+    state as planned, one record per device it has parameters on."""
+    out = []
+    for net in parts.every_network():
+        bare, mode = net.bare, modes.get(net.role, "none")
+        units = shard_units(bare)  # FSDP's units, whichever wrapper this plan gives it (advise re-accounts)
+        state = net.opt.optimizer.state if net.opt is not None else {}
+        by_device: dict[torch.device, list[Param]] = {}
+        for name, p in bare.named_parameters():
+            unit = next((i for i, u in enumerate(units) if name.startswith(u + ".")), None)
+            tensors = [Tensor.of(t) for t in state.get(p, {}).values() if isinstance(t, torch.Tensor)]
+            by_device.setdefault(p.device, []).append(Param(Tensor.of(p), p.requires_grad, unit, tensors))
+        buffers: dict[torch.device, int] = {}
+        for b in bare.buffers():
+            buffers[b.device] = buffers.get(b.device, 0) + b.numel() * b.element_size()
+        for device, params in by_device.items():
+            out.append(NetworkState(net.role, mode, shown_as.get(device, str(device)), params, buffers.get(device, 0),
+                                    units, None, net.trained))
+    return out
 
 
 def auto_precision(cfg: Config, device_map: DeviceMap) -> tuple[Config, list[str]]:
@@ -225,15 +314,17 @@ def accounting(parts: Training, tracker: DryRunMode) -> Iterator[None]:
     step) under their categories while the iterations run."""
     handles = []
     for net in parts.every_network():  # the untrained ones' (the teacher's) weights too
-        tracker.mark([*net.bare.parameters(), *net.bare.buffers()], "params")
-    for bare, _ in networks(parts):
-        for p in bare.parameters():
+        tracker.mark([*net.bare.parameters(), *net.bare.buffers()], "params", net.role)
+    for net in parts.networks():
+        for p in net.bare.parameters():
             if p.requires_grad:
-                handles.append(p.register_post_accumulate_grad_hook(lambda p: tracker.mark([p.grad], "grads")))
+                handles.append(p.register_post_accumulate_grad_hook(
+                    lambda p, role=net.role: tracker.mark([p.grad], "grads", role)))
+    owners = {id(net.opt.optimizer): net.role for net in parts.networks()}
 
     def state_filed(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         tracker.mark([t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)],
-                     "optimizer")
+                     "optimizer", owners.get(id(optimizer)))
 
     handles.append(register_optimizer_step_post_hook(state_filed))
     for net in parts.networks():
@@ -386,6 +477,9 @@ def checkpoint_pass(parts: Training, tracker: DryRunMode) -> None:
             # restoring generators (the RNGs, the mean teacher's mixing RNG) needs their values, which fake tensors lack
             if key != "rng" and not getattr(state, "restores_generator", False):
                 state.load_state_dict(on_host[key])
+                for net in parts.networks():  # the state a load made is the network's (FSDP shards it)
+                    tracker.mark([t for s in net.opt.optimizer.state.values() for t in s.values()
+                                  if isinstance(t, torch.Tensor)], "optimizer", net.role)
 
 
 def transfer_totals(tracker: DryRunMode) -> tuple[int, int]:
@@ -414,17 +508,20 @@ def device_rows(tracker: DryRunMode, planned: DeviceMap, real: DeviceMap, parts:
     return rows
 
 
-def dry_run(cfg: Config, steps: int = 2) -> Plan:
-    """Plan ``cfg`` (its ``device_map``) by ``steps`` iterations on stand-in devices."""
+def dry_run(cfg: Config, steps: int = 2, world_size: int = 1) -> Plan:
+    """Plan ``cfg`` (its ``device_map``) by ``steps`` iterations on stand-in devices: one rank of a
+    ``world_size``-process launch (each network under the wrapper the launch gives it)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     start = time.perf_counter()
     compiled = compile_note(cfg)
     cfg = plan_config(cfg)
     real = map_devices(cfg.device_map)
+    cfg, modes, notes = rank_config(cfg, real, world_size)
     device_type = standin.register()
     planned = standin_map(real, device_type)
-    cfg, notes = without_one_device_dp(cfg, real)
+    cfg, single = without_one_device_dp(cfg, real)
+    notes.extend(single)
     notes.extend(compiled)
     cfg, precision = auto_precision(cfg, real)
     notes.extend(precision)
@@ -454,7 +551,12 @@ def dry_run(cfg: Config, steps: int = 2) -> Plan:
             evaluation_pass(parts, cfg, tracker, panel, lambda batch: _fake(fake, batch))
             checkpoint_pass(parts, tracker)
     notes.extend(note for note in [attention.note()] if note)
-    return Plan(device_rows(tracker, planned, real, parts, cfg.data.batch_size), between, host, steps, time.perf_counter() - start, notes, run)
+    shown_as = {device: str(real_device) for device, real_device in zip(planned.devices, real.devices)}
+    rows = device_rows(tracker, planned, real, parts, cfg.data.batch_size)
+    plan = Plan(rows, between, host, steps, time.perf_counter() - start, notes, run, unwrapped=rows,
+                network_states=network_states(parts, cfg, modes, shown_as),
+                memory={shown_as[device]: tracker.memory[device] for device in planned.devices})
+    return rank_plan(plan, world_size)
 
 
 def _fake(mode: Any, batch: Any) -> Any:

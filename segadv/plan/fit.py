@@ -57,7 +57,7 @@ def with_batch(cfg: Config, batch_size: int) -> Config:
     return cfg.model_copy(update={"data": cfg.data.model_copy(update={"batch_size": batch_size})})
 
 
-def largest_batch(cfg: Config, steps: int, budget: int) -> tuple[int | None, Plan | None]:
+def largest_batch(cfg: Config, steps: int, budget: int, world_size: int = 1) -> tuple[int | None, Plan | None]:
     """The largest ``data.batch_size`` whose dry run fits every device, and its plan (None, None
     when none fits; a batch too small to train, e.g. one sample through BatchNorm, does not fit).
 
@@ -76,7 +76,7 @@ def largest_batch(cfg: Config, steps: int, budget: int) -> tuple[int | None, Pla
 
     def probe(batch: int) -> None:
         try:
-            plans[batch] = dry_run(with_batch(cfg, batch * unit), steps)
+            plans[batch] = dry_run(with_batch(cfg, batch * unit), steps, world_size)
         except (IterationFails, BatchTooSmall) as err:
             if batch * unit >= cfg.data.batch_size:
                 raise

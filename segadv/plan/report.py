@@ -35,6 +35,7 @@ def plan_json(plan: Plan, budget: int | None, max_batch: int | None, searched: b
         "gpu_memory_bytes": budget,
         "steps": plan.steps,
         "steps_run": plan.steps_run,
+        "world_size": plan.world_size,
     }
     if searched:
         out["max_batch"] = max_batch
@@ -50,8 +51,9 @@ def plan_table(plan: Plan, budget: int | None) -> str:
         return f"{n / size:.2f}"
 
     measured = any(row.measured_peak_bytes is not None for row in plan.devices.values())
-    columns = ["device", "params", "grads", "optimizer", "activations", "peak", "peak at step", "evaluation",
-               "checkpoint", "+allowance", "need"]
+    wrapped = any(row.wrapper_bytes for row in plan.devices.values())
+    columns = ["device", "params", "grads", "optimizer", *(["wrapper"] if wrapped else []), "activations", "peak",
+               "peak at step", "evaluation", "checkpoint", "+allowance", "need"]
     if measured:
         columns += ["measured peak", "allocator peak"]
     if budget is not None:
@@ -61,7 +63,7 @@ def plan_table(plan: Plan, budget: int | None) -> str:
         extra = allowance(name, peak_of_run(row))
         extra_cells = [_measured(row.measured_peak_bytes, row, gib), _measured(row.allocator_peak_bytes, row, gib)]
         cells = [name, gib(row.params_bytes), gib(row.grads_bytes), gib(row.optimizer_bytes),
-                 gib(row.activations_bytes), gib(row.peak_bytes),
+                 *([gib(row.wrapper_bytes)] if wrapped else []), gib(row.activations_bytes), gib(row.peak_bytes),
                  "build" if row.peak_step is None else str(row.peak_step), gib(row.evaluation_peak_bytes),
                  gib(row.checkpoint_peak_bytes), gib(extra), gib(need(name, row))]
         if measured:
@@ -76,6 +78,16 @@ def plan_table(plan: Plan, budget: int | None) -> str:
                  "(tensor bytes, as torch.cuda.max_memory_allocated counts them); evaluation: the most live during "
                  "an evaluation (G at data.val_batch_size, the panels); checkpoint: during a save and a resume's "
                  "load; need: the largest of the three + allowance")
+    if plan.world_size > 1:
+        lines.append(f"one rank of {plan.world_size} processes: params, grads and optimizer are the rank's (FSDP: "
+                     "its dim-0 shards)" + ("; wrapper: what FSDP holds in flight (gathered units, a unit's "
+                     "unsharded gradients) and DDP's gradient buckets, in the peaks" if wrapped else ""))
+        for name, row in plan.devices.items():
+            for role, net in row.networks.items():
+                lines.append(f"  {name} {role} ({net['mode']}): params {gib(net['params_bytes'])}, grads "
+                             f"{gib(net['grads_bytes'])}, optimizer {gib(net['optimizer_bytes'])}, in flight "
+                             f"{gib(net['in_flight_bytes'])} (unsharded: {gib(net['unsharded_params_bytes'])}, "
+                             f"{gib(net['unsharded_grads_bytes'])}, {gib(net['unsharded_optimizer_bytes'])})")
     lines.append(ALLOWANCE_TEXT)
     lines.append(f"between devices per iteration: {plan.transfer_bytes_per_iteration / MiB:.1f} MiB; "
                  f"host to devices: {plan.host_to_device_bytes_per_iteration / MiB:.1f} MiB")

@@ -56,7 +56,7 @@ def test_the_largest_batch_is_the_last_that_fits_and_a_multiple_of_the_accumulat
     """A need affine in the batch (1 GiB + 0.1 GiB a sample): the search lands on the last fit."""
     runs = []
 
-    def fake_dry_run(cfg, steps):
+    def fake_dry_run(cfg, steps, world_size=1):
         runs.append(cfg.data.batch_size)
         return plan(cuda_0=GiB + cfg.data.batch_size * GiB // 10)
 
@@ -67,5 +67,5 @@ def test_the_largest_batch_is_the_last_that_fits_and_a_multiple_of_the_accumulat
     assert batch % accumulation == 0 and not shortfalls(found, budget)
     assert shortfalls(fake_dry_run(with_batch(cfg, batch + accumulation), 1), budget)
     assert len(runs) < 12  # the line fit, not a walk
-    monkeypatch.setattr(dry_run_module, "dry_run", lambda cfg, steps: plan(cuda_0=100 * GiB))
+    monkeypatch.setattr(dry_run_module, "dry_run", lambda cfg, steps, world_size=1: plan(cuda_0=100 * GiB))
     assert largest_batch(cfg, 1, budget) == (None, None)
