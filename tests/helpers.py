@@ -123,3 +123,13 @@ def assert_checkpoints_equal(saved, resumed) -> int:
 def stream_positions(ckpt):
     """A checkpoint's data position: batches drawn per stream."""
     return {name: state["batches"] for name, state in ckpt["data_streams"].items()}
+
+
+def assert_refused(capsys, code: int, *named: str) -> str:
+    """A command's user error: exit 2, no traceback, stderr naming each of ``named``; its stderr."""
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    for text in named:
+        assert text in err, err[-2000:]
+    return err

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import vit_runs
+from helpers import assert_refused
 from segadv.checkpoint import read_checkpoint
 from segadv.cli import eval as eval_cli
 from segadv.cli import export as export_cli
@@ -32,15 +33,6 @@ NETWORKS = ("generator", "teacher", "discriminator")
 
 def train(run_dir: Path, *extra: str, command=COMMAND) -> int:
     return vit_runs.train(command, SMALL, run_dir, *extra)
-
-
-def assert_refused(capsys, code: int, *named: str) -> str:
-    err = capsys.readouterr().err
-    assert code == 2, err[-2000:]
-    assert "Traceback" not in err, err[-2000:]
-    for text in named:
-        assert text in err, err[-2000:]
-    return err
 
 
 @pytest.fixture(scope="module")

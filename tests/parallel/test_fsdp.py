@@ -32,6 +32,7 @@ from segadv.training.checks import check_build
 
 from conftest import TINY_OVERRIDES
 from fsdp_worker import network as small_network
+from helpers import assert_refused
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 COMMAND = ["--config", "dinov2_tiny", "method.name=mean_teacher", "loss.lambda_adv=0.001",
@@ -198,19 +199,10 @@ def test_forwards_only_some_ranks_run_while_gathered_leave_the_next_steps_right(
 # ----------------------------------------------------------------------------------- start checks
 
 
-def refused(capsys, code: int, *named: str) -> str:
-    err = capsys.readouterr().err
-    assert code == 2, err[-2000:]
-    assert "Traceback" not in err, err[-2000:]
-    for text in named:
-        assert text in err, err[-2000:]
-    return err
-
-
 def test_fsdp_without_a_multi_process_launch_exits_2_naming_the_key(tmp_path, capsys, one_torch_thread):
     """One process: nothing to shard over (on a torch without fully_shard, the floor is named first)."""
     code = train_cli.main([*COMMAND, "--run-dir", str(tmp_path / "run"), *SMALL, "parallel.generator=fsdp"])
-    refused(capsys, code, "parallel.generator=fsdp",
+    assert_refused(capsys, code, "parallel.generator=fsdp",
             "multi-process launch" if fsdp.fsdp_available() else "needs torch >= 2.6")
 
 
