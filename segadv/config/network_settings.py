@@ -93,6 +93,16 @@ class NetworkAmpConfig(Section):
     dtype: Literal["float16", "bfloat16"] = Field("bfloat16", description="autocast dtype: bfloat16, or float16 (with a GradScaler); enabled: auto is bfloat16 only")
     # Up to 2**32: far above any useful scale, and a float32 scale that can still halve.
     init_scale: float = Field(2.0**16, gt=0, le=2.0**32, description="float16 only: the GradScaler's starting loss scale")
+    # FSDP's MixedPrecisionPolicy (torchtitan's mixed_precision_param / mixed_precision_reduce,
+    # Lightning's FSDP mixed precision): a precision setting, so beside enabled and dtype, per
+    # network as they are (a teacher without an amp entry takes its student's, as it takes its
+    # student's sharding). Checked at start against parallel.<role> (segadv/training/checks.py).
+    fsdp_param_dtype: Literal["float32", "amp"] = Field(
+        "float32", description="parallel.<network>: fsdp only: the dtype FSDP all-gathers this network's "
+                               "parameters in: float32 (their own), or amp (this entry's dtype: half the all-gather, "
+                               "and every op, those autocast keeps in float32 included, sees the rounded weights); "
+                               "gradients are reduce-scattered in float32, and the sharded parameters and optimizer "
+                               "state stay float32, either way. amp needs enabled: true, or auto resolving to bf16")
 
     @model_validator(mode="after")
     def _auto_is_bfloat16(self) -> "NetworkAmpConfig":
@@ -102,6 +112,9 @@ class NetworkAmpConfig(Section):
         if self.enabled == "auto" and self.dtype == "float16":
             raise ValueError("enabled: auto chooses bfloat16 or off, never float16; write enabled: true with "
                              "dtype: float16, or leave dtype out (bfloat16) with auto")
+        if self.fsdp_param_dtype == "amp" and self.enabled is False:
+            raise ValueError("fsdp_param_dtype: amp gathers the parameters in this network's autocast dtype, but "
+                             "enabled is false (no autocast): set enabled: true, or fsdp_param_dtype: float32")
         return self
 
     @property

@@ -185,25 +185,56 @@ def broadcast_buffers_in_forward(module: nn.Module) -> None:
     module.register_forward_pre_hook(hook)
 
 
-def shard(module: nn.Module, device: torch.device, *, broadcast_buffers: bool) -> list[str]:
+def mixed_precision(amp: Any) -> Any:
+    """The ``MixedPrecisionPolicy`` ``amp`` (a network's resolved ``amp.<role>`` entry) asks for:
+    with ``fsdp_param_dtype: amp`` and autocast on, parameters gathered in its dtype and gradients
+    reduce-scattered in float32 (torchtitan's ``mixed_precision_param`` / ``mixed_precision_reduce``);
+    else None (gathered and reduced in the parameters' own dtype, float32)."""
+    if amp is None or getattr(amp, "fsdp_param_dtype", "float32") != "amp" or amp.enabled is not True:
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=getattr(torch, amp.dtype), reduce_dtype=torch.float32)
+
+
+def check_gathers_in_amp(module: nn.Module, key: str, role: str) -> None:
+    """``key`` (``amp.<role>.fsdp_param_dtype``) set to amp for ``module``: refused where it has
+    BatchNorm layers. FSDP casts the parameters it gathers and never the buffers, so a BatchNorm
+    would get a bf16 weight beside float32 running statistics, which its kernel refuses (FSDP1
+    kept BatchNorm out of its mixed precision for that; FSDP2 has no such exception)."""
+    norms = [name for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if norms:
+        raise UserError(f"{key}=amp: the {role} has BatchNorm layers ({norms[0]}"
+                        f"{f' and {len(norms) - 1} more' if len(norms) > 1 else ''}), whose running statistics FSDP "
+                        f"keeps float32 beside a gathered bf16/fp16 weight, which BatchNorm refuses; set {key}=float32 "
+                        "(autocast still runs the forward in the amp dtype)")
+
+
+def shard(module: nn.Module, device: torch.device, *, broadcast_buffers: bool, amp: Any = None) -> list[str]:
     """``parallel.<role>=fsdp``: ``module`` (placed on ``device``, checkpointed and compiled as
     asked) made rank 0's and sharded in place over every rank, per unit then the root.
 
-    No ``MixedPrecisionPolicy``: parameters are gathered and gradients reduce-scattered in float32,
-    and ``amp.<role>`` stays autocast inside the forward, exactly as under DDP or a single process.
-    Gathering bf16 parameters would halve the all-gather, but autocast keeps some ops in float32
-    (norms, softmax, the losses): those would then see bf16-rounded weights and return bf16
+    By default no ``MixedPrecisionPolicy``: parameters are gathered and gradients reduce-scattered
+    in float32, and ``amp.<role>`` stays autocast inside the forward, exactly as under DDP or a
+    single process. Gathering bf16 parameters halves the all-gather, but autocast keeps some ops in
+    float32 (norms, softmax, the losses): those then see bf16-rounded weights and return bf16
     gradients for them, a different computation from the autocast path this run is checked
-    against (docs/distributed.md "FSDP"). ``reshard_after_forward``: True, the root too (ZeRO-3,
+    against (docs/distributed.md "FSDP"). So it is the user's choice: ``amp`` (the network's
+    resolved ``amp.<role>`` entry) with ``fsdp_param_dtype: amp`` gathers in its dtype and
+    reduce-scatters in float32 (:func:`mixed_precision`); the sharded parameters, their gradients
+    and the optimizer state stay float32, and autocast stays on around the forward.
+    ``reshard_after_forward``: True, the root too (ZeRO-3,
     torchtitan's default for the blocks): every forward gathers again, so a network used in no_grad
     forwards (the teacher, D's view in G's loss) never keeps its full weights between calls."""
     broadcast_state(module)
     if broadcast_buffers and any(p.requires_grad for p in module.parameters()):  # trained: a copy follows its own rule
         broadcast_buffers_in_forward(module)
     mesh = device_mesh(device)
-    units = shard_network(module, mesh)
-    log.info("fsdp: %s sharded over %d ranks, units: %s", type(module).__name__, mesh.size(),
-             ", ".join(units) if units else "the root alone")
+    policy = mixed_precision(amp)
+    units = shard_network(module, mesh, mp_policy=policy)
+    log.info("fsdp: %s sharded over %d ranks, units: %s; parameters gathered in %s, gradients reduced in float32",
+             type(module).__name__, mesh.size(), ", ".join(units) if units else "the root alone",
+             str(policy.param_dtype).removeprefix("torch.") if policy is not None else "float32")
     return units
 
 

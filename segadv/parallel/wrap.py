@@ -22,7 +22,7 @@ from segadv.errors import UserError
 from segadv.parallel.activation_checkpoint import apply_activation_checkpointing
 from segadv.parallel.compile import compile_network
 from segadv.parallel.distributed import DistEnv
-from segadv.parallel.fsdp import require_fsdp, shard
+from segadv.parallel.fsdp import check_gathers_in_amp, mixed_precision, require_fsdp, shard
 from segadv.parallel.pipeline import is_split
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,8 @@ def parallelize_network(
         raise UserError(f"parallel.{role}=dp: the device map splits the {role} into pipeline stages, and "
                         "DataParallel cannot replicate a split network; set parallel."
                         f"{role}=none (or auto), or launch processes (torchrun) that each hold a split {role}")
+    if mode == "fsdp" and mixed_precision(amp) is not None:
+        check_gathers_in_amp(module, f"amp.{role}.fsdp_param_dtype", role)
     if activation_checkpointing:
         units = apply_activation_checkpointing(module)
         log.info("activation checkpointing: %s", ", ".join(units))
@@ -129,7 +131,7 @@ def wrap_network(
     if mode == "none":
         return module
     if mode == "fsdp":
-        shard(module, devices[0], broadcast_buffers=broadcast_buffers)
+        shard(module, devices[0], broadcast_buffers=broadcast_buffers, amp=amp)
         return module
     if mode == "dp":
         inner = AutocastForward(module, devices[0].type, getattr(torch, amp.dtype)) if amp.enabled else module

@@ -32,7 +32,7 @@ from segadv.data import pool_has_masks
 from segadv.engine.amp_optimizer import resolve_auto
 from segadv.errors import UserError
 from segadv.parallel.compile import compile_enabled
-from segadv.parallel.fsdp import shard_units
+from segadv.parallel.fsdp import check_gathers_in_amp, shard_units
 from segadv.parallel.device_map import DeviceMap, parse_device_map
 from segadv.parallel.placement import Misplaced
 from segadv.plan import standin, torch_surfaces
@@ -188,6 +188,11 @@ def rank_config(cfg: Config, device_map: DeviceMap, world_size: int) -> tuple[Co
         if name not in modes and world_size > 1:
             modes[name] = "fsdp" if starts_as is not None and modes.get(starts_as) == "fsdp" else "none"
     if world_size > 1:
+        from segadv.training.checks import check_fsdp_param_dtype
+
+        for name in names:  # amp.<role>.fsdp_param_dtype: amp under FSDP only, as segadv-train refuses it
+            check_fsdp_param_dtype(cfg, name, modes[name])
+    if world_size > 1:
         if cfg.parallel.sync_bn:
             # SyncBatchNorm holds what BatchNorm holds (its statistics' all-reduce is of a few floats)
             parallel = parallel.model_copy(update={"sync_bn": False})
@@ -195,16 +200,51 @@ def rank_config(cfg: Config, device_map: DeviceMap, world_size: int) -> tuple[Co
                      f"{cfg.data.batch_size} a process: " + ", ".join(f"{n} {m}" for n, m in modes.items())
                      + "; the iteration planned unwrapped, each wrapper's state and what it holds in flight "
                        "accounted over the networks' own parameters and units (segadv/plan/sharding.py)")
-    return cfg.model_copy(update={"parallel": parallel}), modes, notes
+    # The dry run runs every network unwrapped: FSDP's gather dtype is accounted (network_states), not run.
+    amp = cfg.amp.model_copy(update={name: entry.model_copy(update={"fsdp_param_dtype": "float32"})
+                                     for name in names if (entry := getattr(cfg.amp, name, None)) is not None})
+    return cfg.model_copy(update={"parallel": parallel, "amp": amp}), modes, notes
+
+
+def gathers_in_amp(cfg: Config) -> dict[str, str]:
+    """Each role whose ``amp.<role>.fsdp_param_dtype`` (its own or its fallback's) asks FSDP to
+    gather its parameters in its autocast dtype, with the key that asks it; read before
+    ``rank_config`` clears the key."""
+    from segadv.training.checks import amp_key
+
+    return {name: amp_key(cfg, name, "fsdp_param_dtype") for name in run_role_names(cfg)
+            if network_settings(cfg, name).amp.fsdp_param_dtype == "amp"}
+
+
+def gather_itemsize(cfg: Config, role: str, key: str | None, mode: str) -> int | None:
+    """The element size FSDP gathers ``role``'s parameters in: its autocast dtype's where ``key``
+    (``gathers_in_amp``) asks it and autocast is on once ``auto`` is resolved (``cfg``: after
+    ``auto_precision``), else None (the parameters' own). Under FSDP an ``auto`` resolved off is
+    refused, as segadv-train refuses it."""
+    if key is None:
+        return None
+    amp = network_settings(cfg, role).amp
+    if amp.enabled is not True:
+        if mode == "fsdp":
+            raise UserError(f"{key}=amp gathers the {role}'s parameters in its autocast dtype, but its "
+                            "enabled: auto resolved to off on this device (no bf16 compute): set enabled: true, "
+                            f"or {key}=float32")
+        return None
+    return torch.empty((), dtype=getattr(torch, amp.dtype)).element_size()
 
 
 def network_states(parts: Training, cfg: Config, modes: dict[str, str],
-                   shown_as: dict[torch.device, str]) -> list[NetworkState]:
+                   shown_as: dict[torch.device, str], gathers: dict[str, str] | None = None) -> list[NetworkState]:
     """Each network's parameters (shape, dtype, whether trained, FSDP unit), buffers and optimizer
-    state as planned, one record per device it has parameters on."""
+    state as planned, one record per device it has parameters on. ``gathers``: the roles FSDP
+    gathers in their autocast dtype (``gathers_in_amp``)."""
     out = []
     for net in parts.every_network():
         bare, mode = net.bare, modes.get(net.role, "none")
+        key = (gathers or {}).get(net.role)
+        itemsize = gather_itemsize(cfg, net.role, key, mode)
+        if itemsize is not None and mode == "fsdp":
+            check_gathers_in_amp(bare, key, net.role)
         units = shard_units(bare)  # FSDP's units, whichever wrapper this plan gives it (advise re-accounts)
         state = net.opt.optimizer.state if net.opt is not None else {}
         by_device: dict[torch.device, list[Param]] = {}
@@ -217,7 +257,7 @@ def network_states(parts: Training, cfg: Config, modes: dict[str, str],
             buffers[b.device] = buffers.get(b.device, 0) + b.numel() * b.element_size()
         for device, params in by_device.items():
             out.append(NetworkState(net.role, mode, shown_as.get(device, str(device)), params, buffers.get(device, 0),
-                                    units, None, net.trained))
+                                    units, itemsize, net.trained))
     return out
 
 
@@ -517,6 +557,7 @@ def dry_run(cfg: Config, steps: int = 2, world_size: int = 1) -> Plan:
     compiled = compile_note(cfg)
     cfg = plan_config(cfg)
     real = map_devices(cfg.device_map)
+    gathers = gathers_in_amp(cfg)
     cfg, modes, notes = rank_config(cfg, real, world_size)
     device_type = standin.register()
     planned = standin_map(real, device_type)
@@ -554,7 +595,7 @@ def dry_run(cfg: Config, steps: int = 2, world_size: int = 1) -> Plan:
     shown_as = {device: str(real_device) for device, real_device in zip(planned.devices, real.devices)}
     rows = device_rows(tracker, planned, real, parts, cfg.data.batch_size)
     plan = Plan(rows, between, host, steps, time.perf_counter() - start, notes, run, unwrapped=rows,
-                network_states=network_states(parts, cfg, modes, shown_as),
+                network_states=network_states(parts, cfg, modes, shown_as, gathers),
                 memory={shown_as[device]: tracker.memory[device] for device in planned.devices})
     return rank_plan(plan, world_size)
 

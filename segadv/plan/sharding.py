@@ -11,11 +11,16 @@ accounts the wrapper over the network's real parameters, units and optimizer sta
   its optimizer state tensors of the parameter's shape (AdamW's moments; the step counts are
   scalars, kept whole). Buffers are not sharded. In flight beside them: the root's gathered
   parameters (the root's forward encloses every unit's, and its backward theirs), the unit being
-  computed and the next one prefetched (gathered in the parameters' own dtype: segadv's FSDP sets
-  no ``MixedPrecisionPolicy``, autocast stays inside the forward), and while a trained unit's
-  backward ends its unsharded gradients and the reduce-scatter's input, a copy of them in float32
-  (FSDP2 frees the gradients only after the copy-in). The largest neighbouring pair of units and the
-  largest unit are taken, whichever they are: an upper bound by at most a unit's difference.
+  computed and the next one prefetched, and while a trained unit's backward ends its unsharded
+  gradients and the reduce-scatter's input, a copy of them in float32 (FSDP2 frees the gradients
+  only after the copy-in). The gathered units and their unsharded gradients are in the gather
+  dtype (``NetworkState.gather_itemsize``): the parameters' own (float32) by default, as segadv's
+  FSDP sets no ``MixedPrecisionPolicy`` and autocast stays inside the forward; the network's
+  autocast dtype (2 bytes) where ``amp.<role>.fsdp_param_dtype: amp`` asks FSDP to gather in it
+  (``MixedPrecisionPolicy(param_dtype, reduce_dtype=float32)``: the reduce-scatter's input stays
+  float32, the shards and the optimizer state keep their own dtype). The largest neighbouring pair
+  of units and the largest unit are taken, whichever they are: an upper bound by at most a unit's
+  difference.
   The teacher of a student under FSDP is sharded like it (its forward gathers its units too).
 - **DDP**: full parameters, gradients and optimizer state, and the reducer's gradient buckets: with
   torch's default ``gradient_as_bucket_view=False`` (segadv's DDP keeps it) the buckets are a copy of
@@ -104,7 +109,7 @@ class NetworkState:
     params: list[Param]
     buffers_bytes: int
     units: list[str]
-    gather_itemsize: int | None  # the dtype FSDP gathers in; None: the parameters' own (segadv's: no MixedPrecisionPolicy)
+    gather_itemsize: int | None  # the dtype FSDP gathers in (amp.<role>.fsdp_param_dtype: amp); None: the parameters' own
     trained: bool
 
     # ------------------------------------------------------------- full (unwrapped) figures
@@ -198,7 +203,9 @@ def rank_row(row: "DevicePlan", states: list[NetworkState], world_size: int, mem
     buckets = sum(s.in_flight(world_size, True) for s in mine if s.mode == "ddp")
     at_peak = memory.at_peak
     training_live = memory.training_at_peak()
-    largest_tensor = max((s._gathered([p], world_size) for s in mine if s.mode == "fsdp" for p in s.params), default=0)
+    # a checkpoint gathers the sharded parameters themselves (their own dtype), whatever FSDP's gather dtype
+    largest_tensor = max((p.tensor.padded_numel(world_size) * p.tensor.itemsize
+                          for s in mine if s.mode == "fsdp" for p in s.params), default=0)
     return replace(
         row,
         params_bytes=column("params", row.params_bytes),

@@ -27,7 +27,7 @@ from segadv.parallel import DeviceMap, place_networks
 from segadv.parallel.distributed import DistEnv, check_ranks_agree
 from segadv.parallel.report import gather_rows, network_row, placement_table
 from segadv.parallel.wrap import parallelize_network
-from segadv.training.checks import Checked, check_build
+from segadv.training.checks import Checked, check_build, check_fsdp_param_dtype
 from segadv.training.role import NetworkSettings, Role
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,8 @@ def network_roles(cfg: Config, device_map: DeviceMap, env: DistEnv, checked: Che
     settings resolved (``amp.<role>.enabled: auto`` on their devices) and G's loss scaling."""
     names = tuple(own.name for own in checked.roles)
     settings = resolved_amp(names, [own.settings for own in checked.roles], device_map, env)
+    for decided, own in zip(checked.roles, settings):  # amp.<role>.fsdp_param_dtype: amp against auto's choice
+        check_fsdp_param_dtype(cfg, decided.name, decided.mode, own.amp.enabled)
     # G's loss passes through a D's backward when an adversarial term is on: scale it if that D is fp16.
     through_float16 = method_class(cfg.method.name).passes_generator_loss_through_discriminator(cfg) and any(
         uses_float16(own.amp) for decided, own in zip(checked.roles, settings) if not decided.generator)

@@ -115,6 +115,7 @@ def check_role(cfg: Config, name: str, device_map: DeviceMap, env: DistEnv, micr
         raise UserError(f"parallel.{name}=fsdp with the device "
                         f"map {device_map} splitting the {name} into pipeline stages: FSDP shards a network held on "
                         "one device per process; drop the split (each rank then holds 1/N of it) or use ddp")
+    check_fsdp_param_dtype(cfg, name, mode)
     checkpointing = generator and trained and cfg.model.generator.activation_checkpointing
     compiled = compile_enabled(cfg.compile, name)
     check_batch_for_replicas(micro_batch, len(devices), name)
@@ -131,6 +132,37 @@ def check_role(cfg: Config, name: str, device_map: DeviceMap, env: DistEnv, micr
     if sync_bn and devices[0].type != "cuda":
         raise UserError("parallel.sync_bn needs the generator on CUDA (SyncBatchNorm has no CPU kernel)")
     return Role(role(name), network_settings(cfg, name), devices, mode, checkpointing, compiled, sync_bn, horizon)
+
+
+def amp_key(cfg: Config, name: str, key: str) -> str:
+    """The config key ``amp.<role>.<key>`` that ``name``'s value comes from: its own entry's, or
+    where it has none the entry of the role it falls back to (the teacher: G's)."""
+    spec = role(name)
+    while getattr(cfg.amp, spec.name, None) is None and spec.falls_back_to is not None:
+        spec = role(spec.falls_back_to)
+    return f"amp.{spec.name}.{key}"
+
+
+def check_fsdp_param_dtype(cfg: Config, name: str, mode: str, enabled: bool | None = None) -> None:
+    """``amp.<role>.fsdp_param_dtype: amp`` only where it means something: the network sharded by
+    FSDP (``mode``, its wrapper as the launch resolves it) with autocast on (``enabled``: the entry's
+    ``enabled`` once ``auto`` is resolved on its devices; None: not resolved yet, the config's
+    validation refused ``false``)."""
+    amp = setting(cfg.amp, name)
+    if amp is None or amp.fsdp_param_dtype != "amp":
+        return
+    key = amp_key(cfg, name, "fsdp_param_dtype")
+    if mode != "fsdp":
+        source = role(name).starts_as  # a copy (the teacher) is sharded where the network it copies is
+        wrapper = f"parallel.{name}=fsdp" if role(name).trained or source is None else \
+            f"parallel.{source}=fsdp (the {name} is sharded like it)"
+        raise UserError(f"{key}=amp sets how FSDP gathers the {name}'s parameters, but the {name} is not "
+                        f"sharded by FSDP (its wrapper here: {mode}): set {wrapper} under a multi-process "
+                        f"launch, or {key}=float32")
+    if enabled is False:
+        raise UserError(f"{key}=amp gathers the {name}'s parameters in its autocast dtype, but "
+                        f"{amp_key(cfg, name, 'enabled')}=auto resolved to off on this device (no bf16 compute): "
+                        f"set {amp_key(cfg, name, 'enabled')}=true, or {key}=float32")
 
 
 def copy_mode(cfg: Config, name: str) -> str:

@@ -9,8 +9,10 @@ sharded (``parallel.*=fsdp``), loads the initial weights through segadv's strict
 state laid out as this rank's shards), takes one AdvSemiSeg step on its 1/N of the batch and saves
 the networks' full states (gathered, as a checkpoint holds them), the adversarial gradient G's
 update sent into D's input, whether any of G's or D's shards held a gradient after each
-micro-batch but the last (FSDP's reduce-scatter writes them; none may run before the last), and
-the size of a checkpoint of the networks as the run dir's room check reads it off the shards.
+micro-batch but the last (FSDP's reduce-scatter writes them; none may run before the last),
+the size of a checkpoint of the networks as the run dir's room check reads it off the shards, and
+the dtypes of each network's weights as its modules' forwards see them (FSDP's gather dtype), of
+its sharded parameters after the step and of its optimizer's state.
 """
 
 import sys
@@ -48,6 +50,17 @@ def run_case(out: Path, env: distributed.DistEnv, device_map) -> None:
     share = data["images"].shape[0] // env.world_size
     rows = slice(env.rank * share, (env.rank + 1) * share)
 
+    gathered: dict[str, set[str]] = {"g": set(), "d": set()}  # the weights' dtype each forward sees
+
+    def seen(net: str):
+        def hook(module, args):
+            gathered[net].add(str(module.weight.dtype).removeprefix("torch."))
+        return hook
+
+    for net, network in (("g", parts.g), ("d", parts.d)):
+        for module in network.bare.modules():
+            if isinstance(module._parameters.get("weight"), torch.Tensor):
+                module.register_forward_pre_hook(seen(net))
     method, held = parts.step.method, []
 
     def watched(streams, step):  # after each micro-batch: does any shard hold a (reduced) gradient yet?
@@ -60,7 +73,16 @@ def run_case(out: Path, env: distributed.DistEnv, device_map) -> None:
     weights = {"g": NetworkWeights("generator", parts.g.module), "d": NetworkWeights("discriminator", parts.d.module)}
     result = {**{key: state.state_dict() for key, state in weights.items()},
               "adv_grad": torch.cat(grads) / scale, "held": held[:-1],
-              "expected_bytes": expected_bytes(weights)}  # read off the shards, without a gather
+              "expected_bytes": expected_bytes(weights),  # read off the shards, without a gather
+              # the weights' dtypes in the forwards, the shards' after the step, the optimizers' state's
+              "dtypes": {net: {"gathered": sorted(gathered[net]),
+                               "sharded": sorted({f"{type(p).__name__}:{str(p.dtype).removeprefix('torch.')}"
+                                                  for p in network.bare.parameters()}),
+                               "optimizer": sorted({str(t.dtype).removeprefix("torch.")
+                                                    for state in network.opt.optimizer.state.values()
+                                                    for t in state.values()
+                                                    if isinstance(t, torch.Tensor) and t.dim() > 0})}
+                         for net, network in (("g", parts.g), ("d", parts.d))}}
     torch.save(result, out / f"rank{env.rank}.pt")
 
 

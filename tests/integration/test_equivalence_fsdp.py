@@ -34,6 +34,11 @@ FSDP_CASES = {
     "fsdp-g-bf16-d-fp16": (*amp("generator", "bfloat16"), *amp("discriminator", "float16")),
     # The ViT G sharded per block (its checkpoint units: the blocks, the head), then the root.
     "fsdp-dinov2": DINOV2,
+    # The ViT G and D under bf16 autocast with FSDP gathering their parameters in bf16 and reducing
+    # in float32 (amp.<role>.fsdp_param_dtype=amp): the ops autocast keeps in float32 (the ViT's
+    # LayerNorms) see bf16-rounded weights. A ViT: a BatchNorm G is refused the bf16 gathers.
+    "fsdp-dinov2-bf16-gathers": (*DINOV2, *amp("generator", "bfloat16"), "amp.generator.fsdp_param_dtype=amp",
+                                 *amp("discriminator", "bfloat16"), "amp.discriminator.fsdp_param_dtype=amp"),
 }
 FSDP_RANKS = {2: BATCH, 4: 2 * BATCH}  # ranks: the batch (two samples a rank: two micro-batches of one)
 needs_fsdp = pytest.mark.skipif(not fsdp_available(), reason=f"FSDP2 needs torch >= 2.6 (this is {torch.__version__})")
@@ -85,6 +90,12 @@ def test_fsdp_step_matches_the_plain_loop(fsdp_runs, references, ranks, name):
     assert not any(held for r in results for held in r["held"]), "a shard held a gradient before the last micro-batch"
     if "train.accumulation_steps=2" in overrides:
         assert all(len(r["held"]) == 1 for r in results)
+    roles = {"g": "generator", "d": "discriminator"}
+    for r in results:  # the forwards see the gather dtype; the shards and the optimizer state stay float32
+        for net, role in roles.items():
+            gather = "bfloat16" if f"amp.{role}.fsdp_param_dtype=amp" in overrides else "float32"
+            assert r["dtypes"][net] == {"gathered": [gather], "sharded": ["DTensor:float32"],
+                                        "optimizer": ["float32"]}, (net, r["dtypes"][net])
     gathered = sum(t.numel() * t.element_size() for net in ("g", "d") for t in results[0][net].values())
     assert all(r["expected_bytes"] == gathered for r in results)  # the room check's size, read off the shards
     cfg = harness_config(*overrides)

@@ -28,7 +28,7 @@ from segadv.errors import UserError
 from segadv.parallel import fsdp, parse_device_map
 from segadv.parallel.distributed import DistEnv
 from segadv.parallel.wrap import resolve_mode
-from segadv.training.checks import check_build
+from segadv.training.checks import check_build, check_fsdp_param_dtype
 
 from conftest import TINY_OVERRIDES
 from fsdp_worker import network as small_network
@@ -206,6 +206,50 @@ def test_fsdp_without_a_multi_process_launch_exits_2_naming_the_key(tmp_path, ca
             "multi-process launch" if fsdp.fsdp_available() else "needs torch >= 2.6")
 
 
+def test_fsdp_param_dtype_without_fsdp_exits_2_naming_the_key(tmp_path, capsys, one_torch_thread):
+    """amp.<role>.fsdp_param_dtype=amp sets FSDP's gather dtype: one process shards nothing."""
+    code = train_cli.main([*COMMAND, "--run-dir", str(tmp_path / "run"), *SMALL, "amp.generator.enabled=true",
+                           "amp.generator.fsdp_param_dtype=amp"])
+    assert_refused(capsys, code, "amp.generator.fsdp_param_dtype=amp", "not sharded by FSDP (its wrapper here: none)")
+
+
+def test_fsdp_param_dtype_with_amp_off_exits_2_naming_the_key(tmp_path, capsys, one_torch_thread):
+    """No autocast dtype to gather in: refused by the config (enabled false) or at start (auto resolved off)."""
+    code = train_cli.main([*COMMAND, "--run-dir", str(tmp_path / "run"), *SMALL, "amp.generator.fsdp_param_dtype=amp"])
+    assert_refused(capsys, code, "amp.generator", "fsdp_param_dtype: amp", "enabled is false")
+    cfg = load_config(None, [*TINY_OVERRIDES, "amp.generator.enabled=auto", "amp.generator.fsdp_param_dtype=amp"])
+    with pytest.raises(UserError, match=re.escape("amp.generator.fsdp_param_dtype=amp gathers the generator's "
+                                                  "parameters in its autocast dtype, but amp.generator.enabled=auto "
+                                                  "resolved to off")):
+        check_fsdp_param_dtype(cfg, "generator", "fsdp", enabled=False)
+    # the teacher without an amp entry of its own takes G's: the key named is G's
+    with pytest.raises(UserError, match=re.escape("amp.generator.fsdp_param_dtype=amp sets how FSDP gathers the "
+                                                  "teacher's")):
+        check_fsdp_param_dtype(cfg, "teacher", "none")
+
+
+def test_fsdp_param_dtype_refuses_a_network_with_batch_norm():
+    """FSDP casts the gathered weight, never BatchNorm's running statistics, which BatchNorm refuses."""
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Conv2d(4, 4, 1),
+                              torch.nn.BatchNorm2d(4))
+    with pytest.raises(UserError, match=re.escape("amp.generator.fsdp_param_dtype=amp: the generator has BatchNorm "
+                                                  "layers (1 and 1 more)")):
+        fsdp.check_gathers_in_amp(net, "amp.generator.fsdp_param_dtype", "generator")
+    fsdp.check_gathers_in_amp(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2)),
+                              "amp.generator.fsdp_param_dtype", "generator")
+
+
+@needs_fsdp
+def test_fsdp_param_dtype_amp_is_a_bf16_gather_with_a_float32_reduce():
+    from segadv.config.network_settings import NetworkAmpConfig
+
+    policy = fsdp.mixed_precision(NetworkAmpConfig(enabled=True, dtype="bfloat16", fsdp_param_dtype="amp"))
+    assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    assert fsdp.mixed_precision(NetworkAmpConfig(enabled=True, dtype="float16", fsdp_param_dtype="amp")).param_dtype \
+        == torch.float16
+    assert fsdp.mixed_precision(NetworkAmpConfig(enabled=True)) is None  # the default: float32 gathers
+
+
 def test_fsdp_on_a_torch_without_fully_shard_is_refused_naming_the_floor(monkeypatch):
     monkeypatch.setattr(fsdp, "torch_version", lambda: (2, 5))
     with pytest.raises(UserError, match=r"parallel\.discriminator=fsdp needs torch >= 2\.6"):
@@ -221,6 +265,9 @@ TWO_RANKS = DistEnv(rank=0, local_rank=0, world_size=2, local_world_size=2)
                  "g:cpu/cpu,d:cpu", "parallel.generator=fsdp with the device map", id="split-g"),
     pytest.param(("parallel.generator=fsdp", "parallel.sync_bn=true"), "cpu",
                  "parallel.sync_bn needs the generator under DDP (a multi-process launch): FSDP shards", id="sync_bn"),
+    pytest.param(("parallel.discriminator=ddp", "amp.discriminator.enabled=true", "amp.discriminator.fsdp_param_dtype=amp"),
+                 "cpu", "amp.discriminator.fsdp_param_dtype=amp sets how FSDP gathers the discriminator's parameters, "
+                 "but the discriminator is not sharded by FSDP (its wrapper here: ddp)", id="bf16-gathers-under-ddp"),
 ])
 @needs_fsdp
 def test_fsdp_start_checks_refuse_naming_the_key(overrides, device_map, named):

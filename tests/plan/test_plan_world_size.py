@@ -2,6 +2,7 @@
 "One rank of a launch"), checked against FSDP2 on 2 gloo CPU ranks."""
 
 import json
+from dataclasses import replace
 import socket
 import subprocess
 import sys
@@ -45,6 +46,8 @@ def test_a_shard_is_ceil_dim0_over_n_rows_padded_and_the_state_is_made_like_its_
     (["parallel.generator=fsdp"], "--world-size"),  # a launch's wrapper without a launch
     (["--world-size", "2", "parallel.generator=none"], "parallel.generator=none"),
     (["--world-size", "2", "parallel.generator=fsdp", "--device-map", "g:0/1,d:1"], "splits the generator"),
+    (["--world-size", "2", "parallel.generator=ddp", "amp.generator.enabled=true", "amp.generator.fsdp_param_dtype=amp"],
+     "amp.generator.fsdp_param_dtype=amp sets how FSDP gathers"),  # FSDP's gather dtype without FSDP
 ])
 def test_user_errors_exit_2_naming_the_culprit(capsys, args, culprit):
     argv = ["--config", TINY, "--steps", "1", *args]
@@ -68,6 +71,29 @@ def test_fsdp_state_falls_with_the_world_size_and_its_units_stay_in_flight():
     assert g8["in_flight_bytes"] >= g2["in_flight_bytes"] > 0  # gathered units are whole, padded to 8
     assert len(g8["ranks"]) == 8 and g8["ranks"][0]["optimizer_bytes"] >= g8["ranks"][-1]["optimizer_bytes"]
     assert eight.devices["cuda:0"].peak_bytes < two.devices["cuda:0"].peak_bytes
+
+
+def test_bf16_gathers_halve_the_planned_in_flight_units_and_leave_the_shards_float32():
+    """amp.generator.fsdp_param_dtype=amp: the gathered units (an evaluation's forward holds only
+    them) planned in bf16, half of float32's; in a training iteration the unsharded gradients are
+    bf16 too and the reduce-scatter's input float32. The shards, gradients and optimizer state of
+    the rank are as with float32 gathers."""
+    cfg = load_config(TINY, ["parallel.generator=fsdp", "amp.generator.enabled=true",
+                             "amp.generator.fsdp_param_dtype=amp"])
+    cfg.device_map = "g:0,d:0"
+    plan = dry_run(cfg, 1, world_size=2)
+    bf16 = {s.role: s for s in plan.network_states}["generator"]
+    f32 = replace(bf16, gather_itemsize=None)
+    assert bf16.gather_itemsize == 2 and {p.tensor.itemsize for p in bf16.params} == {4}
+    assert 2 * bf16.in_flight(2, training=False) == f32.in_flight(2, training=False) > 0
+    assert bf16.in_flight(2, training=True) < f32.in_flight(2, training=True)
+    assert bf16.as_json(2)["in_flight_bytes"] == plan.devices["cuda:0"].networks["generator"]["in_flight_bytes"]
+    for c in ("params", "grads", "optimizer"):
+        assert bf16.rank(c, 2) == f32.rank(c, 2)
+    # the device's evaluation peak holds the gathered units: bf16's half of float32's fewer bytes
+    f32_plan = rank_plan(replace(plan, network_states=[replace(s, gather_itemsize=None) for s in plan.network_states]), 2)
+    assert f32_plan.devices["cuda:0"].evaluation_peak_bytes - plan.devices["cuda:0"].evaluation_peak_bytes \
+        == bf16.in_flight(2, training=False)
 
 
 def rank_plans(capsys):
