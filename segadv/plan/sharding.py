@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Iterable
+from typing import Any, Iterable
 
 import torch
 
-if TYPE_CHECKING:
-    from segadv.plan.dry_run import DevicePlan, Plan
+# The plans this module rescales are segadv/plan/dry_run.py's DevicePlan and Plan, annotated Any:
+# dry_run imports this module, and an import back, even for typing, would close a cycle.
+DevicePlan = Plan = Any
 
 STATE = ("params", "grads", "optimizer")
 REDUCE_DTYPE_BYTES = 4  # FSDP2 reduce-scatters in float32 (segadv's policy: float32 reduction)
@@ -187,7 +188,7 @@ def rescale(live: dict[tuple[str, str], int], states: list[NetworkState], world_
     return saved
 
 
-def rank_row(row: "DevicePlan", states: list[NetworkState], world_size: int, memory: object) -> "DevicePlan":
+def rank_row(row: DevicePlan, states: list[NetworkState], world_size: int, memory: object) -> DevicePlan:
     """``row`` (the unwrapped rank's device) as it is under its networks' wrappers."""
     mine = [s for s in states if s.device == row.device]
     if not mine or all(s.mode == "none" for s in mine):
@@ -222,7 +223,7 @@ def rank_row(row: "DevicePlan", states: list[NetworkState], world_size: int, mem
     )
 
 
-def rank_plan(plan: "Plan", world_size: int, modes: dict[str, str] | None = None) -> "Plan":
+def rank_plan(plan: Plan, world_size: int, modes: dict[str, str] | None = None) -> Plan:
     """``plan``'s rank (from its unwrapped rows, ``network_states`` and ``memory``) in a launch of
     ``world_size`` processes, its networks under their wrappers (``modes``: {role: none, ddp or
     fsdp}; None: as planned). One dry run gives every world size and wrapper."""

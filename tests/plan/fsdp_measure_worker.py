@@ -42,7 +42,7 @@ def storage_bytes(tensors) -> int:
     return sum(seen.values())
 
 
-STEPS = "segadv.plan.steps"
+STEPS = "planned_iterations"
 
 
 def peak_from(prof, marker: str) -> int:
