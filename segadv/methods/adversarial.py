@@ -115,9 +115,12 @@ def discriminator_view(d: Network, maps: torch.Tensor, **forward_kwargs) -> Any:
 @torch.no_grad()
 def realness(d: Network, maps: torch.Tensor, labels: Labels) -> torch.Tensor:
     """D's probability that ``maps`` (moved to D's device) are on ``labels.real``'s side, per D
-    output, float32 on D's device: what ``Method.discriminator_realness`` returns."""
+    output, float32 on D's device: what ``Method.discriminator_realness`` returns. The maps are
+    given to D in float32, as training's ``generator_logits`` gives them: an evaluation's G may
+    return its autocast dtype, which a float32 D's convolution refuses (D's own autocast, where on,
+    casts them as before)."""
     with d.opt.autocast():
-        probability = torch.sigmoid(d.bare(to_device(maps, d.device)).float())
+        probability = torch.sigmoid(d.bare(to_device(maps, d.device).float()).float())
     return probability if labels.real == 1.0 else 1.0 - probability
 
 
