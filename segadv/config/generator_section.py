@@ -145,11 +145,15 @@ class GeneratorConfig(RegisteredSection):
 
     @classmethod
     def carried_over(cls, below: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
-        """A layer naming another arch keeps of the lower layers' keys only those every arch takes,
-        so that a base's DeepLab keys do not follow a switch to an arch without them."""
-        if "arch" not in layer or layer["arch"] == below.get("arch", DEFAULT_ARCH):
+        """A layer naming another arch keeps of the lower layers' keys those the two archs' sections
+        declare in common (their nearest shared section): a switch between DeepLab rows keeps the
+        base's encoder and decoder geometry, a switch from a DeepLab to a ViT row keeps only the keys
+        every arch takes, so no key follows into an arch where it means something else."""
+        old = below.get("arch", DEFAULT_ARCH)
+        if "arch" not in layer or layer["arch"] == old:
             return dict(below)
-        return {key: value for key, value in below.items() if key in GeneratorConfig.model_fields and key != "arch"}
+        shared = shared_section(old, layer["arch"])
+        return {key: value for key, value in below.items() if key in shared.model_fields and key != "arch"}
 
     @classmethod
     def schema_model(cls) -> type[Section]:
@@ -159,10 +163,24 @@ class GeneratorConfig(RegisteredSection):
         return generated(GeneratorKeys, sections, lambda: _every_arch_key(sections))
 
 
-def section_of(arch: str) -> type[GeneratorConfig]:
-    """The section of row ``arch``, or the default row's for a name the table lacks."""
+def section_of(arch: Any) -> type[GeneratorConfig]:
+    """The section of row ``arch``, or the default row's for a name the table lacks (or a value
+    that is no name, whose arch check then names the archs)."""
     archs = registered_archs()
-    return (archs.get(arch) or archs[DEFAULT_ARCH]).settings
+    row = archs.get(arch) if isinstance(arch, str) else None
+    return (row or archs[DEFAULT_ARCH]).settings
+
+
+def shared_section(first: Any, second: Any) -> type[GeneratorConfig]:
+    """The nearest section both archs' sections derive from (``GeneratorConfig`` where they share
+    no other, or where either name is not an arch's)."""
+    if not (isinstance(first, str) and isinstance(second, str)):
+        return GeneratorConfig
+    archs = registered_archs()
+    if first not in archs or second not in archs:
+        return GeneratorConfig
+    one = archs[first].settings
+    return next(c for c in archs[second].settings.__mro__ if issubclass(c, GeneratorConfig) and issubclass(one, c))
 
 
 class GeneratorKeys(RegisteredSection):

@@ -299,8 +299,8 @@ def _deep_merge(base: Mapping, over: Mapping, path: tuple[str, ...] = ()) -> dic
     replaces instead, and keeps its marker so that it also replaces what lower layers (bases merged
     later, the schema defaults) hold; :func:`_strip_markers` removes the markers at the end.
     Each section keeps of the lower layers' keys what its class carries over a layer
-    (``Section.carried_over``: ``model.generator`` naming another arch keeps only the keys every
-    arch takes).
+    (``Section.carried_over``: ``model.generator`` naming another arch keeps only the keys the two
+    archs' sections share).
     """
     if over.get(DELETE_KEY) is True:
         return copy.deepcopy(dict(over))
@@ -507,7 +507,7 @@ def _model_at(loc: Sequence[Union[str, int]], declared: bool = False) -> Optiona
 def _carried(below: dict, layer: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict:
     """``below`` (the lower layers' values) as far as ``layer`` keeps them: each section ``layer``
     names says what of its lower layers' keys survives it (``Section.carried_over``: a
-    ``model.generator`` naming another arch keeps only the keys every arch takes)."""
+    ``model.generator`` naming another arch keeps only the keys the two archs' sections share)."""
     section = _model_at(path, declared=True)
     out = section.carried_over(below, layer) if section is not None and issubclass(section, Section) else dict(below)
     for key, value in layer.items():
