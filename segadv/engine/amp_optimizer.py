@@ -148,6 +148,7 @@ class AmpOptimizer:
         self.micro_batches = 0  # step() calls since the last optimizer step
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.stepped_lr: float | None = None  # the LR the last optimizer step used (last_step_lr)
         self.device = device
         self.autocast_dtype = getattr(torch, amp.dtype)
         self.autocast_enabled = amp.enabled
@@ -181,11 +182,19 @@ class AmpOptimizer:
             self.skipped += torch.stack([f.to(self.skipped.device) for f in found]).amax().long()
         self.scaler.update(None if self.scales_loss else 1.0)
         self.optimizer.zero_grad(set_to_none=True)
+        self.stepped_lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
 
     @property
     def lr(self) -> float:
+        """The LR (first parameter group's) the next optimizer step will use."""
         return self.optimizer.param_groups[0]["lr"]
+
+    @property
+    def last_step_lr(self) -> float:
+        """The LR the last optimizer step used, what ``train/lr_<net>`` reports at the step it logs
+        (the scheduler has moved on to the next step's by then); before a step, :attr:`lr`."""
+        return self.lr if self.stepped_lr is None else self.stepped_lr
 
     def loss_scale(self) -> float:
         """The current loss scale (1.0 when scaling is off). Syncs with the device: log time only."""

@@ -322,7 +322,7 @@ def training_scalars(losses: Mapping[str, float], networks: Sequence[Any]) -> di
     """``train/<loss>``, and each network's ``train/lr_<short>`` and ``amp/scale_<short>``."""
     scalars = {f"train/{name}": value for name, value in losses.items()}
     for net in networks:
-        scalars.update({f"train/lr_{net.short}": net.opt.lr, f"amp/scale_{net.short}": net.opt.loss_scale()})
+        scalars.update({f"train/lr_{net.short}": net.opt.last_step_lr, f"amp/scale_{net.short}": net.opt.loss_scale()})
     return scalars
 
 

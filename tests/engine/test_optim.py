@@ -370,3 +370,17 @@ def test_the_configs_whose_reference_sets_the_lr_after_the_step_lag_it():
         expected = 1 if name in SETS_LR_AFTER_STEP else 0
         assert lags.pop("generator") == expected, name
         assert set(lags.values()) <= {0}, name
+
+
+def test_the_lr_reported_at_a_step_is_the_one_that_step_used():
+    """``last_step_lr`` (train/lr_<net>, logged after the scheduler stepped) is the LR read before
+    the step, not the next step's."""
+    model, opt = stepped_optimizer(lr=1e-3, weight_decay=0.0)
+    assert opt.last_step_lr == opt.lr == 1e-3
+    used = []
+    for _ in range(3):
+        used.append(opt.lr)
+        opt.backward(model(torch.randn(4, 3)).square().mean())
+        opt.step()
+        assert opt.last_step_lr == used[-1] != opt.lr
+    assert used == pytest.approx([1e-3 * (1 - k / 10) ** 0.9 for k in range(3)], rel=1e-12)

@@ -194,10 +194,10 @@ def test_resume_with_a_longer_horizon_follows_the_new_poly_schedule(tmp_path, ca
     cfg = resume_cfg(tmp_path, "grow", "train.max_steps=8")
     base, power = cfg.optim.generator.lr, cfg.optim.generator.poly_power
     logged = lrs(tmp_path / "grow")
-    # Logged after step s, i.e. the LR the next step uses: base * (1 - s/8) ** power.
-    for step in (5, 6, 7):
+    # Logged at step s: the LR step s used, base * (1 - (s - 1)/8) ** power (step 1 at the base LR).
+    for step in (5, 6, 7, 8):
         assert logged[step] > 0
-        assert logged[step] == pytest.approx(base * (1 - step / 8) ** power, rel=1e-9)
+        assert logged[step] == pytest.approx(base * (1 - (step - 1) / 8) ** power, rel=1e-9)
 
 
 def test_auto_resume_after_a_rewind_never_picks_the_abandoned_future(tmp_path):

@@ -69,7 +69,7 @@ class Guard:
 
 
 def parts_with(method) -> SimpleNamespace:
-    nets = [SimpleNamespace(short=short, opt=SimpleNamespace(lr=lr, loss_scale=lambda: 1.0))
+    nets = [SimpleNamespace(short=short, opt=SimpleNamespace(last_step_lr=lr, loss_scale=lambda: 1.0))
             for short, lr in (("g", 2.5e-4), ("d", 1e-4))]
     return SimpleNamespace(method=method, phases=PhaseTimer(), device_map=SimpleNamespace(generator=CPU, devices=[CPU]),
                            networks=lambda: nets)
