@@ -58,3 +58,12 @@ def test_an_arch_that_is_no_name_is_exit_2_naming_the_key(value, tmp_path, capsy
     err = capsys.readouterr().err
     assert "model.generator.arch: expected str" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_carried_key_the_new_row_cannot_take_is_named_not_dropped():
+    """The references' DeepLab-v2 config builds its encoder in the caffe layout, which DeepLabV3+
+    cannot: switching arch over it names the key instead of silently building another encoder."""
+    from segadv.errors import UserError
+
+    with pytest.raises(UserError, match=r"model\.generator\.layout: deeplabv3plus builds its encoder in layout smp"):
+        load_config("advsemiseg_voc_reference", ["model.generator.arch=deeplabv3plus"])
