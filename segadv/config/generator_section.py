@@ -173,14 +173,13 @@ def section_of(arch: Any) -> type[GeneratorConfig]:
 
 def shared_section(first: Any, second: Any) -> type[GeneratorConfig]:
     """The nearest section both archs' sections derive from (``GeneratorConfig`` where they share
-    no other, or where either name is not an arch's)."""
-    if not (isinstance(first, str) and isinstance(second, str)):
-        return GeneratorConfig
+    no other, or where either is not an arch's name)."""
     archs = registered_archs()
-    if first not in archs or second not in archs:
+    rows = [archs.get(arch) if isinstance(arch, str) else None for arch in (first, second)]
+    if None in rows:
         return GeneratorConfig
-    one = archs[first].settings
-    return next(c for c in archs[second].settings.__mro__ if issubclass(c, GeneratorConfig) and issubclass(one, c))
+    one, two = (row.settings for row in rows)
+    return next(c for c in two.__mro__ if issubclass(one, c))
 
 
 class GeneratorKeys(RegisteredSection):
